@@ -1,0 +1,299 @@
+"""Loader: the object users hold.
+
+``Loader`` ties the stages together: a pinned :class:`~lanceloader.source.Source`, an
+:class:`~lanceloader.order.Order`, a :class:`~lanceloader.plan.Plan` per epoch, and a pool of
+workers behind an :class:`~lanceloader.prefetch.OrderedPrefetcher`. It is re-iterable: each
+``iter()`` is one epoch, and the epoch advances by itself (``set_epoch`` overrides it).
+
+Example::
+
+    >>> loader = Loader(uri, batch_size=256, shuffle=True, seed=0)      # doctest: +SKIP
+    >>> for epoch in range(3):                                          # doctest: +SKIP
+    ...     for batch in loader:
+    ...         train_step(batch)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import weakref
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import lance
+
+from lanceloader.convert import check_output, check_schema
+from lanceloader.order import Order
+from lanceloader.plan import Plan
+from lanceloader.prefetch import OrderedPrefetcher
+from lanceloader.source import Source
+from lanceloader.workers import BatchWork, ReadTask, Transform
+
+DEFAULT_SHUFFLE_WINDOW = 8
+# Rows read by one Lance call. Range reads keep getting cheaper per row up to ~64k rows; random
+# takes are slower per call, so fewer rows keep the time to the first batch low.
+ROWS_PER_READ_SEQUENTIAL = 65_536
+ROWS_PER_READ_RANDOM = 16_384
+
+
+def _no_iterator() -> None:
+    return None
+
+
+_dead_ref: Any = _no_iterator
+
+
+class Loader:
+    """Batches of a Lance dataset, in a deterministic order, prefetched by a pool of workers.
+
+    Args:
+        dataset: URI (local path or object store) or a ``lance.LanceDataset``.
+        batch_size: rows per batch on each rank.
+        columns: columns to read; default all.
+        filter: SQL predicate, evaluated once against the pinned version.
+        version: dataset version (number or tag) to pin; default the latest at construction.
+        storage_options: object-store options passed to Lance.
+        splits: ``{"train": 0.9, "val": 0.1}``: deterministic named splits; with ``split``.
+        split: which split this loader reads.
+        split_key: column whose value decides a row's split; default the row offset.
+        shuffle: ``False`` reads in dataset order; ``True`` shuffles, differently each epoch.
+        shuffle_block_size: rows read together when shuffling; 1 is a full random shuffle.
+        shuffle_window: blocks whose rows are mixed together; default 8 (block shuffle only).
+        seed: the same seed gives the same order everywhere.
+        drop_last: drop the last, short global batch.
+        transform: ``fn(pyarrow.RecordBatch) -> batch``, run in the worker pool. A returned
+            RecordBatch is converted to ``output``; anything else is passed through.
+        output: ``"numpy"`` (dict of arrays), ``"torch"``, ``"arrow"`` or ``"python"``.
+        num_workers: worker threads; default the number of cores.
+        worker_type: ``"thread"``.
+        prefetch: batches in flight; default ``2 * num_workers`` (at least one read per worker).
+        rank, world_size: this process's slice of each global batch; default 0 and 1.
+        rows_per_read: rows fetched by one Lance call (several batches); default by mode.
+    """
+
+    def __init__(
+        self,
+        dataset: str | os.PathLike[str] | lance.LanceDataset,
+        batch_size: int = 256,
+        *,
+        columns: list[str] | None = None,
+        filter: str | None = None,
+        version: int | str | None = None,
+        storage_options: dict[str, str] | None = None,
+        splits: dict[str, float] | None = None,
+        split: str | None = None,
+        split_key: str | None = None,
+        shuffle: bool = False,
+        shuffle_block_size: int = 1,
+        shuffle_window: int | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Transform | None = None,
+        output: str = "numpy",
+        num_workers: int | None = None,
+        worker_type: str = "thread",
+        prefetch: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        rows_per_read: int | None = None,
+    ) -> None:
+        _check_int("batch_size", batch_size, minimum=1)
+        _check_int("shuffle_block_size", shuffle_block_size, minimum=1)
+        _check_int("seed", seed, minimum=None)
+        if shuffle_window is not None:
+            _check_int("shuffle_window", shuffle_window, minimum=1)
+        if num_workers is not None:
+            _check_int("num_workers", num_workers, minimum=1)
+        if prefetch is not None:
+            _check_int("prefetch", prefetch, minimum=1)
+        if rows_per_read is not None:
+            _check_int("rows_per_read", rows_per_read, minimum=1)
+        if worker_type not in ("thread", "process"):
+            raise ValueError(f"worker_type must be 'thread' or 'process', got {worker_type!r}")
+        if worker_type == "process":
+            raise NotImplementedError(
+                "worker_type='process' is not implemented yet (planned with fork-safety and "
+                "process workers); use worker_type='thread'"
+            )
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        check_output(output)
+        world_size = 1 if world_size is None else world_size
+        rank = 0 if rank is None else rank
+        _check_int("world_size", world_size, minimum=1)
+        _check_int("rank", rank, minimum=0)
+        if rank >= world_size:
+            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+
+        self.source = Source(
+            dataset,
+            columns=columns,
+            filter=filter,
+            version=version,
+            storage_options=storage_options,
+            splits=splits,
+            split=split,
+            split_key=split_key,
+        )
+        if transform is None:
+            check_schema(self.source.schema_table().schema, output)
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+        self.output = output
+        self.transform = transform
+        self.order = Order(
+            num_rows=self.source.num_rows,
+            shuffle=bool(shuffle),
+            block_size=shuffle_block_size,
+            window=shuffle_window or (DEFAULT_SHUFFLE_WINDOW if shuffle_block_size > 1 else 1),
+            seed=seed,
+        )
+        self.num_workers = num_workers or os.cpu_count() or 1
+        random_reads = self.order.shuffle and self.order.block_size < 64
+        default_read = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
+        self.batches_per_read = max(1, (rows_per_read or default_read) // batch_size)
+        self.prefetch = prefetch or 2 * self.num_workers
+        self._epoch = 0
+        self._start_sample = 0
+        # The running epoch is held weakly, so a `break` out of a for loop lets it be collected
+        # (which stops its workers); its progress outlives it for state_dict().
+        self._active: weakref.ref[EpochIterator] = _dead_ref
+        self._progress: EpochProgress | None = None
+
+    # --- epochs -------------------------------------------------------------------------
+
+    def plan(self, start: int = 0) -> Plan:
+        """This rank's plan for an epoch that starts at global sample ``start``."""
+        return Plan(
+            num_samples=self.source.num_rows,
+            batch_size=self.batch_size,
+            world_size=self.world_size,
+            rank=self.rank,
+            drop_last=self.drop_last,
+            start=start,
+        )
+
+    def __len__(self) -> int:
+        """Batches this rank gets in the next epoch (fewer when resuming mid-epoch)."""
+        return len(self.plan(self._start_sample))
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` will deliver."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` deliver ``epoch`` from its start."""
+        _check_int("epoch", epoch, minimum=0)
+        self._epoch = epoch
+        self._start_sample = 0
+
+    def __iter__(self) -> EpochIterator:
+        self.close()
+        self._progress = EpochProgress(self._epoch, self.plan(self._start_sample))
+        it = EpochIterator(self, self._progress)
+        self._active = weakref.ref(it)
+        self._epoch += 1
+        self._start_sample = 0
+        return it
+
+    def close(self) -> None:
+        """Stop the running epoch's workers (if any). The loader stays usable."""
+        running = self._active()
+        if running is not None:
+            running.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_active"] = _dead_ref  # a running epoch belongs to its process
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"Loader({self.source!r}, batch_size={self.batch_size}, order={self.order}, "
+            f"rank={self.rank}/{self.world_size}, output={self.output!r})"
+        )
+
+    def _work(self) -> BatchWork:
+        return BatchWork(self.source, self.order, self.transform, self.output)
+
+
+@dataclass
+class EpochProgress:
+    """How far one rank has got through one epoch: what ``state_dict()`` needs."""
+
+    epoch: int
+    plan: Plan
+    batches_done: int = 0
+
+    @property
+    def samples_done(self) -> int:
+        """Global samples of this epoch consumed by all ranks so far."""
+        return self.plan.samples_done(self.batches_done)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.batches_done >= len(self.plan)
+
+
+class EpochIterator(Iterator[Any]):
+    """One epoch of one rank: yields batches in plan order; ``close()`` stops its workers."""
+
+    def __init__(self, loader: Loader, progress: EpochProgress) -> None:
+        self.progress = progress
+        self._buffer: deque[Any] = deque()
+        per_read = loader.batches_per_read
+        depth = max(loader.num_workers + 1, math.ceil(loader.prefetch / per_read))
+        tasks = _read_tasks(progress.epoch, progress.plan, per_read, progress.batches_done)
+        self._prefetcher = OrderedPrefetcher(loader._work(), tasks, loader.num_workers, depth)
+
+    def __next__(self) -> Any:
+        if not self._buffer:
+            self._buffer.extend(next(self._prefetcher))
+        self.progress.batches_done += 1
+        return self._buffer.popleft()
+
+    def __len__(self) -> int:
+        return len(self.progress.plan) - self.progress.batches_done
+
+    def close(self) -> None:
+        """Stop the workers of this epoch. Idempotent."""
+        self._prefetcher.close()
+        self._buffer.clear()
+
+    def __enter__(self) -> EpochIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        raise pickle.PicklingError("a running epoch cannot be pickled; pickle the Loader instead")
+
+
+def _read_tasks(epoch: int, plan: Plan, per_read: int, first: int = 0) -> Iterator[ReadTask]:
+    """Tasks of 1, 2, 4, ... batches, up to ``per_read``: a fast first batch, then big reads."""
+    size = 1
+    while first < len(plan):
+        last = min(first + size, len(plan))
+        yield ReadTask(epoch, first, tuple(plan.batch_samples(b) for b in range(first, last)))
+        first, size = last, min(2 * size, per_read)
+
+
+def _check_int(name: str, value: object, minimum: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")

