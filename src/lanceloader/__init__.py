@@ -10,6 +10,17 @@ from lanceloader.loader import EpochIterator, Loader
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.source import Source
+from lanceloader.state import StateMismatchError, load_state, save_state
 
-__all__ = ["ConversionError", "EpochIterator", "Loader", "Order", "Plan", "Source"]
+__all__ = [
+    "ConversionError",
+    "EpochIterator",
+    "Loader",
+    "Order",
+    "Plan",
+    "Source",
+    "StateMismatchError",
+    "load_state",
+    "save_state",
+]
 __version__ = "0.1.0"

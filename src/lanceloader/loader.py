@@ -27,10 +27,13 @@ from typing import Any
 import lance
 
 from lanceloader.convert import check_output, check_schema
+from lanceloader.distributed import detect_rank_world
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.source import Source
+from lanceloader.state import FORMAT as STATE_FORMAT
+from lanceloader.state import StateMismatchError, check_state, fingerprint
 from lanceloader.workers import BatchWork, ReadTask, Transform
 
 DEFAULT_SHUFFLE_WINDOW = 8
@@ -71,7 +74,8 @@ class Loader:
         num_workers: worker threads; default the number of cores.
         worker_type: ``"thread"``.
         prefetch: batches in flight; default ``2 * num_workers`` (at least one read per worker).
-        rank, world_size: this process's slice of each global batch; default 0 and 1.
+        rank, world_size: this process's slice of each global batch; default: detected from
+            torch.distributed, Ray Train or the RANK/WORLD_SIZE environment variables.
         rows_per_read: rows fetched by one Lance call (several batches); default by mode.
     """
 
@@ -122,8 +126,13 @@ class Loader:
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         check_output(output)
-        world_size = 1 if world_size is None else world_size
-        rank = 0 if rank is None else rank
+        if (rank is None) != (world_size is None):
+            raise ValueError(
+                f"pass both rank= and world_size= (got rank={rank}, world_size={world_size}), "
+                "or neither to detect them from torch.distributed, Ray Train or RANK/WORLD_SIZE"
+            )
+        if rank is None or world_size is None:
+            rank, world_size = detect_rank_world()
         _check_int("world_size", world_size, minimum=1)
         _check_int("rank", rank, minimum=0)
         if rank >= world_size:
@@ -161,6 +170,18 @@ class Loader:
         self.prefetch = prefetch or 2 * self.num_workers
         self._epoch = 0
         self._start_sample = 0
+        self._order_settings = {
+            "rows": self.source.num_rows,
+            "filter": self.source.filter,
+            "splits": self.source.splits,
+            "split": self.source.split,
+            "split_key": self.source.split_key,
+            "shuffle": self.order.shuffle,
+            "block_size": self.order.block_size,
+            "window": self.order.window,
+            "seed": self.order.seed,
+        }
+        self._fingerprint = fingerprint(self._order_settings)
         # The running epoch is held weakly, so a `break` out of a for loop lets it be collected
         # (which stops its workers); its progress outlives it for state_dict().
         self._active: weakref.ref[EpochIterator] = _dead_ref
@@ -193,6 +214,7 @@ class Loader:
         _check_int("epoch", epoch, minimum=0)
         self._epoch = epoch
         self._start_sample = 0
+        self._progress = None
 
     def __iter__(self) -> EpochIterator:
         self.close()
@@ -202,6 +224,57 @@ class Loader:
         self._epoch += 1
         self._start_sample = 0
         return it
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: a small JSON-safe dict to save with the model checkpoint.
+
+        Counts only batches handed to the training loop; prefetched batches are read again after
+        a resume. On several ranks, every rank returns the same dict when all have taken the same
+        number of batches (as in lock-step data-parallel training), so saving rank 0's suffices.
+
+        >>> state = loader.state_dict()                     # doctest: +SKIP
+        >>> loader.load_state_dict(state)                   # doctest: +SKIP
+        """
+        epoch, sample = self._epoch, self._start_sample
+        progress = self._progress
+        if progress is not None and not progress.exhausted:  # the last epoch, where it stopped
+            epoch, sample = progress.epoch, progress.samples_done
+        return {
+            "format": STATE_FORMAT,
+            "uri": self.source.uri,
+            "version": self.source.version,
+            "order": dict(self._order_settings),
+            "fingerprint": self._fingerprint,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "drop_last": self.drop_last,
+            "columns": list(self.source.columns),
+            "epoch": epoch,
+            "sample": sample,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
+        """Continue at the state's epoch and sample: the next ``iter()`` starts there.
+
+        The state may come from any number of ranks (elastic resume). ``allow_changes`` names
+        settings that may differ from the saved ones without changing the order:
+        ``"batch_size"``, ``"drop_last"``, ``"columns"``. Anything else that differs (dataset
+        version, filter, split, shuffle settings, seed) raises :class:`StateMismatchError`.
+        """
+        check_state(state, self.state_dict(), tuple(allow_changes))
+        _check_int("state['epoch']", state["epoch"], minimum=0)
+        _check_int("state['sample']", state["sample"], minimum=0)
+        if state["sample"] > self.source.num_rows:
+            raise StateMismatchError(
+                f"state sample {state['sample']} is beyond the {self.source.num_rows} rows of an epoch"
+            )
+        self.close()
+        self._progress = None
+        self._epoch, self._start_sample = state["epoch"], state["sample"]
+        if self._start_sample == self.source.num_rows:
+            self._epoch, self._start_sample = self._epoch + 1, 0
 
     def close(self) -> None:
         """Stop the running epoch's workers (if any). The loader stays usable."""
