@@ -28,10 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 _ROUNDS = 6
-_ROUND_SALT = (
-    0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-    0xD6E8FEB86659FD93, 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53,
-)
+_ROUND_SALT = np.uint64(0xD6E8FEB86659FD93)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def derive_key(*parts: object) -> int:
@@ -62,6 +60,7 @@ def permute(indices: np.ndarray, n: int, key: int | np.ndarray) -> np.ndarray:
     walking: values that land outside ``[0, n)`` are encrypted again until they fall inside, which
     keeps the map a bijection on ``[0, n)``. The domain is below ``4n``, so walks are short.
     ``key`` is one key, or one key per index (many independent permutations in one call).
+    The round function is a multiply-xorshift-multiply hash: cheap in NumPy, well mixed.
 
     >>> permute(np.arange(5), 5, key=7).tolist() == permute(np.arange(5), 5, key=7).tolist()
     True
@@ -71,15 +70,19 @@ def permute(indices: np.ndarray, n: int, key: int | np.ndarray) -> np.ndarray:
         return x.astype(np.int64)
     bits = max(2, int(n - 1).bit_length())
     half = (bits + 1) // 2
-    mask = np.uint64((1 << half) - 1)
-    shift = np.uint64(half)
-    keys = np.broadcast_to(np.asarray(key, dtype=np.uint64), x.shape)
-    round_keys = [mix64(keys ^ np.uint64(_ROUND_SALT[r])) for r in range(_ROUNDS)]
+    mask, shift, top = np.uint64((1 << half) - 1), np.uint64(half), np.uint64(64 - half)
+    round_keys = _round_keys(key, x.shape)
 
     def encrypt(v: np.ndarray, sel: np.ndarray | slice) -> np.ndarray:
         left, right = v >> shift, v & mask
         for k in round_keys:
-            left, right = right, left ^ (mix64(right ^ k[sel]) & mask)
+            f = right + (k if k.ndim == 0 else k[sel])
+            f *= _GOLDEN
+            f ^= f >> np.uint64(29)
+            f *= _GOLDEN
+            f >>= top
+            f ^= left
+            left, right = right, f
         return (left << shift) | right
 
     y = encrypt(x, slice(None))
@@ -88,6 +91,15 @@ def permute(indices: np.ndarray, n: int, key: int | np.ndarray) -> np.ndarray:
         y[outside] = encrypt(y[outside], outside)
         outside = outside[y[outside] >= np.uint64(n)]
     return y.astype(np.int64)
+
+
+def _round_keys(key: int | np.ndarray, shape: tuple[int, ...]) -> list[np.ndarray]:
+    """One key per round: scalars for one key, arrays for one key per index."""
+    salts = np.arange(1, _ROUNDS + 1, dtype=np.uint64) * _ROUND_SALT
+    if np.ndim(key) == 0:
+        return list(mix64(np.uint64(int(key) & 0xFFFFFFFFFFFFFFFF) ^ salts))
+    base = np.broadcast_to(mix64(np.asarray(key, dtype=np.uint64)), shape)
+    return [base ^ salt for salt in salts]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,49 @@
+"""torchrun (gloo, CPU): train, SIGKILL mid-epoch, resume on 1 and on 2 ranks, same parameters."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lanceloader.demo import write_demo_dataset
+
+pytestmark = pytest.mark.integration
+EXAMPLE = Path(__file__).parents[2] / "examples" / "train_resume.py"
+
+
+def run(nproc: int, data: str, ckpt: Path, out: Path | None = None, kill_at: int = -1) -> int:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(EXAMPLE), "--data", data, "--ckpt", str(ckpt), "--kill-at-step", str(kill_at)]
+    if out is not None:
+        cmd += ["--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240).returncode
+
+
+def params(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path)["params"]
+
+
+def test_sigkill_then_resume_on_one_and_two_ranks(tmp_path: Path) -> None:
+    data = write_demo_dataset(tmp_path / "data.lance", rows=1600, fragments=2)
+    assert run(2, data, tmp_path / "full", tmp_path / "full.pt") == 0
+    reference = params(tmp_path / "full.pt")
+    assert torch.load(tmp_path / "full.pt")["step"] == 50  # 2 epochs of 1600 // 64 steps
+
+    rc = run(2, data, tmp_path / "killed", kill_at=17)  # mid-epoch 0
+    assert rc != 0
+    assert torch.load(tmp_path / "killed" / "checkpoint.pt")["step"] == 17
+    shutil.copytree(tmp_path / "killed", tmp_path / "killed2")
+
+    for nproc, ckpt in [(1, tmp_path / "killed"), (2, tmp_path / "killed2")]:
+        out = tmp_path / f"resumed{nproc}.pt"
+        assert run(nproc, data, ckpt, out) == 0
+        assert torch.load(out)["step"] == 50
+        for name, value in params(out).items():
+            torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6)
