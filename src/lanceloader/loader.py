@@ -73,7 +73,10 @@ class Loader:
         output: ``"numpy"`` (dict of arrays), ``"torch"``, ``"arrow"`` or ``"python"``.
         num_workers: worker threads; default the number of cores.
         worker_type: ``"thread"``.
-        prefetch: batches in flight; default ``2 * num_workers`` (at least one read per worker).
+        prefetch: batches prepared ahead of the training loop; default ``2 * num_workers``.
+            Work is done in whole reads of ``rows_per_read`` rows, at least one per worker, so
+            ``max(prefetch, num_workers * rows_per_read // batch_size)`` batches are in flight,
+            plus the rest of the read being consumed: that bounds the memory.
         rank, world_size: this process's slice of each global batch; default: detected from
             torch.distributed, Ray Train or the RANK/WORLD_SIZE environment variables.
         rows_per_read: rows fetched by one Lance call (several batches); default by mode.
@@ -328,7 +331,7 @@ class EpochIterator(Iterator[Any]):
         self.progress = progress
         self._buffer: deque[Any] = deque()
         per_read = loader.batches_per_read
-        depth = max(loader.num_workers + 1, math.ceil(loader.prefetch / per_read))
+        depth = max(loader.num_workers, math.ceil(loader.prefetch / per_read))
         tasks = _read_tasks(progress.epoch, progress.plan, per_read, progress.batches_done)
         self._prefetcher = OrderedPrefetcher(loader._work(), tasks, loader.num_workers, depth)
 

@@ -146,6 +146,10 @@ class Source:
 
     def read(self, positions: np.ndarray) -> pa.RecordBatch:
         """Rows at ``positions``, in that order (duplicates allowed), as one RecordBatch."""
+        return to_record_batch(self.read_table(positions))
+
+    def read_table(self, positions: np.ndarray) -> pa.Table:
+        """Like :meth:`read`, as a Table whose chunks are Lance's (no copy to merge them)."""
         offsets = self.row_offsets(positions)
         unique, inverse = np.unique(offsets, return_inverse=True)
         table, order = self._read_sorted(unique)
@@ -153,7 +157,7 @@ class Source:
             where = np.empty_like(order)
             where[order] = np.arange(len(order))
             table = table.take(pa.array(where[inverse]))
-        return _to_record_batch(table, self.schema, self.columns)
+        return table.select(self.columns)
 
     def _read_sorted(self, offsets: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """Read sorted unique offsets; returns the rows and, per row, its index in ``offsets``."""
@@ -247,9 +251,11 @@ def _is_identity(order: np.ndarray) -> bool:
     return bool(len(order) == 0 or (order[0] == 0 and np.all(np.diff(order) == 1)))
 
 
-def _to_record_batch(table: pa.Table, schema: pa.Schema, columns: list[str]) -> pa.RecordBatch:
-    table = table.select(columns)
-    batches = table.combine_chunks().to_batches()
+def to_record_batch(table: pa.Table) -> pa.RecordBatch:
+    """A table as one RecordBatch; copies only when it has several chunks."""
+    batches = table.to_batches()
+    if len(batches) == 1:
+        return batches[0]
     if not batches:
-        return pa.RecordBatch.from_pylist([], schema=pa.schema([schema.field(c) for c in columns]))
-    return batches[0]
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
+    return table.combine_chunks().to_batches()[0]

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from lanceloader.convert import to_output
 from lanceloader.order import Order
-from lanceloader.source import Source
+from lanceloader.source import Source, to_record_batch
 
 Transform = Callable[[Any], Any]
 
@@ -47,11 +47,11 @@ class BatchWork:
     def __call__(self, task: ReadTask) -> list[Any]:
         sizes = [len(s) for s in task.samples]
         positions = self.order.positions(task.epoch, np.concatenate(task.samples))
-        table = self.source.read(positions)
+        table = self.source.read_table(positions)
         results = []
         offset = 0
         for i, size in enumerate(sizes):
-            batch: Any = table.slice(offset, size)
+            batch: Any = to_record_batch(table.slice(offset, size))
             try:
                 if self.transform is not None:
                     batch = self.transform(batch)
