@@ -8,11 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from conftest import ids_of, lanceloader_threads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lanceloader as ll
+from conftest import ids_of, lanceloader_threads
 
 MODES = {
     "sequential": {},
@@ -85,7 +85,7 @@ def test_drop_last(small_uri: str, drop_last: bool, sizes: list[int]) -> None:
 def test_ranks_split_every_global_batch(small_uri: str) -> None:
     per_rank = [ids_of(ll.Loader(small_uri, batch_size=50, rank=r, world_size=3, shuffle=True))
                 for r in range(3)]
-    flat = sum(per_rank, [])
+    flat = [i for ids in per_rank for i in ids]
     assert sorted(flat) == list(range(1000))  # 1000 = 6 full global batches of 150 + 100 evenly split
     assert len({len(ll.Loader(small_uri, batch_size=50, rank=r, world_size=3)) for r in range(3)}) == 1
 

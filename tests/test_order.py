@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from lanceloader.order import Order, permute
@@ -28,7 +30,7 @@ def test_slices_concatenate_to_the_whole(order: Order, epoch: int, data: st.Data
     n = order.num_rows
     cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=6)))
     bounds = [0, *cuts, n]
-    parts = [order.positions(epoch, np.arange(a, b)) for a, b in zip(bounds, bounds[1:])]
+    parts = [order.positions(epoch, np.arange(a, b)) for a, b in itertools.pairwise(bounds)]
     whole = order.positions(epoch, np.arange(n))
     assert np.concatenate(parts).tolist() == whole.tolist()
 

@@ -44,7 +44,7 @@ def test_ranks_are_disjoint_and_complete(s: tuple) -> None:
 
 @given(settings_)
 def test_batches_never_exceed_batch_size_and_full_batches_are_exact(s: tuple) -> None:
-    n, bs, world, drop = s
+    _, bs, _, drop = s
     for p in all_ranks(*s):
         sizes = [len(p.batch_samples(b)) for b in range(len(p))]
         assert all(size <= bs for size in sizes)
@@ -60,7 +60,7 @@ def test_resumed_plan_is_the_tail_of_the_full_plan(s: tuple, data: st.DataObject
     done = data.draw(st.integers(0, len(full[0])))
     start = full[0].samples_done(done)
     resumed = all_ranks(n, bs, world, drop, start)
-    for f, r in zip(full, resumed):
+    for f, r in zip(full, resumed, strict=True):
         expect = [f.batch_samples(b).tolist() for b in range(done, len(f))]
         got = [r.batch_samples(b).tolist() for b in range(len(r))]
         if start < n:

@@ -5,8 +5,8 @@ import threading
 import time
 
 import pytest
-from conftest import lanceloader_threads
 
+from conftest import lanceloader_threads
 from lanceloader.prefetch import OrderedPrefetcher
 
 

@@ -108,7 +108,7 @@ def test_bad_inputs_name_the_problem(small_uri: str, kwargs: dict, error: type, 
 
 
 def test_missing_dataset_names_the_path(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match="no Lance dataset at .*missing.lance"):
+    with pytest.raises(FileNotFoundError, match=r"no Lance dataset at .*missing\.lance"):
         Source(str(tmp_path / "missing.lance"))
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-from conftest import ids_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lanceloader as ll
+from conftest import ids_of
 
 MODES = {
     "sequential": {},
@@ -158,7 +157,7 @@ def test_state_mismatches_name_both_sides(small_uri: str) -> None:
         ll.Loader(small_uri, batch_size=10, shuffle=True, seed=1).load_state_dict(state, allow_changes=("seed",))
     with pytest.raises(ll.StateMismatchError, match="order setting 'filter'"):
         ll.Loader(small_uri, batch_size=10, shuffle=True, seed=1, filter="id < 5").load_state_dict(state)
-    with pytest.raises(TypeError, match="expected a state from Loader.state_dict"):
+    with pytest.raises(TypeError, match=r"expected a state from Loader\.state_dict"):
         ll.Loader(small_uri, batch_size=10).load_state_dict({"epoch": 1})
 
 

@@ -169,7 +169,7 @@ class Source:
         pieces: list[pa.Table] = []
         order: list[np.ndarray] = []
         scattered: list[np.ndarray] = []
-        for lo, hi in zip(starts.tolist(), stops.tolist()):
+        for lo, hi in zip(starts.tolist(), stops.tolist(), strict=True):
             if hi - lo < MIN_RANGE_ROWS:
                 scattered.append(np.arange(lo, hi))
                 continue

@@ -11,7 +11,7 @@ Example::
     >>> keys = np.arange(1000)
     >>> train = split_mask(keys, {"train": 0.9, "val": 0.1}, "train")
     >>> val = split_mask(keys, {"train": 0.9, "val": 0.1}, "val")
-    >>> bool((train ^ val).all()), 850 < train.sum() < 950
+    >>> bool((train ^ val).all()), bool(850 < train.sum() < 950)
     (True, True)
 """
 
