@@ -15,9 +15,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import pickle
+import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
@@ -34,7 +37,10 @@ from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.source import Source
 from lanceloader.state import FORMAT as STATE_FORMAT
 from lanceloader.state import StateMismatchError, check_state, fingerprint
-from lanceloader.workers import BatchWork, ReadTask, Transform
+from lanceloader.stats import Recorder, Stats
+from lanceloader.workers import BatchWork, ReadTask, TaskResult, Transform
+
+_logger = logging.getLogger("lanceloader")
 
 DEFAULT_SHUFFLE_WINDOW = 8
 # Rows read by one Lance call. Range reads keep getting cheaper per row up to ~64k rows; random
@@ -80,6 +86,7 @@ class Loader:
         rank, world_size: this process's slice of each global batch; default: detected from
             torch.distributed, Ray Train or the RANK/WORLD_SIZE environment variables.
         rows_per_read: rows fetched by one Lance call (several batches); default by mode.
+        log_every: log a one-line summary (logger ``lanceloader``) every N batches.
     """
 
     def __init__(
@@ -107,6 +114,7 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         rows_per_read: int | None = None,
+        log_every: int | None = None,
     ) -> None:
         _check_int("batch_size", batch_size, minimum=1)
         _check_int("shuffle_block_size", shuffle_block_size, minimum=1)
@@ -119,6 +127,8 @@ class Loader:
             _check_int("prefetch", prefetch, minimum=1)
         if rows_per_read is not None:
             _check_int("rows_per_read", rows_per_read, minimum=1)
+        if log_every is not None:
+            _check_int("log_every", log_every, minimum=1)
         if worker_type not in ("thread", "process"):
             raise ValueError(f"worker_type must be 'thread' or 'process', got {worker_type!r}")
         if worker_type == "process":
@@ -171,6 +181,8 @@ class Loader:
         default_read = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
         self.batches_per_read = max(1, (rows_per_read or default_read) // batch_size)
         self.prefetch = prefetch or 2 * self.num_workers
+        self.log_every = log_every
+        self.recorder = Recorder()
         self._epoch = 0
         self._start_sample = 0
         self._order_settings = {
@@ -302,8 +314,41 @@ class Loader:
             f"rank={self.rank}/{self.world_size}, output={self.output!r})"
         )
 
-    def _work(self) -> BatchWork:
-        return BatchWork(self.source, self.order, self.transform, self.output)
+    def _work(self, trace: bool = False) -> BatchWork:
+        return BatchWork(self.source, self.order, self.transform, self.output, trace)
+
+    # --- stats and tracing --------------------------------------------------------------
+
+    def stats(self, epoch: int | None = None) -> Stats:
+        """What the loader did so far: throughput, I/O, time per stage and the bottleneck.
+
+        ``epoch=None`` sums every iteration so far; ``epoch=-1`` is the last (or current) one,
+        ``epoch=0`` the first. ``print(loader.stats())`` shows a table and the verdict.
+
+        >>> print(loader.stats().bottleneck)                # doctest: +SKIP
+        bottleneck: training loop (the loop waited for data 2% of the time). Try: ...
+        """
+        random_reads = self.order.shuffle and self.order.block_size < 64
+        return self.recorder.snapshot(workers=self.num_workers, shuffle_random=random_reads,
+                                      epoch=epoch)
+
+    @contextlib.contextmanager
+    def trace(self, path: str | os.PathLike[str]) -> Iterator[None]:
+        """Record a Chrome/Perfetto trace of the epochs started inside the block into ``path``.
+
+        Open the file at https://ui.perfetto.dev or chrome://tracing: one lane per worker thread
+        (read, transform, convert spans with batch indices) and one for the training loop
+        (time waiting for a batch vs. time spent in the training step).
+
+        >>> with loader.trace("run.json"):                 # doctest: +SKIP
+        ...     for batch in loader: ...
+        """
+        self.recorder.start_trace()
+        try:
+            yield
+        finally:
+            self.close()
+            self.recorder.write_trace(path)
 
 
 @dataclass
@@ -329,17 +374,43 @@ class EpochIterator(Iterator[Any]):
 
     def __init__(self, loader: Loader, progress: EpochProgress) -> None:
         self.progress = progress
-        self._buffer: deque[Any] = deque()
+        self._buffer: deque[tuple[Any, int, int]] = deque()
+        self._recorder = loader.recorder
+        self._recorder.new_epoch()
+        self._log_every = loader.log_every
         per_read = loader.batches_per_read
         depth = max(loader.num_workers, math.ceil(loader.prefetch / per_read))
         tasks = _read_tasks(progress.epoch, progress.plan, per_read, progress.batches_done)
-        self._prefetcher = OrderedPrefetcher(loader._work(), tasks, loader.num_workers, depth)
+        work = loader._work(trace=self._recorder.tracing)
+        self._prefetcher = OrderedPrefetcher(work, tasks, loader.num_workers, depth)
+        self._started = self._handed_out = time.perf_counter()
 
     def __next__(self) -> Any:
+        asked = time.perf_counter()
         if not self._buffer:
-            self._buffer.extend(next(self._prefetcher))
+            result: TaskResult = next(self._prefetcher)
+            self._record_task(result)
+            self._buffer.extend(zip(result.batches, result.rows, result.nbytes, strict=True))
+        batch, rows, nbytes = self._buffer.popleft()
+        now = time.perf_counter()
+        rec = self._recorder
+        rec.delivered(rows, nbytes, wait_s=now - asked, step_s=asked - self._handed_out,
+                      wall_s=now - self._started)
+        if rec.tracing:
+            index = self.progress.batches_done
+            rec.event("training step", self._handed_out, asked, batch=index - 1)
+            rec.event("wait for batch", asked, now, batch=index)
+        self._handed_out = now
         self.progress.batches_done += 1
-        return self._buffer.popleft()
+        if self._log_every and self.progress.batches_done % self._log_every == 0:
+            _log_progress(self)
+        return batch
+
+    def _record_task(self, result: TaskResult) -> None:
+        self._recorder.task(result.seconds, sum(result.rows), result.io_bytes, result.io_iops,
+                            result.rows_skipped, self._prefetcher.in_flight + 1)
+        for name, start, end, args in result.spans:
+            self._recorder.event(name, start, end, lane=result.lane, **args)
 
     def __len__(self) -> int:
         return len(self.progress.plan) - self.progress.batches_done
@@ -357,6 +428,16 @@ class EpochIterator(Iterator[Any]):
 
     def __reduce__(self) -> Any:
         raise pickle.PicklingError("a running epoch cannot be pickled; pickle the Loader instead")
+
+
+def _log_progress(it: EpochIterator) -> None:
+    stats = it._recorder.snapshot(epoch=-1)
+    _logger.info(
+        "epoch %d: %d/%d batches, %.0f rows/s, %.1f MB/s, loop waited %.0f%%; %s",
+        it.progress.epoch, it.progress.batches_done, len(it.progress.plan), stats.rows_per_s,
+        stats.bytes_per_s / 1e6, 100 * stats.wait_s / max(stats.wall_s, 1e-9),
+        stats.bottleneck.stage,
+    )
 
 
 def _read_tasks(epoch: int, plan: Plan, per_read: int, first: int = 0) -> Iterator[ReadTask]:
