@@ -1,11 +1,33 @@
 from __future__ import annotations
 
+import datetime as dt
+import subprocess
+import sys
+
+import lance
+import ml_dtypes
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from lance.arrow import BFloat16Array
 
-from lanceloader.convert import ConversionError, check_output, check_schema, to_output
+import lanceloader as ll
+from lanceloader import convert
+from lanceloader.convert import (
+    Conversion,
+    ConversionError,
+    Padded,
+    as_conversion,
+    check_output,
+    check_schema,
+    column_to_numpy,
+    to_output,
+)
+
+# Arrow memory is read-only; the loader silences torch's warning about wrapping it once per process,
+# but pytest resets warning filters for every test.
+pytestmark = pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
 
 
 def sample_batch() -> pa.RecordBatch:
@@ -16,12 +38,25 @@ def sample_batch() -> pa.RecordBatch:
             "f": pa.array([0.5, 1.5, 2.5], pa.float16()),
             "b": pa.array([True, False, True]),
             "v": pa.FixedSizeListArray.from_arrays(pa.array(x), 4),
-            "m": pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(x), 2), 2),
+            "m": pa.FixedSizeListArray.from_arrays(
+                pa.FixedSizeListArray.from_arrays(pa.array(x), 2), 2
+            ),
             "t": pa.FixedShapeTensorArray.from_numpy_ndarray(x.reshape(3, 2, 2)),
             "s": pa.array(["a", "bb", "ccc"]),
             "y": pa.array([b"x", b"y", b"z"], pa.binary()),
         }
     )
+
+
+def bf16(values: list[float]) -> pa.Array:
+    return BFloat16Array.from_numpy(np.array(values, dtype=ml_dtypes.bfloat16))
+
+
+def inside(array_address: int, buf: pa.Buffer) -> bool:
+    return buf.address <= array_address < buf.address + buf.size
+
+
+# --- NumPy: every type -------------------------------------------------------------------------
 
 
 def test_numpy_shapes_and_types() -> None:
@@ -35,30 +70,118 @@ def test_numpy_shapes_and_types() -> None:
     assert out["s"] == ["a", "bb", "ccc"] and out["y"] == [b"x", b"y", b"z"]
 
 
-def test_primitives_and_fixed_lists_are_zero_copy_even_in_a_slice() -> None:
-    batch = sample_batch().slice(1, 2)
+@pytest.mark.parametrize(
+    "typ", [pa.int8(), pa.int16(), pa.int32(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
+)
+def test_every_integer_width_keeps_its_dtype(typ: pa.DataType) -> None:
+    out = column_to_numpy("n", pa.array([0, 1, 100], typ))
+    assert out.dtype == np.dtype(typ.to_pandas_dtype()) and out.tolist() == [0, 1, 100]
+
+
+def test_bfloat16_becomes_ml_dtypes_without_copy() -> None:
+    col = bf16([1.0, 2.5, -3.0, 4.0]).slice(1, 2)
+    out = column_to_numpy("w", col)
+    assert out.dtype == ml_dtypes.bfloat16 and out.astype(np.float32).tolist() == [2.5, -3.0]
+    assert out.ctypes.data == col.storage.buffers()[1].address + 2 * col.storage.offset
+
+
+def test_temporal_columns_are_integers_in_their_unit() -> None:
+    when = dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    batch = pa.record_batch(
+        {
+            "ts_ms": pa.array([when], pa.timestamp("ms", tz="UTC")),
+            "ts_us": pa.array([when.replace(tzinfo=None)], pa.timestamp("us")),
+            "d32": pa.array([dt.date(1970, 1, 11)], pa.date32()),
+            "d64": pa.array([dt.date(1970, 1, 2)], pa.date64()),
+            "t32": pa.array([dt.time(0, 1, 2)], pa.time32("s")),
+            "dur": pa.array([dt.timedelta(seconds=3)], pa.duration("ms")),
+        }
+    )
     out = to_output(batch, "numpy")
-    values = batch.column("v").values
-    # The array's memory lies inside the Arrow buffer: no copy was made.
-    buf = values.buffers()[1]
-    assert buf.address <= out["v"].ctypes.data < buf.address + buf.size
-    assert out["v"][0].tolist() == [4, 5, 6, 7]
-    ibuf = batch.column("i").buffers()[1]
-    assert out["i"].ctypes.data == ibuf.address + 8 * batch.column("i").offset
+    assert out["ts_ms"].dtype == np.int64 and out["ts_ms"][0] == int(when.timestamp() * 1000)
+    assert out["ts_us"][0] == int(when.timestamp() * 1_000_000)
+    assert out["d32"].dtype == np.int32 and out["d32"][0] == 10  # days since 1970-01-01
+    assert out["d64"].dtype == np.int64 and out["d64"][0] == 86_400_000  # ms
+    assert out["t32"].dtype == np.int32 and out["t32"][0] == 62
+    assert out["dur"][0] == 3000
 
 
-def test_torch_wraps_numpy_without_copy() -> None:
-    batch = sample_batch()
-    out = to_output(batch, "torch")
-    assert out["v"].dtype == torch.float32 and tuple(out["v"].shape) == (3, 4)
-    assert out["v"].data_ptr() == batch.column("v").values.buffers()[1].address
-    assert out["s"] == ["a", "bb", "ccc"]
+def test_dictionary_columns_are_decoded() -> None:
+    batch = pa.record_batch(
+        {
+            "tag": pa.array(["a", "b", "a"]).dictionary_encode(),
+            "code": pa.array([7, 9, 7], pa.int16()).dictionary_encode(),
+        }
+    )
+    out = to_output(batch, "numpy")
+    assert out["tag"] == ["a", "b", "a"]
+    assert out["code"].dtype == np.int16 and out["code"].tolist() == [7, 9, 7]
 
 
-def test_arrow_and_python_outputs() -> None:
-    batch = sample_batch()
-    assert to_output(batch, "arrow") is batch
-    assert to_output(batch.select(["i"]), "python") == {"i": [1, 2, 3]}
+def test_structs_become_nested_dicts() -> None:
+    inner = pa.StructArray.from_arrays([pa.array([1.0, 2.0])], names=["c"])
+    col = pa.StructArray.from_arrays(
+        [pa.array([1, 2]), inner, pa.array([[1], [2, 3]])], names=["a", "b", "tok"]
+    )
+    out = to_output(pa.record_batch({"s": col}), "numpy")
+    assert out["s"]["a"].tolist() == [1, 2] and out["s"]["b"]["c"].tolist() == [1.0, 2.0]
+    assert out["s"]["tok"].tolist() == [[1, 0], [2, 3]] and out["s"]["tok_lengths"].tolist() == [
+        1,
+        2,
+    ]
+    assert to_output(pa.record_batch({"s": col}), "torch")["s"]["b"]["c"].dtype == torch.float64
+
+
+def test_ragged_lists_pad_with_lengths() -> None:
+    batch = pa.record_batch({"tok": pa.array([[1, 2, 3], [], [4]], pa.list_(pa.int32()))})
+    out = to_output(batch, Conversion(pad_value=-1))
+    assert out["tok"].dtype == np.int32
+    assert out["tok"].tolist() == [[1, 2, 3], [-1, -1, -1], [4, -1, -1]]
+    assert out["tok_lengths"].dtype == np.int64 and out["tok_lengths"].tolist() == [3, 0, 1]
+    fixed = to_output(batch.slice(1), Conversion(pad_to=4))
+    assert fixed["tok"].tolist() == [[0, 0, 0, 0], [4, 0, 0, 0]]
+    with pytest.raises(
+        ConversionError, match=r"column 'tok' has a row of 3 values, longer than pad_to=2"
+    ):
+        to_output(batch, Conversion(pad_to=2))
+
+
+def test_ragged_lists_of_vectors_pad_to_3d() -> None:
+    values = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(6, dtype=np.float32)), 2)
+    col = pa.LargeListArray.from_arrays(pa.array([0, 2, 3], pa.int64()), values)
+    out = column_to_numpy("pts", col)
+    assert isinstance(out, Padded) and out.values.shape == (2, 2, 2)
+    assert out.values[1].tolist() == [[4, 5], [0, 0]] and out.lengths.tolist() == [2, 1]
+
+
+def test_ragged_list_mode_gives_views_of_arrow_memory() -> None:
+    col = pa.array([[1.0, 2.0], [3.0], [4.0, 5.0, 6.0]]).slice(1)
+    out = column_to_numpy("x", col, Conversion(ragged="list"))
+    assert [a.tolist() for a in out] == [[3.0], [4.0, 5.0, 6.0]]
+    assert all(inside(a.ctypes.data, col.values.buffers()[1]) for a in out)
+    tensors = to_output(pa.record_batch({"x": col}), Conversion(output="torch", ragged="list"))
+    assert [t.tolist() for t in tensors["x"]] == [[3.0], [4.0, 5.0, 6.0]]
+
+
+def test_strings_as_numpy_arrays() -> None:
+    batch = pa.record_batch({"s": pa.array(["a", "bb"]), "y": pa.array([b"\x00z", b"y\x00"])})
+    out = to_output(batch, Conversion(strings="numpy"))
+    assert out["s"].dtype == np.dtypes.StringDType() and out["s"].tolist() == ["a", "bb"]
+    assert out["y"].dtype == object and out["y"].tolist() == [b"\x00z", b"y\x00"]  # no NUL loss
+    assert to_output(batch, Conversion(output="torch", strings="numpy"))["s"].tolist() == [
+        "a",
+        "bb",
+    ]
+
+
+def test_permuted_tensors_follow_arrow() -> None:
+    typ = pa.fixed_shape_tensor(pa.float32(), [2, 3], permutation=[1, 0])
+    storage = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.float32)), 6)
+    col = pa.ExtensionArray.from_storage(typ, storage)
+    np.testing.assert_array_equal(column_to_numpy("t", col), col.to_numpy_ndarray())
+
+
+# --- nulls -------------------------------------------------------------------------------------
 
 
 def test_nulls_name_the_column_and_count() -> None:
@@ -67,15 +190,286 @@ def test_nulls_name_the_column_and_count() -> None:
         to_output(batch, "numpy")
 
 
+def test_nulls_take_the_fill_value_per_column() -> None:
+    vec = pa.FixedSizeListArray.from_arrays(pa.array([1.0, None, 3.0, 4.0, 5.0, 6.0]), 2)
+    vec = pa.FixedSizeListArray.from_arrays(vec.values, 2, mask=pa.array([False, False, True]))
+    batch = pa.record_batch(
+        {
+            "i": pa.array([1, None, 3], pa.int32()),
+            "b": pa.array([True, None, False]),
+            "v": vec,
+            "s": pa.array(["a", None, "c"]),
+            "w": bf16([1.0, 2.0, 3.0]),
+            "tok": pa.array([[1], None, [2, 3]]),
+            "st": pa.StructArray.from_arrays(
+                [pa.array([1, 2, 3])], names=["a"], mask=pa.array([False, True, False])
+            ),
+        }
+    )
+    fills = {"i": -1, "b": True, "v": 0.0, "s": "", "tok": 9, "st.a": 0}
+    out = to_output(batch, Conversion(fill_nulls=fills))
+    assert out["i"].tolist() == [1, -1, 3] and out["i"].dtype == np.int32
+    assert out["b"].tolist() == [True, True, False]
+    assert out["v"].tolist() == [[1, 0], [3, 4], [0, 0]]  # element null and row null
+    assert out["s"] == ["a", "", "c"]
+    assert out["tok"].tolist() == [[1, 0], [0, 0], [2, 3]] and out["tok_lengths"].tolist() == [
+        1,
+        0,
+        2,
+    ]
+    assert out["st"]["a"].tolist() == [1, 0, 3]  # a null struct makes its fields null
+    assert batch.column("i").to_pylist() == [1, None, 3]  # the source is untouched
+
+
+def test_fill_values_must_fit_the_dtype() -> None:
+    batch = pa.record_batch({"u": pa.array([1, None], pa.uint8())})
+    with pytest.raises(
+        ConversionError, match=r"fill_nulls value -1 for column 'u' does not fit its dtype uint8"
+    ):
+        to_output(batch, Conversion(fill_nulls={"u": -1}))
+    with pytest.raises(ConversionError, match=r"fill_nulls value 0.5 for column 'u'"):
+        to_output(batch, Conversion(fill_nulls={"u": 0.5}))
+    with pytest.raises(
+        ConversionError,
+        match=r"fill_nulls value 0 for column 's' does not fit its type string; use a str",
+    ):
+        to_output(pa.record_batch({"s": pa.array(["a", None])}), Conversion(fill_nulls={"s": 0}))
+
+
+# --- casts and the integer policy --------------------------------------------------------------
+
+
+def test_casts_check_that_values_fit() -> None:
+    batch = pa.record_batch({"id": pa.array([1, 2**40], pa.uint64())})
+    out = to_output(batch.slice(0, 1), Conversion(casts={"id": "int32"}))
+    assert out["id"].dtype == np.int32 and out["id"].tolist() == [1]
+    with pytest.raises(
+        ConversionError, match=r"column 'id' has values up to 1099511627776, which do not fit int32"
+    ):
+        to_output(batch, Conversion(casts={"id": "int32"}))
+    with pytest.raises(ConversionError, match=r"column 'x' is float64, which int64 would truncate"):
+        to_output(pa.record_batch({"x": [0.5]}), Conversion(casts={"x": "int64"}))
+
+
+def test_uint64_for_torch_needs_an_explicit_cast() -> None:
+    batch = pa.record_batch({"id": pa.array([1, 2], pa.uint64())})
+    with pytest.raises(ConversionError, match=r"column 'id' is uint64.*casts=\{'id': 'int64'\}"):
+        check_schema(batch.schema, "torch")
+    with pytest.raises(ConversionError, match=r"column 'id' is uint64"):
+        to_output(batch, "torch")
+    conversion = Conversion(output="torch", casts={"id": "int64"})
+    check_schema(batch.schema, conversion)
+    assert to_output(batch, conversion)["id"].dtype == torch.int64
+    assert to_output(batch, "numpy")["id"].dtype == np.uint64  # NumPy keeps it
+    check_schema(pa.schema([("n", pa.uint32())]), "torch")  # torch.uint32 exists
+
+
+# --- options and schema checks -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"output": "pandas"}, ValueError, r"output must be one of \('arrow', 'numpy'"),
+        ({"ragged": "zip"}, ValueError, r"ragged must be 'pad' .* got 'zip'"),
+        ({"strings": "array"}, ValueError, r"strings must be 'list' or 'numpy', got 'array'"),
+        ({"pad_value": "x"}, TypeError, r"pad_value must be an int or a float, got 'x'"),
+        ({"pad_to": 0}, ValueError, r"pad_to must be None or an int >= 1, got 0"),
+        ({"fill_nulls": [("a", 1)]}, TypeError, r"fill_nulls must be a dict .* got list"),
+        ({"fill_nulls": {"a": None}}, TypeError, r"fill_nulls\['a'\] must be a number"),
+        ({"casts": {"a": "object"}}, ValueError, r"casts\['a'\] must name a NumPy bool"),
+        ({"casts": {"a": "nope"}}, ValueError, r"casts\['a'\] must name"),
+        ({"output": "arrow", "ragged": "list"}, ValueError, r"ragged only apply to array outputs"),
+    ],
+)
+def test_bad_options_name_the_argument(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        Conversion(**kwargs)
+
+
+def test_conversion_normalises_and_pickles() -> None:
+    import pickle
+
+    c = Conversion(output="torch", fill_nulls={"a": 1}, casts={"b": np.int32})
+    assert c.casts == {"b": "int32"} and pickle.loads(pickle.dumps(c)) == c
+    assert as_conversion("jax") == Conversion(output="jax") and as_conversion(c) is c
+    with pytest.raises(
+        TypeError, match=r"output must be a string such as 'numpy' or a lanceloader\.Conversion"
+    ):
+        as_conversion(3)
+
+
 def test_unconvertible_column_is_reported_before_loading() -> None:
     schema = pa.schema([("ok", pa.int32()), ("tags", pa.list_(pa.string()))])
     with pytest.raises(ConversionError, match=r"column 'tags' has Arrow type list<item: string>"):
         check_schema(schema, "numpy")
     check_schema(schema, "arrow")
+    with pytest.raises(ConversionError, match=r"column 'd' has Arrow type decimal128"):
+        check_schema(pa.schema([("d", pa.decimal128(5, 2))]), "torch")
 
 
-def test_unknown_and_unimplemented_outputs() -> None:
+def test_schema_check_catches_name_clashes_and_unknown_options() -> None:
+    schema = pa.schema([("tok", pa.list_(pa.int32())), ("tok_lengths", pa.int32())])
+    with pytest.raises(
+        ConversionError, match=r"ragged='pad' adds 'tok_lengths', which already exists"
+    ):
+        check_schema(schema, "numpy")
+    check_schema(schema, Conversion(ragged="list"))
+    with pytest.raises(
+        ValueError, match=r"fill_nulls names \['tokens'\], which the data does not have"
+    ):
+        check_schema(schema, Conversion(ragged="list", fill_nulls={"tokens": 0}))
+
+
+def test_outputs_are_checked_and_imported() -> None:
     with pytest.raises(ValueError, match="output must be one of"):
         check_output("pandas")
-    with pytest.raises(NotImplementedError, match="output='jax'"):
+    pytest.importorskip("jax")
+    pytest.importorskip("tensorflow")
+    for output in ("numpy", "torch", "jax", "tf"):
+        assert check_output(output).output == output
+
+
+def test_missing_framework_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "jax", None)  # what `import jax` sees when it is missing
+    monkeypatch.setattr(convert, "_modules", {})
+    with pytest.raises(ImportError, match=r"output='jax' needs jax: pip install jax"):
         check_output("jax")
+
+
+# --- zero copy ---------------------------------------------------------------------------------
+
+
+def test_primitives_and_fixed_lists_are_zero_copy_even_in_a_slice() -> None:
+    batch = sample_batch().slice(1, 2)
+    out = to_output(batch, "numpy")
+    values = batch.column("v").values
+    # The array's memory lies inside the Arrow buffer: no copy was made.
+    assert inside(out["v"].ctypes.data, values.buffers()[1])
+    assert out["v"][0].tolist() == [4, 5, 6, 7]
+    ibuf = batch.column("i").buffers()[1]
+    assert out["i"].ctypes.data == ibuf.address + 8 * batch.column("i").offset
+    tbuf = batch.column("t").storage.values.buffers()[1]
+    assert out["t"].ctypes.data == tbuf.address + 4 * 4 * 1  # row 1 of [2, 2] float32 tensors
+
+
+def test_torch_wraps_numpy_without_copy() -> None:
+    batch = sample_batch()
+    out = to_output(batch, "torch")
+    assert out["v"].dtype == torch.float32 and tuple(out["v"].shape) == (3, 4)
+    assert out["v"].data_ptr() == batch.column("v").values.buffers()[1].address
+    assert out["t"].data_ptr() == batch.column("t").storage.values.buffers()[1].address
+    assert out["f"].dtype == torch.float16 and out["b"].dtype == torch.bool
+    assert out["s"] == ["a", "bb", "ccc"]
+
+
+def test_bfloat16_to_every_framework(tmp_path) -> None:
+    jnp = pytest.importorskip("jax.numpy")
+    tf = pytest.importorskip("tensorflow")
+
+    # Through a real Lance dataset: pylance 14 stores and returns the lance.bfloat16 extension.
+    vec = pa.FixedSizeListArray.from_arrays(bf16([0.5, 1.0, 1.5, 2.0]), 2)
+    ds = lance.write_dataset(pa.table({"w": bf16([1.0, 2.5]), "vec": vec}), tmp_path / "bf.lance")
+    batch = ds.to_table().to_batches()[0]
+    assert batch.schema.field("w").type.extension_name == "lance.bfloat16"
+    t = to_output(batch, "torch")
+    assert t["w"].dtype == torch.bfloat16 and t["w"].tolist() == [1.0, 2.5]
+    assert t["vec"].shape == (2, 2) and t["vec"].dtype == torch.bfloat16
+    assert t["w"].data_ptr() == batch.column("w").storage.buffers()[1].address
+    assert to_output(batch, "jax")["vec"].dtype == jnp.bfloat16
+    assert to_output(batch, "tf")["w"].dtype == tf.bfloat16
+
+
+def test_jax_shares_aligned_read_only_memory() -> None:
+    pytest.importorskip("jax")
+    buf = pa.py_buffer(np.arange(64, dtype=np.float32).tobytes())
+    aligned = pa.allocate_buffer(buf.size)  # Arrow allocates 64-byte aligned memory
+    np.frombuffer(aligned, np.float32)[:] = np.frombuffer(buf, np.float32)
+    col = pa.Array.from_buffers(pa.float32(), 64, [None, aligned])
+    out = to_output(pa.record_batch({"x": col}), "jax")
+    assert out["x"].unsafe_buffer_pointer() == aligned.address
+
+
+# --- JAX and TensorFlow ------------------------------------------------------------------------
+
+
+def test_jax_output() -> None:
+    jax = pytest.importorskip("jax")
+
+    out = to_output(sample_batch(), "jax")
+    assert isinstance(out["v"], jax.Array) and out["v"].shape == (3, 4)
+    assert out["i"].tolist() == [1, 2, 3] and out["b"].dtype == bool
+    assert out["s"] == ["a", "bb", "ccc"]
+
+
+def test_jax_refuses_64_bit_values_it_would_wrap() -> None:
+    jax = pytest.importorskip("jax")
+
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is enabled: JAX keeps 64-bit integers")
+    batch = pa.record_batch({"id": pa.array([1, 2**40])})
+    with pytest.raises(
+        ConversionError,
+        match=r"column 'id' has values up to 1099511627776.*JAX without x64 wraps them",
+    ):
+        to_output(batch, "jax")
+    assert to_output(batch.slice(0, 1), "jax")["id"].tolist() == [1]
+
+
+def test_tf_output() -> None:
+    tf = pytest.importorskip("tensorflow")
+
+    out = to_output(sample_batch(), "tf")
+    assert isinstance(out["t"], tf.Tensor) and out["t"].shape == (3, 2, 2)
+    assert out["f"].dtype == tf.float16 and out["i"].numpy().tolist() == [1, 2, 3]
+    assert (
+        to_output(pa.record_batch({"u": pa.array([2**63], pa.uint64())}), "tf")["u"].dtype
+        == tf.uint64
+    )
+
+
+# --- other inputs ------------------------------------------------------------------------------
+
+
+def test_arrow_and_python_outputs() -> None:
+    batch = sample_batch()
+    assert to_output(batch, "arrow") is batch
+    assert to_output(batch.select(["i"]), "python") == {"i": [1, 2, 3]}
+
+
+def test_tables_and_dicts_convert_like_batches() -> None:
+    table = pa.Table.from_batches([sample_batch(), sample_batch()])
+    assert to_output(table, "numpy")["v"].shape == (6, 4)
+    out = to_output(
+        {"img": np.zeros((2, 3), np.uint8), "tok": pa.array([[1], [2, 3]]), "n": "x"}, "torch"
+    )
+    assert (
+        out["img"].dtype == torch.uint8
+        and out["tok_lengths"].tolist() == [1, 2]
+        and out["n"] == "x"
+    )
+
+
+def test_every_output_through_the_loader(small_uri: str) -> None:
+    pytest.importorskip("jax")
+    pytest.importorskip("tensorflow")
+    for output in ("jax", "tf"):
+        batch = next(
+            iter(ll.Loader(small_uri, batch_size=8, columns=["id", "x", "text"], output=output))
+        )
+        assert tuple(batch["x"].shape) == (8, 64) and len(batch["text"]) == 8
+
+
+def test_float64_is_not_mistaken_for_bfloat16_without_ml_dtypes() -> None:
+    # NumPy compares float64 == None as True: a lazy "bfloat16 dtype or None" check once turned
+    # float64 columns into garbage whenever ml_dtypes had not been imported yet.
+    code = (
+        "import sys, pyarrow as pa\n"
+        "from lanceloader.convert import to_output\n"
+        "out = to_output(pa.record_batch({'d': pa.array([1.5, 2.5])}), 'torch')\n"
+        "assert 'ml_dtypes' not in sys.modules, 'test needs ml_dtypes unimported'\n"
+        "print(out['d'].dtype, out['d'].tolist())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["torch.float64", "[1.5,", "2.5]"]

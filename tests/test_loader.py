@@ -182,7 +182,6 @@ def test_iterator_in_fork_child_fails_clearly(small_uri: str) -> None:
         ({"prefetch": 0}, ValueError, "prefetch must be >= 1"),
         ({"rank": 2, "world_size": 2}, ValueError, r"rank must lie in \[0, world_size=2\)"),
         ({"worker_type": "fiber"}, ValueError, "worker_type must be"),
-        ({"worker_type": "process"}, NotImplementedError, "worker_type='thread'"),
         ({"output": "pandas"}, ValueError, "output must be one of"),
         ({"transform": 3}, TypeError, "transform must be callable"),
         ({"columns": ["tags"]}, ValueError, "unknown columns"),

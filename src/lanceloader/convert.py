@@ -1,135 +1,663 @@
 """Convert: an Arrow RecordBatch to the output format the training loop wants.
 
-One code path: every format goes through NumPy, which views Arrow's buffers without copying where
-Arrow allows (primitive columns without nulls, fixed-size lists, fixed-shape tensors); torch then
-wraps the NumPy arrays (``torch.from_numpy``: no copy either).
+One code path: every column becomes NumPy first, viewing Arrow's buffers without a copy where
+Arrow allows; ``torch.from_numpy``, ``jax.device_put`` or ``tf.convert_to_tensor`` then wrap the
+arrays. How the columns become arrays is set by a :class:`Conversion`; a plain string such as
+``"torch"`` means ``Conversion(output="torch")`` with every other option at its default.
 
-=================================  =====================================================
-Arrow type                         NumPy result
-=================================  =====================================================
-integers, floats, booleans         1-D array (booleans are copied: Arrow packs bits)
-fixed_size_list<T, k>              2-D array ``[rows, k]`` (nested lists: more dims)
-fixed_shape_tensor                 N-D array ``[rows, *shape]``
-string, binary (and large_*)       Python list of ``str`` / ``bytes``
-=================================  =====================================================
+======================================  ==================================================  =====
+Arrow type                              NumPy result                                        copy?
+======================================  ==================================================  =====
+int*, uint*, float16/32/64              1-D array of the same dtype                         no
+lance.bfloat16 (extension)              1-D ``ml_dtypes.bfloat16`` array                    no
+bool                                    1-D ``bool`` array (Arrow packs bits)               yes
+timestamp, date, time, duration         integers counting the type's unit: ``timestamp[ms]``  no
+                                        is int64 ms since 1970-01-01 UTC, ``date32`` int32
+                                        days, ``date64`` int64 ms, ``time*``/``duration``
+                                        their own unit
+fixed_size_list<T, k> (nested)          ``[rows, k]`` (nested: ``[rows, k1, k2, ...]``)     no
+fixed_shape_tensor                      ``[rows, *shape]``                                  no
+list<T>, large_list<T>                  ``ragged="pad"``: ``col`` ``[rows, longest, ...]``  yes
+                                        padded with ``pad_value``, plus ``col_lengths``
+                                        (int64); ``ragged="list"``: a list of arrays        no
+string, binary (large_*, views)         list of ``str`` / ``bytes``; ``strings="numpy"``:   yes
+                                        a NumPy ``StringDType`` (str) or object (bytes)
+                                        array
+dictionary<V>                           decoded, then as ``V``                              yes
+struct                                  a dict of its fields, converted as above            --
+======================================  ==================================================  =====
+
+Nulls raise :class:`ConversionError` naming the column and the count, unless ``fill_nulls``
+gives that column a value (struct fields are named ``"struct.field"``); filling copies.
+``casts`` converts a column's dtype after that, checking that every value fits.
+
+Integer policy: NumPy keeps every dtype. torch has ``uint16``/``uint32``/``uint64`` dtypes, but
+``uint64`` tensors support so few operations (no ``+``, no indexing) that a ``uint64`` column is an
+error for ``output="torch"`` unless cast (``casts={"col": "int64"}``, checked to fit). JAX without
+``jax_enable_x64`` turns 64-bit arrays into 32-bit ones and silently wraps values that do not fit:
+such values raise instead (enable x64, or cast). float64 becomes float32 there, JAX's own rule.
+
+torch wraps the NumPy arrays (no copy); ``jax.device_put`` shares memory on the CPU when the array
+is suitably aligned and copies otherwise (and to accelerators); TensorFlow always copies. Text
+columns stay Python lists or NumPy arrays in every output.
 
 Example::
 
     >>> import pyarrow as pa
-    >>> batch = pa.record_batch({"label": pa.array([1, 2], pa.int32())})
-    >>> to_output(batch, "numpy")["label"].tolist()
-    [1, 2]
+    >>> batch = pa.record_batch({"label": pa.array([1, 2], pa.int32()),
+    ...                          "tokens": pa.array([[5, 6, 7], [8]])})
+    >>> out = to_output(batch, Conversion(output="numpy", pad_value=-1))
+    >>> out["label"].tolist(), out["tokens"].tolist(), out["tokens_lengths"].tolist()
+    ([1, 2], [[5, 6, 7], [8, -1, -1]], [3, 1])
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 OUTPUTS = ("arrow", "numpy", "python", "torch", "jax", "tf")
+RAGGED = ("pad", "list")
+STRINGS = ("list", "numpy")
+LENGTHS_SUFFIX = "_lengths"
+# Kinds whose values form one rectangular NumPy array per column.
+_ARRAY_KINDS = ("number", "bool", "bfloat16", "temporal", "fixed_list", "tensor")
 
 
 class ConversionError(TypeError):
     """A column that cannot become the requested output type."""
 
 
-def check_output(output: str) -> None:
-    if output not in OUTPUTS:
-        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-    if output in ("jax", "tf"):
-        raise NotImplementedError(
-            f"output={output!r} is not implemented yet (planned with the conversion work); "
-            "use output='numpy' and convert in your loop"
-        )
-    if output == "torch":
-        _import_torch()
+@dataclass(frozen=True)
+class Conversion:
+    """How Arrow columns become arrays: the output format and what to do with the awkward cases.
+
+    Args:
+        output: ``"numpy"``, ``"torch"``, ``"jax"``, ``"tf"``, ``"arrow"`` or ``"python"``.
+        fill_nulls: column name (``"struct.field"`` inside structs) to the value its nulls take;
+            a null variable-length list becomes an empty one. Columns not named here must not
+            contain nulls.
+        ragged: variable-length lists become ``"pad"`` (``col`` padded with ``pad_value`` plus
+            ``col_lengths``) or ``"list"`` (a list of arrays, one per row).
+        pad_value: the value padding takes; it must fit the column's dtype.
+        pad_to: pad every batch to this length (static shapes, e.g. for XLA); longer rows raise.
+            Default: the longest row of each batch.
+        strings: text columns become a ``"list"`` of str/bytes or ``"numpy"`` arrays.
+        casts: column name to a NumPy dtype name (``{"id": "int64"}``), applied after the nulls
+            are filled; integer casts check that every value fits.
+
+    >>> Conversion(output="torch", fill_nulls={"score": 0.0}).fill_nulls
+    {'score': 0.0}
+    >>> Conversion(ragged="zip")
+    Traceback (most recent call last):
+    ...
+    ValueError: ragged must be 'pad' (a padded array plus '<col>_lengths') or 'list' (a list of arrays, one per row), got 'zip'
+    """
+
+    output: str = "numpy"
+    fill_nulls: Mapping[str, Any] = field(default_factory=dict)
+    ragged: str = "pad"
+    pad_value: int | float = 0
+    pad_to: int | None = None
+    strings: str = "list"
+    casts: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {self.output!r}")
+        if self.ragged not in RAGGED:
+            raise ValueError(
+                "ragged must be 'pad' (a padded array plus '<col>_lengths') or 'list' (a list of "
+                f"arrays, one per row), got {self.ragged!r}"
+            )
+        if self.strings not in STRINGS:
+            raise ValueError(f"strings must be 'list' or 'numpy', got {self.strings!r}")
+        if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, int | float):
+            raise TypeError(f"pad_value must be an int or a float, got {self.pad_value!r}")
+        if self.pad_to is not None and (
+            isinstance(self.pad_to, bool) or not isinstance(self.pad_to, int) or self.pad_to < 1
+        ):
+            raise ValueError(f"pad_to must be None or an int >= 1, got {self.pad_to!r}")
+        object.__setattr__(self, "fill_nulls", _check_fill_nulls(self.fill_nulls))
+        object.__setattr__(self, "casts", _check_casts(self.casts))
+        changed = [n for n in ("fill_nulls", "casts", "pad_to") if getattr(self, n)]
+        changed += [
+            n for n in ("ragged", "pad_value", "strings") if getattr(self, n) != _DEFAULTS[n]
+        ]
+        if self.output in ("arrow", "python") and changed:
+            raise ValueError(
+                f"{', '.join(changed)} only apply to array outputs, not output={self.output!r}; "
+                "drop them or use output='numpy', 'torch', 'jax' or 'tf'"
+            )
 
 
-def check_schema(schema: pa.Schema, output: str) -> None:
-    """Fail before any worker starts if a column cannot be converted to ``output``."""
-    if output in ("arrow", "python"):
-        return
-    for field in schema:
-        _numpy_kind(field.name, field.type, output)
+_DEFAULTS = {"ragged": "pad", "pad_value": 0, "strings": "list"}
+_PLAIN: dict[str, Conversion] = {}
 
 
-def to_output(batch: pa.RecordBatch, output: str) -> Any:
-    """``batch`` in ``output`` format: a RecordBatch, or a dict of column name to array/list."""
-    if output == "arrow":
-        return batch
-    if output == "python":
-        return batch.to_pydict()
-    arrays = {name: column_to_numpy(name, col) for name, col in zip(batch.schema.names, batch.columns)}
-    if output == "numpy":
-        return arrays
-    torch = _import_torch()
-    return {k: _torch_from_numpy(torch, v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
+class Padded(NamedTuple):
+    """A variable-length list column padded to a rectangle, with each row's true length."""
+
+    values: np.ndarray
+    lengths: np.ndarray
 
 
-def column_to_numpy(name: str, col: pa.Array) -> np.ndarray | list[Any]:
-    """One Arrow column as a NumPy array (or a list for strings/binary); zero-copy where possible."""
-    kind = _numpy_kind(name, col.type, "numpy")
-    if col.null_count:
-        raise ConversionError(
-            f"column {name!r} ({col.type}) has {col.null_count} null values in a batch of "
-            f"{len(col)} rows; filter them out (filter='{name} IS NOT NULL') or fill them first"
-        )
-    if kind == "list":
-        return col.to_pylist()
-    if kind == "tensor":
-        return col.to_numpy_ndarray()
-    if kind == "fixed_list":
-        shape = [len(col)]
-        values: pa.Array = col
-        while pa.types.is_fixed_size_list(values.type):
-            shape.append(values.type.list_size)
-            values = values.flatten()
-        return values.to_numpy(zero_copy_only=False).reshape(shape)
-    return col.to_numpy(zero_copy_only=False)
+def as_conversion(output: str | Conversion) -> Conversion:
+    """``output`` as a :class:`Conversion`: a string sets only the output format.
 
-
-def _numpy_kind(name: str, typ: pa.DataType, output: str) -> str:
-    if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ):
-        return "primitive"
-    if isinstance(typ, pa.FixedShapeTensorType):
-        return "tensor"
-    if pa.types.is_fixed_size_list(typ):
-        inner = typ
-        while pa.types.is_fixed_size_list(inner):
-            inner = inner.value_type
-        if pa.types.is_integer(inner) or pa.types.is_floating(inner) or pa.types.is_boolean(inner):
-            return "fixed_list"
-    if pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
-        return "list"
-    raise ConversionError(
-        f"column {name!r} has Arrow type {typ}, which cannot become output={output!r} yet; "
-        f"use output='arrow' or 'python', or drop it from columns="
+    >>> as_conversion("torch")
+    Conversion(output='torch', fill_nulls={}, ragged='pad', pad_value=0, pad_to=None, strings='list', casts={})
+    """
+    if isinstance(output, Conversion):
+        return output
+    if isinstance(output, str):
+        if output not in _PLAIN:  # one per name: a string costs a lookup per batch, not a check
+            _PLAIN[output] = Conversion(output=output)
+        return _PLAIN[output]
+    raise TypeError(
+        f"output must be a string such as 'numpy' or a lanceloader.Conversion, got "
+        f"{type(output).__name__}"
     )
 
 
-def _torch_from_numpy(torch: Any, array: np.ndarray) -> Any:
+def check_output(output: str | Conversion) -> Conversion:
+    """Validate ``output`` and import its framework now, so a missing one fails before loading.
+
+    >>> check_output("numpy").output
+    'numpy'
+    """
+    conversion = as_conversion(output)
+    if conversion.output in _IMPORTERS:
+        _IMPORTERS[conversion.output]()
+    return conversion
+
+
+def check_schema(schema: pa.Schema, output: str | Conversion = "numpy") -> None:
+    """Fail before any worker starts if a column cannot be converted to ``output``.
+
+    >>> check_schema(pa.schema([("id", pa.uint64())]), "torch")
+    Traceback (most recent call last):
+    ...
+    lanceloader.convert.ConversionError: column 'id' is uint64, which torch tensors barely support (no +, no indexing); cast it: casts={'id': 'int64'} (values must be below 2**63)
+    """
+    conversion = as_conversion(output)
+    if conversion.output in ("arrow", "python"):
+        return
+    names = set(schema.names)
+    paths: set[str] = set()
+    for f in schema:
+        _check_field(f.name, f.type, conversion, names, paths)
+    for option in ("fill_nulls", "casts"):
+        unknown = sorted(set(getattr(conversion, option)) - paths)
+        if unknown:
+            raise ValueError(
+                f"{option} names {unknown}, which the data does not have; its columns are "
+                f"{sorted(paths)}"
+            )
+
+
+def to_output(
+    batch: pa.RecordBatch | pa.Table | Mapping[str, Any], output: str | Conversion = "numpy"
+) -> Any:
+    """``batch`` in ``output`` format: a RecordBatch, or a dict of column name to array/list.
+
+    A dict (what a transform may return) has its Arrow arrays converted as columns and its NumPy
+    arrays wrapped for the framework; other values pass through.
+
+    >>> to_output({"x": np.arange(3)}, "numpy")["x"].tolist()
+    [0, 1, 2]
+    """
+    conversion = as_conversion(output)
+    if conversion.output == "arrow":
+        return batch
+    if conversion.output == "python":
+        return batch.to_pydict() if not isinstance(batch, Mapping) else dict(batch)
+    columns = (
+        batch.items()
+        if isinstance(batch, Mapping)
+        else zip(batch.schema.names, batch.columns, strict=True)
+    )
+    arrays: dict[str, Any] = {}
+    for name, col in columns:
+        if isinstance(col, pa.Array | pa.ChunkedArray):
+            col = column_to_numpy(name, col, conversion)
+        _put(arrays, name, col)
+    if conversion.output == "numpy":
+        return arrays
+    return _to_framework(arrays, "", conversion.output)
+
+
+def column_to_numpy(
+    name: str, col: pa.Array | pa.ChunkedArray, conversion: str | Conversion | None = None
+) -> Any:
+    """One Arrow column as NumPy: an array, a list (text, ``ragged="list"``), a :class:`Padded`
+    (``ragged="pad"``) or a dict (structs). Zero-copy where the table above says so.
+
+    >>> column_to_numpy("x", pa.array([1.5, None]), Conversion(fill_nulls={"x": 0.0})).tolist()
+    [1.5, 0.0]
+    """
+    conversion = as_conversion(conversion or "numpy")
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    kind = _kind(name, col.type, conversion.output)
+    if kind in _ARRAY_KINDS:
+        return _cast(name, _array(name, col, conversion), conversion)
+    if kind == "ragged":
+        return _ragged(name, col, conversion)
+    if kind == "text":
+        return _text(name, col, conversion)
+    if kind == "dictionary":
+        return column_to_numpy(name, col.dictionary_decode(), conversion)
+    return {
+        f.name: column_to_numpy(f"{name}.{f.name}", child, conversion)
+        for f, child in zip(col.type, col.flatten(), strict=True)
+    }
+
+
+# --- type rules --------------------------------------------------------------------------------
+
+
+def _kind(path: str, typ: pa.DataType, output: str) -> str:
+    """What a column of type ``typ`` becomes; raises for the types no array can hold."""
+    if isinstance(typ, pa.BaseExtensionType):
+        if typ.extension_name == "lance.bfloat16":
+            return "bfloat16"
+        if isinstance(typ, pa.FixedShapeTensorType) and _kind(path, typ.value_type, output) in (
+            "number",
+            "bool",
+            "bfloat16",
+        ):
+            return "tensor"
+    elif pa.types.is_boolean(typ):
+        return "bool"
+    elif pa.types.is_integer(typ) or pa.types.is_floating(typ):
+        return "number"
+    elif _is_temporal(typ):
+        return "temporal"
+    elif _is_list(typ):
+        if _kind(path, typ.value_type, output) in _ARRAY_KINDS:
+            return "fixed_list" if pa.types.is_fixed_size_list(typ) else "ragged"
+    elif _is_text(typ):
+        return "text"
+    elif pa.types.is_dictionary(typ):
+        _kind(path, typ.value_type, output)
+        return "dictionary"
+    elif pa.types.is_struct(typ):
+        return "struct"
+    raise ConversionError(
+        f"column {path!r} has Arrow type {typ}, which cannot become output={output!r} yet; "
+        "use output='arrow' or 'python', convert it in a transform, or drop it from columns="
+    )
+
+
+def _is_list(typ: pa.DataType) -> bool:
+    return pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ)
+
+
+def _is_temporal(typ: pa.DataType) -> bool:
+    t = pa.types
+    return t.is_timestamp(typ) or t.is_date(typ) or t.is_time(typ) or t.is_duration(typ)
+
+
+def _is_text(typ: pa.DataType) -> bool:
+    names = (
+        "string",
+        "large_string",
+        "binary",
+        "large_binary",
+        "fixed_size_binary",
+        "string_view",
+        "binary_view",
+    )
+    return any(getattr(pa.types, f"is_{n}", lambda _: False)(typ) for n in names)
+
+
+def _check_field(
+    path: str, typ: pa.DataType, conv: Conversion, names: set[str], paths: set[str]
+) -> None:
+    paths.add(path)
+    kind = _kind(path, typ, conv.output)
+    if kind == "struct":
+        child_names = {f.name for f in typ}
+        for f in typ:
+            _check_field(f"{path}.{f.name}", f.type, conv, child_names, paths)
+        return
+    if (
+        kind == "ragged"
+        and conv.ragged == "pad"
+        and path.rsplit(".", 1)[-1] + LENGTHS_SUFFIX in names
+    ):
+        raise ConversionError(
+            f"column {path!r} is a variable-length list, and ragged='pad' adds "
+            f"'{path}{LENGTHS_SUFFIX}', which already exists; rename that column or use "
+            "ragged='list'"
+        )
+    if (
+        conv.output == "torch"
+        and _leaf_type(typ) == pa.uint64()
+        and conv.casts.get(path, "uint64") == "uint64"
+    ):
+        raise ConversionError(_uint64_message(path))
+
+
+def _leaf_type(typ: pa.DataType) -> pa.DataType:
+    while True:
+        if isinstance(typ, pa.BaseExtensionType):
+            typ = typ.storage_type
+        elif pa.types.is_dictionary(typ) or _is_list(typ):
+            typ = typ.value_type
+        else:
+            return typ
+
+
+def _uint64_message(path: str) -> str:
+    return (
+        f"column {path!r} is uint64, which torch tensors barely support (no +, no indexing); "
+        f"cast it: casts={{{path!r}: 'int64'}} (values must be below 2**63)"
+    )
+
+
+def _check_fill_nulls(fill_nulls: Any) -> dict[str, Any]:
+    if not isinstance(fill_nulls, Mapping):
+        raise TypeError(
+            "fill_nulls must be a dict of column name to fill value, e.g. {'score': 0.0}, got "
+            f"{type(fill_nulls).__name__}"
+        )
+    for name, value in fill_nulls.items():
+        if not isinstance(value, int | float | str | bytes):  # bool is an int
+            raise TypeError(
+                f"fill_nulls[{name!r}] must be a number, bool, str or bytes, got {value!r}"
+            )
+    return dict(fill_nulls)
+
+
+def _check_casts(casts: Any) -> dict[str, str]:
+    if not isinstance(casts, Mapping):
+        raise TypeError(
+            f"casts must be a dict of column name to dtype, e.g. {{'id': 'int64'}}, got "
+            f"{type(casts).__name__}"
+        )
+    for name, dtype in casts.items():
+        try:
+            ok = np.dtype(dtype).kind in "biuf"
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"casts[{name!r}] must name a NumPy bool, integer or float dtype such as 'int64' "
+                f"or 'float32', got {dtype!r}"
+            )
+    return {name: np.dtype(dtype).name for name, dtype in casts.items()}
+
+
+# --- Arrow to NumPy ----------------------------------------------------------------------------
+
+
+def _array(path: str, arr: pa.Array, conv: Conversion) -> np.ndarray:
+    """A column of an array kind as one NumPy array, nulls filled (or refused)."""
+    typ = arr.type
+    if isinstance(typ, pa.FixedShapeTensorType):
+        return _tensor(path, arr, conv)
+    if pa.types.is_fixed_size_list(typ):
+        k = typ.list_size
+        values = _array(path, arr.values.slice(arr.offset * k, len(arr) * k), conv)
+        out = values.reshape(len(arr), k, *values.shape[1:])
+    elif pa.types.is_boolean(arr.type):
+        out = (pc.fill_null(arr, False) if arr.null_count else arr).to_numpy(zero_copy_only=False)
+    elif isinstance(typ, pa.BaseExtensionType):  # lance.bfloat16: fixed_size_binary[2] storage
+        out = _buffer_view(arr.storage, _bfloat16())
+    elif _is_temporal(typ):
+        out = _buffer_view(arr, np.dtype(f"int{typ.bit_width}"))
+    else:
+        out = _buffer_view(arr, np.dtype(typ.to_pandas_dtype()))
+    return _fill(path, out, arr, conv)
+
+
+def _buffer_view(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
+    """The values of a fixed-width array, as a NumPy view of its data buffer (nulls unmasked)."""
+    data = arr.buffers()[1]
+    if data is None or len(arr) == 0:
+        return np.empty(0, dtype)
+    return np.frombuffer(data, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def _tensor(path: str, arr: pa.Array, conv: Conversion) -> np.ndarray:
+    typ = arr.type
+    permutation = list(typ.permutation or range(len(typ.shape)))
+    if permutation != sorted(permutation):  # a permuted layout: Arrow knows its strides
+        if arr.null_count or arr.storage.values.null_count:
+            raise ConversionError(
+                f"column {path!r} is a permuted tensor with nulls; fill them in a transform"
+            )
+        return arr.to_numpy_ndarray()
+    flat = _array(path, arr.storage, conv)
+    return flat.reshape(len(arr), *typ.shape)
+
+
+def _fill(path: str, out: np.ndarray, arr: pa.Array, conv: Conversion) -> np.ndarray:
+    """``out`` with the rows that are null in ``arr`` set to the column's fill value."""
+    if not arr.null_count:
+        return out
+    if path not in conv.fill_nulls:
+        raise _null_error(path, arr)
+    storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+    mask = storage.is_null().to_numpy(zero_copy_only=False)
+    out = out.copy()
+    out[mask] = _scalar(path, "fill_nulls", conv.fill_nulls[path], out.dtype)
+    return out
+
+
+def _null_error(path: str, arr: pa.Array) -> ConversionError:
+    return ConversionError(
+        f"column {path!r} ({arr.type}) has {arr.null_count} null values (of {len(arr)}); fill "
+        f"them (fill_nulls={{{path!r}: 0}}) or filter them out (filter='{path} IS NOT NULL')"
+    )
+
+
+def _scalar(path: str, option: str, value: Any, dtype: np.dtype) -> np.ndarray:
+    """``value`` as ``dtype``; refuses values that would change (0.5 into int, -1 into uint8)."""
+    kind = "f" if _is_bfloat16(dtype) else dtype.kind
+    if kind == "b":
+        fits = isinstance(value, bool | int) and value in (0, 1)
+    elif kind in "iu":
+        info = np.iinfo(dtype)
+        fits = isinstance(value, int) and info.min <= value <= info.max
+    else:
+        fits = kind == "f" and isinstance(value, int | float)
+    if not fits:
+        raise ConversionError(
+            f"{option} value {value!r} for column {path!r} does not fit its dtype {dtype}; "
+            "use a value of that type and range"
+        )
+    return np.array(value).astype(dtype)
+
+
+def _cast(path: str, out: np.ndarray, conv: Conversion) -> np.ndarray:
+    target = conv.casts.get(path)
+    if target is None or out.dtype == target:
+        return out
+    return cast_checked(
+        path, out, np.dtype(target), f"choose a wider dtype in casts={{{path!r}: ...}}"
+    )
+
+
+def cast_checked(path: str, array: np.ndarray, dtype: np.dtype, fix: str) -> np.ndarray:
+    """``array`` as ``dtype``; integers are checked to fit, floats never silently become ints.
+
+    >>> cast_checked("id", np.array([1, 2**40]), np.dtype("int32"), "use int64")
+    Traceback (most recent call last):
+    ...
+    lanceloader.convert.ConversionError: column 'id' has values up to 1099511627776, which do not fit int32; use int64
+    """
+    if array.dtype.kind in "iu" and dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype)
+        low, high = int(array.min()), int(array.max())
+        if high > info.max or low < info.min:
+            bound = f"up to {high}" if high > info.max else f"down to {low}"
+            raise ConversionError(
+                f"column {path!r} has values {bound}, which do not fit {dtype}; {fix}"
+            )
+    elif array.dtype.kind == "f" and dtype.kind in "iub":
+        raise ConversionError(
+            f"column {path!r} is {array.dtype}, which {dtype} would truncate; round it in a "
+            "transform instead"
+        )
+    return array.astype(dtype)
+
+
+def _ragged(path: str, arr: pa.Array, conv: Conversion) -> Padded | list[np.ndarray]:
+    if arr.null_count and path not in conv.fill_nulls:
+        raise _null_error(path, arr)
+    lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+    lengths = lengths.astype(np.int64, copy=False)
+    values = _cast(path, _array(path, arr.flatten(), conv), conv)
+    if conv.ragged == "list":
+        return [] if len(arr) == 0 else np.split(values, np.cumsum(lengths)[:-1])
+    longest = int(lengths.max(initial=0))
+    width = longest if conv.pad_to is None else conv.pad_to
+    if longest > width:
+        raise ConversionError(
+            f"column {path!r} has a row of {longest} values, longer than pad_to={conv.pad_to}; "
+            "raise pad_to, truncate the lists in a transform, or use ragged='list'"
+        )
+    pad = _scalar(path, "pad_value", conv.pad_value, values.dtype)
+    out = np.full((len(arr), width, *values.shape[1:]), pad, dtype=values.dtype)
+    out[np.arange(width) < lengths[:, None]] = values
+    return Padded(out, lengths)
+
+
+def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray:
+    if arr.null_count:
+        if path not in conv.fill_nulls:
+            raise _null_error(path, arr)
+        try:
+            arr = pc.fill_null(arr, pa.scalar(conv.fill_nulls[path], arr.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise ConversionError(
+                f"fill_nulls value {conv.fill_nulls[path]!r} for column {path!r} does not fit its "
+                f"type {arr.type}; use a {'str' if 'string' in str(arr.type) else 'bytes'}"
+            ) from exc
+    if conv.strings == "list":
+        return arr.to_pylist()
+    objects = arr.to_numpy(zero_copy_only=False)
+    is_str = (
+        pa.types.is_string(arr.type)
+        or pa.types.is_large_string(arr.type)
+        or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(arr.type))
+    )
+    string_dtype = getattr(np.dtypes, "StringDType", None)
+    return objects.astype(string_dtype()) if is_str and string_dtype else objects
+
+
+def _put(out: dict[str, Any], name: str, value: Any) -> None:
+    """Store one converted column; a padded list adds ``name`` and ``name_lengths``."""
+    if isinstance(value, Padded):
+        out[name] = value.values
+        out[name + LENGTHS_SUFFIX] = value.lengths
+    elif isinstance(value, dict):
+        out[name] = {}
+        for k, v in value.items():
+            _put(out[name], k, v)
+    else:
+        out[name] = value
+
+
+# --- NumPy to the framework --------------------------------------------------------------------
+
+
+def _to_framework(value: Any, path: str, output: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _to_framework(v, f"{path}.{k}" if path else k, output) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return _TENSORS[output](path, value) if _is_numeric(value.dtype) else value
+    if isinstance(value, list) and value and isinstance(value[0], np.ndarray):
+        return [_TENSORS[output](path, v) for v in value]
+    return value
+
+
+def _is_numeric(dtype: np.dtype) -> bool:
+    return dtype.kind in "biuf" or _is_bfloat16(dtype)
+
+
+def _torch_tensor(path: str, array: np.ndarray) -> Any:
+    torch = _import_torch()
     if array.dtype == np.uint64:
-        raise ConversionError("uint64 columns have no torch dtype; cast them in a transform")
+        raise ConversionError(_uint64_message(path))
+    if _is_bfloat16(array.dtype):
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(array)
 
 
-_torch: Any = None
+def _jax_array(path: str, array: np.ndarray) -> Any:
+    jax = _import_jax()
+    if array.dtype.kind in "iu" and array.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+        cast_checked(  # JAX would wrap these values silently: check them, keep the array
+            path,
+            array,
+            np.dtype("int32" if array.dtype.kind == "i" else "uint32"),
+            "JAX without x64 wraps them; enable x64 (jax.config.update('jax_enable_x64', True)) "
+            "or cast the column to a float dtype",
+        )
+    return jax.device_put(array)
+
+
+def _tf_tensor(path: str, array: np.ndarray) -> Any:
+    return _import_tf().convert_to_tensor(array)
+
+
+_TENSORS = {"torch": _torch_tensor, "jax": _jax_array, "tf": _tf_tensor}
+
+
+# --- lazy imports ------------------------------------------------------------------------------
+
+_modules: dict[str, Any] = {}
+
+
+def _import(module: str, output: str, install: str) -> Any:
+    if module not in _modules:
+        try:
+            _modules[module] = __import__(module)
+        except ImportError as exc:
+            raise ImportError(f"output={output!r} needs {module}: pip install {install}") from exc
+    return _modules[module]
 
 
 def _import_torch() -> Any:
-    global _torch
-    if _torch is None:
-        try:
-            import torch
-        except ImportError as exc:
-            raise ImportError(
-                "output='torch' needs PyTorch: pip install 'lanceloader[torch]'"
-            ) from exc
+    if "torch" not in _modules:
+        _import("torch", "torch", "'lanceloader[torch]'")
         # Arrow buffers are read-only; the tensors are fresh per batch and never shared, so the
         # warning torch gives for wrapping them is noise. Silence exactly that message, once.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        _torch = torch
-    return _torch
+    return _modules["torch"]
+
+
+def _import_jax() -> Any:
+    return _import("jax", "jax", "jax (CPU) or 'jax[cuda12]' (GPU)")
+
+
+def _import_tf() -> Any:
+    return _import("tensorflow", "tf", "tensorflow (or tensorflow-cpu)")
+
+
+_IMPORTERS = {"torch": _import_torch, "jax": _import_jax, "tf": _import_tf}
+
+
+def _bfloat16() -> np.dtype:
+    try:
+        import ml_dtypes
+    except ImportError as exc:
+        raise ImportError(
+            "a lance.bfloat16 column needs ml_dtypes to become NumPy: pip install ml_dtypes"
+        ) from exc
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16 (without importing ml_dtypes)."""
+    return dtype.kind == "V" and dtype.name == "bfloat16"

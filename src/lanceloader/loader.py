@@ -29,11 +29,12 @@ from typing import Any
 
 import lance
 
-from lanceloader.convert import check_output, check_schema
+from lanceloader.convert import check_output, check_schema, to_output
 from lanceloader.distributed import detect_rank_world
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.prefetch import OrderedPrefetcher
+from lanceloader.processes import ProcessPool, check_picklable
 from lanceloader.source import Source
 from lanceloader.state import FORMAT as STATE_FORMAT
 from lanceloader.state import StateMismatchError, check_state, fingerprint
@@ -43,6 +44,8 @@ from lanceloader.workers import BatchWork, ReadTask, TaskResult, Transform
 _logger = logging.getLogger("lanceloader")
 
 DEFAULT_SHUFFLE_WINDOW = 8
+TENSOR_OUTPUTS = ("torch", "jax", "tf")
+PROCESS_BATCHES_PER_READ = 8
 # Rows read by one Lance call. Range reads keep getting cheaper per row up to ~64k rows; random
 # takes are slower per call, so fewer rows keep the time to the first batch low.
 ROWS_PER_READ_SEQUENTIAL = 65_536
@@ -78,7 +81,9 @@ class Loader:
             RecordBatch is converted to ``output``; anything else is passed through.
         output: ``"numpy"`` (dict of arrays), ``"torch"``, ``"arrow"`` or ``"python"``.
         num_workers: worker threads; default the number of cores.
-        worker_type: ``"thread"``.
+        worker_type: ``"thread"`` (default: Lance, Arrow and most decoders release the GIL) or
+            ``"process"`` for pure-Python transforms: processes forked from a clean forkserver,
+            batches returned through shared memory.
         prefetch: batches prepared ahead of the training loop; default ``2 * num_workers``.
             Work is done in whole reads of ``rows_per_read`` rows, at least one per worker, so
             ``max(prefetch, num_workers * rows_per_read // batch_size)`` batches are in flight,
@@ -131,11 +136,6 @@ class Loader:
             _check_int("log_every", log_every, minimum=1)
         if worker_type not in ("thread", "process"):
             raise ValueError(f"worker_type must be 'thread' or 'process', got {worker_type!r}")
-        if worker_type == "process":
-            raise NotImplementedError(
-                "worker_type='process' is not implemented yet (planned with fork-safety and "
-                "process workers); use worker_type='thread'"
-            )
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         check_output(output)
@@ -180,9 +180,16 @@ class Loader:
         random_reads = self.order.shuffle and self.order.block_size < 64
         default_read = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
         self.batches_per_read = max(1, (rows_per_read or default_read) // batch_size)
+        if worker_type == "process" and rows_per_read is None:
+            # Process workers are for slow transforms: small tasks keep every worker busy.
+            self.batches_per_read = min(self.batches_per_read, PROCESS_BATCHES_PER_READ)
         self.prefetch = prefetch or 2 * self.num_workers
         self.log_every = log_every
+        self.worker_type = worker_type
         self.recorder = Recorder()
+        if worker_type == "process":
+            name = getattr(transform, "__qualname__", type(transform).__name__)
+            check_picklable(self._work(), f"transform {name}")
         self._epoch = 0
         self._start_sample = 0
         self._order_settings = {
@@ -315,7 +322,9 @@ class Loader:
         )
 
     def _work(self, trace: bool = False) -> BatchWork:
-        return BatchWork(self.source, self.order, self.transform, self.output, trace)
+        # Process workers return NumPy (through shared memory); the consumer makes tensors.
+        in_worker = "numpy" if self.worker_type == "process" and self.output in TENSOR_OUTPUTS else self.output
+        return BatchWork(self.source, self.order, self.transform, in_worker, trace)
 
     # --- stats and tracing --------------------------------------------------------------
 
@@ -382,13 +391,19 @@ class EpochIterator(Iterator[Any]):
         depth = max(loader.num_workers, math.ceil(loader.prefetch / per_read))
         tasks = _read_tasks(progress.epoch, progress.plan, per_read, progress.batches_done)
         work = loader._work(trace=self._recorder.tracing)
-        self._prefetcher = OrderedPrefetcher(work, tasks, loader.num_workers, depth)
+        pool = ProcessPool if loader.worker_type == "process" else OrderedPrefetcher
+        self._prefetcher: OrderedPrefetcher[ReadTask, TaskResult] | ProcessPool = pool(
+            work, tasks, loader.num_workers, depth
+        )
+        self._finish = loader.output if work.output != loader.output else None
         self._started = self._handed_out = time.perf_counter()
 
     def __next__(self) -> Any:
         asked = time.perf_counter()
         if not self._buffer:
             result: TaskResult = next(self._prefetcher)
+            if self._finish is not None:
+                result.batches = [to_output(b, self._finish) for b in result.batches]
             self._record_task(result)
             self._buffer.extend(zip(result.batches, result.rows, result.nbytes, strict=True))
         batch, rows, nbytes = self._buffer.popleft()

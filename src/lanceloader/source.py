@@ -29,6 +29,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from lanceloader import forksafe
 from lanceloader.splits import split_mask
 
 # Runs of at least this many contiguous rows are read as fragment ranges; shorter runs join one
@@ -74,6 +75,8 @@ class Source:
         self.split_key = split_key
         self._pid = os.getpid()
         self._ds = ds
+        self._reader: forksafe.CleanReader | None = None
+        self._reader_pid = 0
         self._fragments = ds.get_fragments()
         self._fragment_starts = np.cumsum(
             [0] + [f.count_rows() for f in self._fragments], dtype=np.int64
@@ -114,6 +117,7 @@ class Source:
         state = self.__dict__.copy()
         state["_ds"] = None
         state["_fragments"] = None
+        state["_reader"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -122,6 +126,13 @@ class Source:
     @property
     def dataset(self) -> lance.LanceDataset:
         """The pinned dataset, opened in this process (reopened after fork, spawn or unpickling)."""
+        if forksafe.tainted():
+            raise RuntimeError(
+                f"process {os.getpid()} was forked from a process that had already used Lance; "
+                "Lance would hang or crash here. Read rows with Source.read()/read_table() (they "
+                "go through a clean helper process), or start this process with 'forkserver' or "
+                "'spawn'"
+            )
         if self._ds is None or self._pid != os.getpid():
             self._ds = lance.dataset(
                 self.uri, version=self.version, storage_options=self.storage_options
@@ -150,6 +161,22 @@ class Source:
 
     def read_table(self, positions: np.ndarray) -> pa.Table:
         """Like :meth:`read`, as a Table whose chunks are Lance's (no copy to merge them)."""
+        return self.read_table_with_io(positions)[0]
+
+    def read_table_with_io(self, positions: np.ndarray) -> tuple[pa.Table, int, int]:
+        """:meth:`read_table`, plus the bytes and IOPS Lance spent on it (since its last read).
+
+        In a process forked after Lance ran (see ``forksafe.py``), a clean helper process reads.
+        """
+        if forksafe.tainted():
+            if self._reader is None or self._reader_pid != os.getpid():
+                self._reader, self._reader_pid = forksafe.CleanReader(self), os.getpid()
+            return self._reader.read_table(positions)
+        table = self._read_local(positions)
+        io = self.dataset.io_stats_incremental()
+        return table, io.read_bytes, io.read_iops
+
+    def _read_local(self, positions: np.ndarray) -> pa.Table:
         offsets = self.row_offsets(positions)
         unique, inverse = np.unique(offsets, return_inverse=True)
         table, order = self._read_sorted(unique)
@@ -203,6 +230,14 @@ def _open(
     version: int | str | None,
     storage_options: dict[str, str] | None,
 ) -> lance.LanceDataset:
+    if forksafe.tainted():
+        raise RuntimeError(
+            f"process {os.getpid()} was forked from a process that had already used Lance, "
+            "where opening a dataset would hang or crash; build the Source/Loader before "
+            "forking (it pickles as plain parameters), or start this process with "
+            "'forkserver' or 'spawn'"
+        )
+    forksafe.note_lance_used()
     if isinstance(dataset, lance.LanceDataset):
         if version is None or version == dataset.version:
             return dataset

@@ -76,14 +76,13 @@ class BatchWork:
         sizes = [len(s) for s in task.samples]
         positions = self.order.positions(task.epoch, np.concatenate(task.samples))
         with _annotate("lanceloader.read"):
-            table = self.source.read_table(positions)
-        io = self.source.dataset.io_stats_incremental()
+            table, io_bytes, io_iops = self.source.read_table_with_io(positions)
         t1 = clock()
         seconds["read"] = t1 - t0
         if self.trace:
             spans.append(("read", t0, t1, {"first_batch": task.first_batch, "rows": len(positions)}))
         lane = f"{threading.current_thread().name} (pid {os.getpid()})"
-        result = TaskResult([], [], [], seconds, io.read_bytes, io.read_iops, spans=spans, lane=lane)
+        result = TaskResult([], [], [], seconds, io_bytes, io_iops, spans=spans, lane=lane)
         offset = 0
         for i, size in enumerate(sizes):
             batch: Any = to_record_batch(table.slice(offset, size))

@@ -1,0 +1,344 @@
+"""Process workers: for transforms that hold the GIL, without fork hazards or pickled arrays.
+
+Workers are started by a **forkserver** whose server process imported Lance, Arrow and NumPy but
+never used them. A process that has done Lance I/O must not be forked (Lance's runtime threads do
+not survive ``fork``; see ``docs/fork-safety.md``), and spawning a fresh interpreter per worker
+costs seconds. Forking from that clean server costs milliseconds and is safe.
+
+Contract:
+
+* Task ``i`` goes to worker ``i % num_workers``; each worker answers its tasks in order, so the
+  consumer reads results in task order with no reordering buffer. At most ``depth`` tasks are in
+  flight.
+* NumPy arrays in a result travel through shared memory: the worker writes them into one
+  ``/dev/shm`` file per task, the consumer maps it and unlinks it at once, and the arrays it
+  hands out view that mapping (no pickling, one copy in the worker). Everything else in a result
+  is pickled.
+* A worker that dies (SIGKILL, ``os._exit``, a crash) is reported in the consumer at once, with
+  its index, PID and exit status; an exception in a worker is re-raised in the consumer with the
+  worker's traceback as a note.
+* ``close()`` stops and joins every worker (terminating those that do not exit within a second),
+  removes this pool's leftover shared memory files, and is idempotent. Workers ignore SIGINT (the
+  consumer handles Ctrl-C and closes them) and exit by themselves when the consumer dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import mmap
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHM_DIR = Path("/dev/shm")
+# The forkserver imports these once; its children start with them loaded. The first one silences
+# Lance's "not fork-safe" warning in the server only: forking it is safe, it never used Lance.
+PRELOAD = ["lanceloader._forkserver", "numpy", "pyarrow", "lance", "lanceloader.workers"]
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited without answering its task."""
+
+
+def forkserver_context() -> mp.context.BaseContext:
+    """The forkserver context, preloading Lance (imported, never used) when it first starts."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def check_picklable(obj: object, what: str) -> None:
+    """Fail before any worker starts if ``obj`` cannot be sent to a worker process."""
+    try:
+        pickle.dumps(obj)
+    except Exception as exc:
+        raise TypeError(
+            f"{what} cannot be sent to worker processes: {exc}. Define it at module level "
+            "(lambdas and nested functions cannot be pickled), or use worker_type='thread'"
+        ) from exc
+
+
+# --- shared memory transport ---------------------------------------------------------------
+
+_ALIGN = 64
+
+
+def _split(value: Any, arrays: list[np.ndarray]) -> Any:
+    """Replace NumPy arrays (not of object dtype) in nested dicts, lists and dataclasses by
+    placeholders, collecting the arrays."""
+    if isinstance(value, np.ndarray) and value.dtype.kind != "O":
+        arrays.append(value)
+        return _ArrayRef(len(arrays) - 1)
+    if isinstance(value, dict):
+        return {k: _split(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_split(v, arrays) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _split(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **fields)
+    return value
+
+
+class _ArrayRef:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _join(value: Any, arrays: list[np.ndarray]) -> Any:
+    if isinstance(value, _ArrayRef):
+        return arrays[value.index]
+    if isinstance(value, dict):
+        return {k: _join(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_join(v, arrays) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _join(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **fields)
+    return value
+
+
+def pack(result: Any, path: Path) -> tuple[bytes, list[tuple[int, str, tuple[int, ...]]]]:
+    """Write the arrays of ``result`` into the shared-memory file ``path``.
+
+    Returns the pickled rest of the result and, per array, ``(offset, dtype, shape)``.
+    """
+    arrays: list[np.ndarray] = []
+    skeleton = _split(result, arrays)
+    layout, size = [], 0
+    for a in arrays:
+        size = -(-size // _ALIGN) * _ALIGN
+        layout.append((size, a.dtype.str, a.shape))
+        size += a.nbytes
+    if arrays:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, max(size, 1))
+            with mmap.mmap(fd, max(size, 1)) as buf:
+                for a, (offset, _, _) in zip(arrays, layout, strict=True):
+                    buf[offset : offset + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        finally:
+            os.close(fd)
+    return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), layout
+
+
+def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path: Path) -> Any:
+    """Map ``path`` (then unlink it) and rebuild the result with arrays viewing the mapping."""
+    arrays: list[np.ndarray] = []
+    if layout:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            buf = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+        for offset, dtype, shape in layout:
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            arrays.append(np.frombuffer(buf, dt, count, offset).reshape(shape))
+    return _join(pickle.loads(skeleton), arrays)
+
+
+# --- the worker process --------------------------------------------------------------------
+
+
+def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix: str) -> None:
+    """Run tasks until told to stop or the consumer goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fn = pickle.loads(fn_bytes)
+    counter = itertools.count()
+    while True:
+        try:
+            message = tasks.recv()
+        except (EOFError, OSError):
+            return  # the consumer is gone
+        if message is None:
+            return
+        index, task = message
+        path = SHM_DIR / f"{prefix}-{os.getpid()}-{next(counter)}"
+        try:
+            payload = ("ok", index, *pack(fn(task), path), str(path))
+        except BaseException as exc:
+            path.unlink(missing_ok=True)
+            payload = ("error", index, _picklable_error(exc), traceback.format_exc(), "")
+        try:
+            results.send(payload)
+        except (BrokenPipeError, OSError):
+            path.unlink(missing_ok=True)  # nobody will map it
+            return
+
+
+def _picklable_error(exc: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+# --- the pool -----------------------------------------------------------------------------
+
+
+class ProcessPool:
+    """Ordered results of ``fn`` over ``tasks`` from ``num_workers`` forkserver processes."""
+
+    def __init__(self, fn: Callable[[Any], Any], tasks: Iterator[Any], num_workers: int,
+                 depth: int) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self._tasks = tasks
+        self._depth = max(depth, num_workers)
+        self._pid = os.getpid()
+        self._closed = False
+        self._prefix = f"lanceloader-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._submitted = 0
+        self._pending: deque[int] = deque()
+        ctx = forkserver_context()
+        fn_bytes = pickle.dumps(fn)
+        self._workers: list[tuple[mp.process.BaseProcess, Connection, Connection]] = []
+        try:
+            for i in range(num_workers):
+                task_recv, task_send = ctx.Pipe(duplex=False)
+                result_recv, result_send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_worker_main, name=f"lanceloader-process-{i}",
+                                   args=(fn_bytes, task_recv, result_send, self._prefix),
+                                   daemon=True)
+                proc.start()
+                task_recv.close()
+                result_send.close()
+                self._workers.append((proc, task_send, result_recv))
+            self._fill()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p, _, _ in self._workers if not self._closed and p.pid is not None]
+
+    def _fill(self) -> None:
+        while len(self._pending) < self._depth:
+            task = next(self._tasks, None)
+            if task is None:
+                return
+            worker = self._submitted % len(self._workers)
+            proc, conn, _ = self._workers[worker]
+            try:
+                conn.send((self._submitted, task))
+            except OSError:  # BrokenPipeError: the worker is gone
+                proc.join(1.0)
+                raise WorkerDiedError(_death_message(worker, proc)) from None
+            self._pending.append(worker)
+            self._submitted += 1
+
+    def __iter__(self) -> ProcessPool:
+        return self
+
+    def __next__(self) -> Any:
+        if self._pid != os.getpid():
+            raise RuntimeError(
+                f"this iterator was started in process {self._pid} and cannot be used in "
+                f"process {os.getpid()} (a fork child); start a new one there with iter(loader)"
+            )
+        if self._closed or not self._pending:
+            self.close()
+            raise StopIteration
+        worker = self._pending.popleft()
+        try:
+            result = self._receive(worker)
+            self._fill()
+        except BaseException:
+            self.close()
+            raise
+        return result
+
+    def _receive(self, worker: int) -> Any:
+        proc, _, conn = self._workers[worker]
+        while True:
+            ready = wait([conn, proc.sentinel], timeout=1.0)
+            if conn in ready:
+                break
+            if proc.sentinel in ready:
+                if conn.poll():  # the answer arrived just before the worker exited
+                    break
+                raise WorkerDiedError(_death_message(worker, proc))
+        try:
+            kind, _, a, b, path = conn.recv()
+        except EOFError:
+            proc.join(1.0)
+            raise WorkerDiedError(_death_message(worker, proc)) from None
+        if kind == "error":
+            exc: BaseException = a
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"in worker process {worker} (pid {proc.pid}):\n{b}")
+            raise exc
+        return unpack(a, b, Path(path))
+
+    def close(self) -> None:
+        """Stop and join every worker; remove leftover shared memory. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pid != os.getpid():
+            return
+        for proc, send, _ in self._workers:
+            with contextlib.suppress(OSError, ValueError):
+                if proc.is_alive():
+                    send.send(None)
+        for proc, send, recv in self._workers:
+            proc.join(1.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            proc.close()  # releases its sentinel file descriptor
+            send.close()
+            recv.close()
+        for leftover in SHM_DIR.glob(f"{self._prefix}-*"):
+            leftover.unlink(missing_ok=True)
+        self._pending.clear()
+
+    def __enter__(self) -> ProcessPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if hasattr(self, "_workers"):
+            self.close()
+
+
+def _death_message(worker: int, proc: mp.process.BaseProcess) -> str:
+    code = proc.exitcode
+    if code is not None and code < 0:
+        try:
+            status = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            status = f"was killed by signal {-code}"
+    else:
+        status = f"exited with status {code}"
+    return (
+        f"worker process {worker} (pid {proc.pid}) {status} before returning its batch; "
+        "the loader stopped all workers. Out of memory (the kernel's OOM killer sends "
+        "SIGKILL) and crashes in native code are the usual causes"
+    )

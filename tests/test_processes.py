@@ -1,0 +1,132 @@
+"""Process workers: ordered results through shared memory; deaths, errors and Ctrl-C handled."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import workerfns
+from lanceloader.processes import ProcessPool, WorkerDiedError, check_picklable
+
+
+def shm_files() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("lanceloader-*")}
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_results_come_in_order_with_arrays_from_shared_memory() -> None:
+    with ProcessPool(workerfns.echo, iter(range(30)), num_workers=2, depth=4) as pool:
+        results = list(pool)
+    assert [r["x"] for r in results] == list(range(30))
+    assert all(r["value"].shape == (100, 4) and r["value"][0, 0] == r["x"] for r in results)
+    assert results[5]["tag"] == ["5"]
+    assert results[5]["value"].flags.writeable  # a private mapping, safe to hand to torch
+    assert shm_files() == set()
+
+
+@pytest.mark.parametrize("fn, status", [(workerfns.die_on, "was killed by SIGKILL"),
+                                        (workerfns.exit_on, "exited with status 123")])
+def test_a_dead_worker_is_reported_quickly_and_nothing_leaks(fn, status: str) -> None:
+    before_fds = open_fds()
+    pool = ProcessPool(fn, iter(range(20)), num_workers=2, depth=4)
+    pids = pool.pids
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=rf"worker process 1 \(pid \d+\) {status}"):
+        list(pool)
+    assert time.monotonic() - start < 2
+    pool.close()
+    assert shm_files() == set()
+    assert not any(alive(pid) for pid in pids)
+    assert open_fds() <= before_fds + 1  # the forkserver's socket may stay open
+
+
+def test_an_exception_keeps_its_type_and_the_worker_traceback() -> None:
+    with pytest.raises(ValueError, match="bad task 3") as info:
+        list(ProcessPool(workerfns.raise_on, iter(range(10)), 2, 2))
+    notes = "\n".join(info.value.__notes__)
+    assert "in worker process 1" in notes and "raise_on" in notes
+
+
+def test_close_mid_way_stops_every_worker() -> None:
+    pool = ProcessPool(workerfns.slow, iter(range(100)), 2, 4)
+    next(pool)
+    pids = pool.pids
+    start = time.monotonic()
+    pool.close()
+    pool.close()
+    assert time.monotonic() - start < 3
+    assert not any(alive(pid) for pid in pids)
+    assert shm_files() == set()
+
+
+def test_unpicklable_function_is_named_before_start() -> None:
+    with pytest.raises(TypeError, match=r"cannot be sent to worker processes.*module level"):
+        check_picklable(lambda x: x, "transform <lambda>")
+
+
+def test_ctrl_c_gives_a_prompt_keyboard_interrupt_and_no_orphans(tmp_path) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import workerfns
+        from lanceloader.processes import ProcessPool
+        if __name__ == "__main__":
+            pool = ProcessPool(workerfns.slow, iter(range(1000)), 2, 4)
+            print("pids", *pool.pids, flush=True)
+            try:
+                for _ in pool:
+                    pass
+            except KeyboardInterrupt:
+                pool.close()
+                print("interrupted", flush=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    pids = [int(p) for p in proc.stdout.readline().split()[1:]]
+    time.sleep(0.5)
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C: the whole process group gets SIGINT
+    out, _ = proc.communicate(timeout=10)
+    assert "interrupted" in out and time.monotonic() - sent < 3
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_workers_exit_when_the_consumer_is_killed(tmp_path) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import workerfns
+        from lanceloader.processes import ProcessPool
+        if __name__ == "__main__":
+            pool = ProcessPool(workerfns.slow, iter(range(1000)), 2, 4)
+            print("pids", *pool.pids, flush=True)
+            time.sleep(60)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()[1:]]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)
