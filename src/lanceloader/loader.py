@@ -34,7 +34,7 @@ from lanceloader.distributed import detect_rank_world
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.prefetch import OrderedPrefetcher
-from lanceloader.processes import ProcessPool, check_picklable
+from lanceloader.processes import ProcessPool, check_picklable, start_forkserver
 from lanceloader.source import Source
 from lanceloader.state import FORMAT as STATE_FORMAT
 from lanceloader.state import StateMismatchError, check_state, fingerprint
@@ -190,6 +190,7 @@ class Loader:
         if worker_type == "process":
             name = getattr(transform, "__qualname__", type(transform).__name__)
             check_picklable(self._work(), f"transform {name}")
+            start_forkserver()
         self._epoch = 0
         self._start_sample = 0
         self._order_settings = {

@@ -59,6 +59,15 @@ def forkserver_context() -> mp.context.BaseContext:
     return ctx
 
 
+def start_forkserver() -> None:
+    """Start the forkserver now, without waiting: its imports (~1 s) overlap with the caller's
+    work, and the first ``iter()`` only waits for what is left."""
+    forkserver_context()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
 def check_picklable(obj: object, what: str) -> None:
     """Fail before any worker starts if ``obj`` cannot be sent to a worker process."""
     try:
@@ -337,8 +346,16 @@ def _death_message(worker: int, proc: mp.process.BaseProcess) -> str:
             status = f"was killed by signal {-code}"
     else:
         status = f"exited with status {code}"
+    if code == 1:
+        cause = (
+            "an error at start-up is the usual cause: see its traceback on stderr. Workers "
+            "import your main script (as with 'spawn'); guard its top-level code with "
+            "`if __name__ == '__main__':`"
+        )
+    else:
+        cause = ("out of memory (the kernel's OOM killer sends SIGKILL) and crashes in native "
+                 "code are the usual causes")
     return (
         f"worker process {worker} (pid {proc.pid}) {status} before returning its batch; "
-        "the loader stopped all workers. Out of memory (the kernel's OOM killer sends "
-        "SIGKILL) and crashes in native code are the usual causes"
+        f"the loader stopped all workers. {cause}"
     )
