@@ -190,3 +190,28 @@ def test_iterator_in_fork_child_fails_clearly(small_uri: str) -> None:
 def test_bad_arguments_name_the_fix(small_uri: str, kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         ll.Loader(small_uri, **kwargs)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("output", ["numpy", "torch"])
+def test_converting_whole_reads_equals_converting_each_batch(small_uri: str, mode: str, output: str) -> None:
+    # Without a transform, each read is converted once and sliced; an identity transform forces
+    # per-batch conversion. Both must deliver the same arrays.
+    def per_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch
+
+    fast = ll.Loader(small_uri, batch_size=37, output=output, **MODES[mode])
+    slow = ll.Loader(small_uri, batch_size=37, output=output, transform=per_batch, **MODES[mode])
+    for a, b in zip(fast, slow, strict=True):
+        if output == "torch":
+            a = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in a.items()}
+            b = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+        assert _same(a, b)

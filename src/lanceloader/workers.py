@@ -12,6 +12,7 @@ it returns, so results are independent of ``num_workers`` and ``prefetch``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.convert import to_output
+from lanceloader.convert import Conversion, as_conversion, to_output
 from lanceloader.order import Order
 from lanceloader.source import Source, to_record_batch
 
@@ -65,8 +66,32 @@ class BatchWork:
     source: Source
     order: Order
     transform: Transform | None
-    output: str
+    output: str | Conversion
     trace: bool = False
+
+    @property
+    def conversion(self) -> Conversion:
+        return as_conversion(self.output)
+
+    def _convert_chunks(self, table: pa.Table) -> list[tuple[int, int, Any]] | None:
+        """Convert each of Lance's chunks once, so batches are NumPy slices of them.
+
+        Only without a transform, and only where slicing gives what per-batch conversion would
+        (no per-batch padding or string widths); on any error, batches convert one by one (and
+        report the error with their batch index).
+        """
+        conv = self.conversion
+        if self.transform is not None or not _sliceable(table.schema, conv):
+            return None
+        in_numpy = conv if conv.output == "numpy" else dataclasses.replace(conv, output="numpy")
+        chunks, start = [], 0
+        try:
+            for chunk in table.to_batches():
+                chunks.append((start, start + chunk.num_rows, to_output(chunk, in_numpy)))
+                start += chunk.num_rows
+        except Exception:
+            return None
+        return chunks
 
     def __call__(self, task: ReadTask) -> TaskResult:
         clock = time.perf_counter
@@ -83,11 +108,24 @@ class BatchWork:
             spans.append(("read", t0, t1, {"first_batch": task.first_batch, "rows": len(positions)}))
         lane = f"{threading.current_thread().name} (pid {os.getpid()})"
         result = TaskResult([], [], [], seconds, io_bytes, io_iops, spans=spans, lane=lane)
+        t0 = clock()
+        chunks = self._convert_chunks(table)
+        seconds["convert"] += clock() - t0
         offset = 0
         for i, size in enumerate(sizes):
             batch: Any = to_record_batch(table.slice(offset, size))
             result.rows.append(batch.num_rows)
             result.nbytes.append(batch.nbytes)
+            ready = _slice_of(chunks, offset, size)
+            if ready is not None:  # already converted with its read: slice it (no copy)
+                t0 = clock()
+                result.batches.append(_slice_rows(ready[0], ready[1], ready[1] + size)
+                                      if self.conversion.output == "numpy" else
+                                      to_output(_slice_rows(ready[0], ready[1], ready[1] + size),
+                                                self.conversion))
+                seconds["convert"] += clock() - t0
+                offset += size
+                continue
             try:
                 if self.transform is not None:
                     t0 = clock()
@@ -100,7 +138,7 @@ class BatchWork:
                 # A transform may return Arrow (converted as usual) or its own format (kept as is).
                 if isinstance(batch, pa.RecordBatch):
                     t0 = clock()
-                    batch = to_output(batch, self.output)
+                    batch = to_output(batch, self.conversion)
                     t1 = clock()
                     seconds["convert"] += t1 - t0
                     if self.trace:
@@ -115,6 +153,43 @@ class BatchWork:
                 raise
             offset += size
         return result
+
+
+def _sliceable(schema: pa.Schema, conv: Conversion) -> bool:
+    """Whether a converted chunk, sliced by rows, equals the conversion of the slice."""
+    if conv.output not in ("numpy", "torch", "jax", "tf") or conv.strings == "numpy":
+        return False
+    padded_per_batch = conv.ragged == "pad" and conv.pad_to is None
+    return not (padded_per_batch and any(_has_var_list(f.type) for f in schema))
+
+
+def _has_var_list(typ: pa.DataType) -> bool:
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_list_view(typ):
+        return True
+    if pa.types.is_struct(typ):
+        return any(_has_var_list(typ.field(i).type) for i in range(typ.num_fields))
+    if pa.types.is_fixed_size_list(typ):
+        return _has_var_list(typ.value_type)
+    return False
+
+
+def _slice_of(chunks: list[tuple[int, int, Any]] | None, offset: int, size: int
+              ) -> tuple[Any, int] | None:
+    """The converted chunk holding rows ``[offset, offset + size)`` and the offset in it."""
+    if not chunks:
+        return None
+    for start, stop, converted in chunks:
+        if start <= offset and offset + size <= stop:
+            return converted, offset - start
+        if stop > offset:
+            return None  # the batch spans two chunks
+    return None
+
+
+def _slice_rows(value: Any, lo: int, hi: int) -> Any:
+    if isinstance(value, dict):
+        return {k: _slice_rows(v, lo, hi) for k, v in value.items()}
+    return value[lo:hi]
 
 
 def _annotate(name: str) -> AbstractContextManager[Any]:
