@@ -299,7 +299,7 @@ def test_plan_samples_equals_plan(n, data) -> None:
     plan = Plan(n, batch, world, data.draw(st.integers(0, world - 1)), data.draw(st.booleans()))
     lo = data.draw(st.integers(0, len(plan)))
     batches = range(lo, data.draw(st.integers(lo, len(plan))), data.draw(st.integers(1, 5)))
-    samples, sizes = integration.plan_samples(plan, batches)
+    samples, sizes = plan.samples(batches)
     expected = [plan.batch_samples(b) for b in batches]
     assert sizes == [len(s) for s in expected]
     assert samples.tolist() == [i for s in expected for i in s.tolist()]

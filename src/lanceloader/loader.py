@@ -32,14 +32,14 @@ import lance
 from lanceloader.convert import check_output, check_schema, to_output
 from lanceloader.distributed import detect_rank_world
 from lanceloader.order import Order
-from lanceloader.plan import Plan
+from lanceloader.plan import Plan, ReadTask, read_tasks
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.processes import ProcessPool, check_picklable, start_forkserver
 from lanceloader.source import Source
 from lanceloader.state import FORMAT as STATE_FORMAT
-from lanceloader.state import StateMismatchError, check_state, fingerprint
+from lanceloader.state import StateMismatchError, check_state, fingerprint, order_settings
 from lanceloader.stats import Recorder, Stats
-from lanceloader.workers import BatchWork, ReadTask, TaskResult, Transform
+from lanceloader.workers import BatchWork, TaskResult, Transform
 
 _logger = logging.getLogger("lanceloader")
 
@@ -121,19 +121,19 @@ class Loader:
         rows_per_read: int | None = None,
         log_every: int | None = None,
     ) -> None:
-        _check_int("batch_size", batch_size, minimum=1)
-        _check_int("shuffle_block_size", shuffle_block_size, minimum=1)
-        _check_int("seed", seed, minimum=None)
+        check_int("batch_size", batch_size, minimum=1)
+        check_int("shuffle_block_size", shuffle_block_size, minimum=1)
+        check_int("seed", seed, minimum=None)
         if shuffle_window is not None:
-            _check_int("shuffle_window", shuffle_window, minimum=1)
+            check_int("shuffle_window", shuffle_window, minimum=1)
         if num_workers is not None:
-            _check_int("num_workers", num_workers, minimum=1)
+            check_int("num_workers", num_workers, minimum=1)
         if prefetch is not None:
-            _check_int("prefetch", prefetch, minimum=1)
+            check_int("prefetch", prefetch, minimum=1)
         if rows_per_read is not None:
-            _check_int("rows_per_read", rows_per_read, minimum=1)
+            check_int("rows_per_read", rows_per_read, minimum=1)
         if log_every is not None:
-            _check_int("log_every", log_every, minimum=1)
+            check_int("log_every", log_every, minimum=1)
         if worker_type not in ("thread", "process"):
             raise ValueError(f"worker_type must be 'thread' or 'process', got {worker_type!r}")
         if transform is not None and not callable(transform):
@@ -146,8 +146,8 @@ class Loader:
             )
         if rank is None or world_size is None:
             rank, world_size = detect_rank_world()
-        _check_int("world_size", world_size, minimum=1)
-        _check_int("rank", rank, minimum=0)
+        check_int("world_size", world_size, minimum=1)
+        check_int("rank", rank, minimum=0)
         if rank >= world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
 
@@ -193,17 +193,7 @@ class Loader:
             start_forkserver()
         self._epoch = 0
         self._start_sample = 0
-        self._order_settings = {
-            "rows": self.source.num_rows,
-            "filter": self.source.filter,
-            "splits": self.source.splits,
-            "split": self.source.split,
-            "split_key": self.source.split_key,
-            "shuffle": self.order.shuffle,
-            "block_size": self.order.block_size,
-            "window": self.order.window,
-            "seed": self.order.seed,
-        }
+        self._order_settings = order_settings(self.source, self.order)
         self._fingerprint = fingerprint(self._order_settings)
         # The running epoch is held weakly, so a `break` out of a for loop lets it be collected
         # (which stops its workers); its progress outlives it for state_dict().
@@ -234,7 +224,7 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` deliver ``epoch`` from its start."""
-        _check_int("epoch", epoch, minimum=0)
+        check_int("epoch", epoch, minimum=0)
         self._epoch = epoch
         self._start_sample = 0
         self._progress = None
@@ -287,8 +277,8 @@ class Loader:
         version, filter, split, shuffle settings, seed) raises :class:`StateMismatchError`.
         """
         check_state(state, self.state_dict(), tuple(allow_changes))
-        _check_int("state['epoch']", state["epoch"], minimum=0)
-        _check_int("state['sample']", state["sample"], minimum=0)
+        check_int("state['epoch']", state["epoch"], minimum=0)
+        check_int("state['sample']", state["sample"], minimum=0)
         if state["sample"] > self.source.num_rows:
             raise StateMismatchError(
                 f"state sample {state['sample']} is beyond the {self.source.num_rows} rows of an epoch"
@@ -390,7 +380,7 @@ class EpochIterator(Iterator[Any]):
         self._log_every = loader.log_every
         per_read = loader.batches_per_read
         depth = max(loader.num_workers, math.ceil(loader.prefetch / per_read))
-        tasks = _read_tasks(progress.epoch, progress.plan, per_read, progress.batches_done)
+        tasks = read_tasks(progress.epoch, progress.plan, per_read)
         work = loader._work(trace=self._recorder.tracing)
         pool = ProcessPool if loader.worker_type == "process" else OrderedPrefetcher
         self._prefetcher: OrderedPrefetcher[ReadTask, TaskResult] | ProcessPool = pool(
@@ -456,16 +446,7 @@ def _log_progress(it: EpochIterator) -> None:
     )
 
 
-def _read_tasks(epoch: int, plan: Plan, per_read: int, first: int = 0) -> Iterator[ReadTask]:
-    """Tasks of 1, 2, 4, ... batches, up to ``per_read``: a fast first batch, then big reads."""
-    size = 1
-    while first < len(plan):
-        last = min(first + size, len(plan))
-        yield ReadTask(epoch, first, tuple(plan.batch_samples(b) for b in range(first, last)))
-        first, size = last, min(2 * size, per_read)
-
-
-def _check_int(name: str, value: object, minimum: int | None) -> None:
+def check_int(name: str, value: object, minimum: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if minimum is not None and value < minimum:

@@ -21,7 +21,8 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -79,8 +80,58 @@ class Plan:
         last = lo + (self.rank + 1) * size // self.world_size
         return np.arange(first, last, dtype=np.int64) % self.num_samples
 
+    def samples(self, batches: range) -> tuple[np.ndarray, list[int]]:
+        """The global samples of ``batches`` (a range, any step), concatenated, and each batch's
+        size: one NumPy operation for the full global batches (each is the first shifted by a
+        multiple of the global batch size), :meth:`batch_samples` for a short last one.
+
+        >>> samples, sizes = Plan(10, 2, world_size=2, rank=1).samples(range(0, 3))
+        >>> samples.tolist(), sizes
+        ([2, 3, 6, 7, 9], [2, 2, 1])
+        """
+        full = len(replace(self, drop_last=True))
+        n_full = len(range(batches.start, min(batches.stop, full), batches.step))
+        parts: list[np.ndarray] = []
+        sizes: list[int] = []
+        if n_full:
+            shifts = np.arange(n_full, dtype=np.int64) * (batches.step * self.global_batch_size)
+            parts.append((self.batch_samples(batches.start)[None, :] + shifts[:, None]).ravel())
+            sizes += [self.batch_size] * n_full
+        for b in batches[n_full:]:
+            parts.append(self.batch_samples(b))
+            sizes.append(len(parts[-1]))
+        return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)), sizes
+
     def samples_done(self, batches: int) -> int:
         """Global samples consumed by all ranks once each has taken ``batches`` batches."""
         if batches >= len(self):
             return self.num_samples
         return self.start + batches * self.global_batch_size
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """Batches of one epoch that a worker reads with one Lance call: their numbers in the plan,
+    their global samples concatenated, and each one's size."""
+
+    epoch: int
+    batches: range
+    samples: np.ndarray
+    sizes: tuple[int, ...]
+
+
+def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = None
+               ) -> Iterator[ReadTask]:
+    """Tasks over ``batches`` (default: all of the plan; any step) of 1, 2, 4, ... batches, up
+    to ``per_read``: a fast first batch, then big reads.
+
+    >>> [t.batches for t in read_tasks(0, Plan(100, 10), per_read=4)]
+    [range(0, 1), range(1, 3), range(3, 7), range(7, 10)]
+    """
+    batches = range(len(plan)) if batches is None else batches
+    first, size = 0, 1
+    while first < len(batches):
+        chosen = batches[first : first + size]
+        samples, sizes = plan.samples(chosen)
+        yield ReadTask(epoch, chosen, samples, tuple(sizes))
+        first, size = first + len(chosen), min(2 * size, per_read)

@@ -46,6 +46,22 @@ class StateMismatchError(ValueError):
     """A state saved by a loader whose dataset or order differs from this one."""
 
 
+def order_settings(source: Any, order: Any, num_rows: int | None = None) -> dict[str, Any]:
+    """The settings that define an order (``state["order"]``): of a ``Source`` (or None, for
+    samplers over a plain length) and an ``Order``."""
+    return {
+        "rows": order.num_rows if num_rows is None else num_rows,
+        "filter": source.filter if source else None,
+        "splits": source.splits if source else None,
+        "split": source.split if source else None,
+        "split_key": source.split_key if source else None,
+        "shuffle": order.shuffle,
+        "block_size": order.block_size,
+        "window": order.window,
+        "seed": order.seed,
+    }
+
+
 def fingerprint(order_settings: dict[str, Any]) -> str:
     """A short stable hash of the settings that define the order."""
     blob = json.dumps(order_settings, sort_keys=True, separators=(",", ":")).encode()

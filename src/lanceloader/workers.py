@@ -27,18 +27,10 @@ import pyarrow as pa
 
 from lanceloader.convert import Conversion, as_conversion, to_output
 from lanceloader.order import Order
+from lanceloader.plan import ReadTask
 from lanceloader.source import Source, to_record_batch
 
 Transform = Callable[[Any], Any]
-
-
-@dataclass(frozen=True)
-class ReadTask:
-    """Batches ``first_batch ..`` of one epoch; ``samples[i]`` are batch i's global samples."""
-
-    epoch: int
-    first_batch: int
-    samples: tuple[np.ndarray, ...]
 
 
 @dataclass
@@ -98,14 +90,14 @@ class BatchWork:
         spans: list[tuple[str, float, float, dict[str, Any]]] = []
         seconds = {"read": 0.0, "transform": 0.0, "convert": 0.0}
         t0 = clock()
-        sizes = [len(s) for s in task.samples]
-        positions = self.order.positions(task.epoch, np.concatenate(task.samples))
+        sizes = task.sizes
+        positions = self.order.positions(task.epoch, task.samples)
         with _annotate("lanceloader.read"):
             table, io_bytes, io_iops = self.source.read_table_with_io(positions)
         t1 = clock()
         seconds["read"] = t1 - t0
         if self.trace:
-            spans.append(("read", t0, t1, {"first_batch": task.first_batch, "rows": len(positions)}))
+            spans.append(("read", t0, t1, {"first_batch": task.batches[0], "rows": len(positions)}))
         lane = f"{threading.current_thread().name} (pid {os.getpid()})"
         result = TaskResult([], [], [], seconds, io_bytes, io_iops, spans=spans, lane=lane)
         t0 = clock()
@@ -134,7 +126,7 @@ class BatchWork:
                     t1 = clock()
                     seconds["transform"] += t1 - t0
                     if self.trace:
-                        spans.append(("transform", t0, t1, {"batch": task.first_batch + i}))
+                        spans.append(("transform", t0, t1, {"batch": task.batches[i]}))
                 # A transform may return Arrow (converted as usual) or its own format (kept as is).
                 if isinstance(batch, pa.RecordBatch):
                     t0 = clock()
@@ -142,12 +134,12 @@ class BatchWork:
                     t1 = clock()
                     seconds["convert"] += t1 - t0
                     if self.trace:
-                        spans.append(("convert", t0, t1, {"batch": task.first_batch + i}))
+                        spans.append(("convert", t0, t1, {"batch": task.batches[i]}))
                 result.batches.append(batch)
             except Exception as exc:
                 _add_note(
                     exc,
-                    f"lanceloader: raised while preparing batch {task.first_batch + i} of epoch "
+                    f"lanceloader: raised while preparing batch {task.batches[i]} of epoch "
                     f"{task.epoch} (source positions {_preview(positions[offset:offset + size])})",
                 )
                 raise

@@ -45,7 +45,6 @@ import functools
 import math
 import operator
 import os
-import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -64,15 +63,15 @@ from lanceloader.loader import (
     ROWS_PER_READ_RANDOM,
     ROWS_PER_READ_SEQUENTIAL,
     Loader,
-    _check_int,
+    check_int,
 )
 from lanceloader.order import Order
-from lanceloader.plan import Plan
+from lanceloader.plan import Plan, ReadTask, read_tasks
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.source import Source
 from lanceloader.state import FORMAT as STATE_FORMAT
-from lanceloader.state import StateMismatchError, check_state, fingerprint
-from lanceloader.workers import BatchWork, ReadTask, _add_note, _preview
+from lanceloader.state import StateMismatchError, check_state, fingerprint, order_settings
+from lanceloader.workers import BatchWork, _add_note, _preview
 
 __all__ = ["BatchSampler", "IterableDataset", "MapDataset", "Rows", "Sampler", "collate"]
 
@@ -294,18 +293,18 @@ class _ReadAhead:
         random_reads = order.shuffle and order.block_size < 64
         rows = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
         output: Any = ds.conversion  # BatchWork converts with to_output, which takes either
-        work = _StridedWork(BatchWork(ds.source, order, ds.transform, output))
+        work = BatchWork(ds.source, order, ds.transform, output)
         batches = range(hint.batch, len(plan), self._stride)
-        tasks = _strided_tasks(hint.epoch, plan, batches, max(1, rows // plan.batch_size))
+        tasks = read_tasks(hint.epoch, plan, max(1, rows // plan.batch_size), batches)
         self._stream = _read_ahead(work, tasks)
 
 
-def _read_ahead(work: _StridedWork, tasks: Iterator[ReadTask]) -> Iterator[tuple[int, Any]]:
+def _read_ahead(work: BatchWork, tasks: Iterator[ReadTask]) -> Iterator[tuple[int, Any]]:
     """``(batch number, converted batch)`` of each task's batches, one read ahead."""
     prefetcher = OrderedPrefetcher(_WithTask(work), tasks, num_workers=1, depth=1)
     try:
-        for task, results in prefetcher:
-            yield from zip(task.batches, results, strict=True)
+        for task, result in prefetcher:
+            yield from zip(task.batches, result.batches, strict=True)
     finally:
         prefetcher.close()
 
@@ -512,7 +511,7 @@ def _describe(data_source_or_len: Any) -> tuple[int, Source | None]:
     if isinstance(data_source_or_len, bool):
         raise TypeError("data_source_or_len must be a dataset or an int, got a bool")
     if isinstance(data_source_or_len, int):
-        _check_int("data_source_or_len", data_source_or_len, minimum=0)
+        check_int("data_source_or_len", data_source_or_len, minimum=0)
         return data_source_or_len, None
     if hasattr(data_source_or_len, "__len__"):
         return len(data_source_or_len), None
@@ -530,50 +529,11 @@ def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
         )
     if rank is None or world_size is None:
         rank, world_size = detect_rank_world()
-    _check_int("world_size", world_size, minimum=1)
-    _check_int("rank", rank, minimum=0)
+    check_int("world_size", world_size, minimum=1)
+    check_int("rank", rank, minimum=0)
     if rank >= world_size:
         raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
     return rank, world_size
-
-
-def order_settings(num_rows: int, source: Source | None, order: Order) -> dict[str, Any]:
-    """The settings that define an order, as ``Loader.state_dict()["order"]`` names them."""
-    return {
-        "rows": num_rows,
-        "filter": source.filter if source else None,
-        "splits": source.splits if source else None,
-        "split": source.split if source else None,
-        "split_key": source.split_key if source else None,
-        "shuffle": order.shuffle,
-        "block_size": order.block_size,
-        "window": order.window,
-        "seed": order.seed,
-    }
-
-
-def plan_samples(plan: Plan, batches: range) -> tuple[np.ndarray, list[int]]:
-    """The global samples of ``plan``'s batches in ``batches`` (a range, any step), concatenated,
-    and each batch's size. One NumPy op for the full global batches: each is the first one
-    shifted by a multiple of the global batch size; the short last one comes from ``Plan``.
-
-    >>> plan = Plan(num_samples=10, batch_size=2, world_size=2, rank=1)
-    >>> samples, sizes = plan_samples(plan, range(0, 3))
-    >>> samples.tolist(), sizes
-    ([2, 3, 6, 7, 9], [2, 2, 1])
-    """
-    full = len(replace(plan, drop_last=True))
-    n_full = len(range(batches.start, min(batches.stop, full), batches.step))
-    parts: list[np.ndarray] = []
-    sizes: list[int] = []
-    if n_full:
-        shifts = np.arange(n_full, dtype=np.int64) * (batches.step * plan.global_batch_size)
-        parts.append((plan.batch_samples(batches.start)[None, :] + shifts[:, None]).ravel())
-        sizes += [plan.batch_size] * n_full
-    for b in batches[n_full:]:
-        parts.append(plan.batch_samples(b))
-        sizes.append(len(parts[-1]))
-    return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)), sizes
 
 
 class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
@@ -592,11 +552,11 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         world_size: int | None,
         drop_last: bool,
     ) -> None:
-        _check_int("batch_size", batch_size, minimum=1)
-        _check_int("shuffle_block_size", shuffle_block_size, minimum=1)
-        _check_int("seed", seed, minimum=None)
+        check_int("batch_size", batch_size, minimum=1)
+        check_int("shuffle_block_size", shuffle_block_size, minimum=1)
+        check_int("seed", seed, minimum=None)
         if shuffle_window is not None:
-            _check_int("shuffle_window", shuffle_window, minimum=1)
+            check_int("shuffle_window", shuffle_window, minimum=1)
         self.num_rows, self._source = _describe(data_source_or_len)
         self.rank, self.world_size = _rank_world(rank, world_size)
         self.batch_size = batch_size
@@ -608,7 +568,7 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
             window=shuffle_window or (DEFAULT_SHUFFLE_WINDOW if shuffle_block_size > 1 else 1),
             seed=seed,
         )
-        self._order_settings = order_settings(self.num_rows, self._source, self.order)
+        self._order_settings = order_settings(self._source, self.order, self.num_rows)
         self._fingerprint = fingerprint(self._order_settings)
         self._cursor = _Cursor()
 
@@ -626,7 +586,7 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration deliver ``epoch`` from its start."""
-        _check_int("epoch", epoch, minimum=0)
+        check_int("epoch", epoch, minimum=0)
         self._cursor = replace(self._cursor, epoch=epoch, start=0, done=0, fresh=True)
 
     def _next_position(self) -> tuple[int, int]:
@@ -655,7 +615,7 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         step = max(1, _SAMPLES_PER_STEP // self.batch_size)
         for lo in range(first, len(plan), step):
             batches = range(lo, min(lo + step, len(plan)))
-            samples, sizes = plan_samples(plan, batches)
+            samples, sizes = plan.samples(batches)
             positions = self.order.positions(epoch, samples)
             offset = 0
             for b, size in zip(batches, sizes, strict=True):
@@ -705,8 +665,8 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         if self._source is None and isinstance(state, dict):
             current["uri"], current["version"] = state.get("uri"), state.get("version")
         check_state(state, current, (*allow_changes, "columns"))
-        _check_int("state['epoch']", state["epoch"], minimum=0)
-        _check_int("state['sample']", state["sample"], minimum=0)
+        check_int("state['epoch']", state["epoch"], minimum=0)
+        check_int("state['sample']", state["sample"], minimum=0)
         if state["sample"] > self.num_rows:
             raise StateMismatchError(
                 f"state sample {state['sample']} is beyond the {self.num_rows} rows of an epoch"
@@ -920,7 +880,7 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration deliver ``epoch`` from its start."""
-        _check_int("epoch", epoch, minimum=0)
+        check_int("epoch", epoch, minimum=0)
         self._cursor = replace(self._cursor, epoch=epoch, start=0, done=0, fresh=True)
 
     def __iter__(self) -> Iterator[Any]:
@@ -940,16 +900,16 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         if not batches:
             return
         loader = self.loader
-        work = _StridedWork(BatchWork(loader.source, loader.order, loader.transform, loader.output))
+        work = BatchWork(loader.source, loader.order, loader.transform, loader.output)
         in_worker = torch.utils.data.get_worker_info() is not None
         threads = self._threads or (1 if in_worker else loader.num_workers)
         per_read = loader.batches_per_read
         depth = max(threads, math.ceil(loader.prefetch / per_read))
-        tasks = _strided_tasks(epoch, plan, batches, per_read)
+        tasks = read_tasks(epoch, plan, per_read, batches)
         prefetcher = OrderedPrefetcher(work, tasks, threads, depth)
         try:
             for result in prefetcher:
-                for batch in result:
+                for batch in result.batches:
                     if c.token == token:
                         c.done += 1
                     yield pack_for_transfer(batch)
@@ -973,7 +933,7 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
     def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
         """Continue at the state: the next iteration starts there (see :meth:`state_dict`)."""
         check_state(state, self.loader.state_dict(), tuple(allow_changes))
-        _check_int("state['epoch']", state["epoch"], minimum=0)
+        check_int("state['epoch']", state["epoch"], minimum=0)
         start, done = self._start_of(state)
         self._cursor = replace(
             self._cursor, epoch=state["epoch"], start=start, done=done, fresh=True
@@ -983,7 +943,7 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         saved = state.get("worker")
         slot = _worker_slot()
         if saved is None:
-            _check_int("state['sample']", state["sample"], minimum=0)
+            check_int("state['sample']", state["sample"], minimum=0)
             if state["sample"] > self.loader.source.num_rows:
                 raise StateMismatchError(
                     f"state sample {state['sample']} is beyond the "
@@ -1007,54 +967,11 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         return f"IterableDataset({self.loader!r})"
 
 
-def _strided_tasks(epoch: int, plan: Plan, batches: range, per_read: int) -> Iterator[ReadTask]:
-    """Reads of 1, 2, 4, ... up to ``per_read`` of ``batches``: a fast first batch, then big reads.
-
-    ``first_batch`` counts inside the read; :class:`_StridedWork` names the real batches on error.
-    """
-    first, size = 0, 1
-    while first < len(batches):
-        chosen = batches[first : first + size]
-        samples, sizes = plan_samples(plan, chosen)
-        split = tuple(np.split(samples, np.cumsum(sizes)[:-1]))
-        yield _StridedTask(epoch, 0, split, chosen)
-        first, size = first + len(chosen), min(2 * size, per_read)
-
-
-@dataclass(frozen=True)
-class _StridedTask(ReadTask):
-    batches: range = range(0)
-
-
 @dataclass(frozen=True)
 class _WithTask:
     """Run ``work`` and hand back the task with its result."""
 
-    work: _StridedWork
-
-    def __call__(self, task: _StridedTask) -> tuple[_StridedTask, list[Any]]:
-        return task, self.work(task)
-
-
-_BATCH_NOTE = re.compile(r"^(lanceloader: raised while preparing batch )(\d+)( of epoch)")
-
-
-@dataclass(frozen=True)
-class _StridedWork:
-    """A :class:`BatchWork` for reads of non-consecutive batches: returns the batches, and names
-    the real batch numbers in a worker's error."""
-
     work: BatchWork
 
-    def __call__(self, task: _StridedTask) -> list[Any]:
-        try:
-            result = self.work(task)
-        except Exception as exc:
-            notes = getattr(exc, "__notes__", None)
-            if notes:
-                exc.__notes__ = [
-                    _BATCH_NOTE.sub(lambda m: f"{m[1]}{task.batches[int(m[2])]}{m[3]}", n)
-                    for n in notes
-                ]
-            raise
-        return list(getattr(result, "batches", result))
+    def __call__(self, task: ReadTask) -> tuple[ReadTask, Any]:
+        return task, self.work(task)
