@@ -45,7 +45,7 @@ _logger = logging.getLogger("lanceloader")
 
 DEFAULT_SHUFFLE_WINDOW = 8
 TENSOR_OUTPUTS = ("torch", "jax", "tf")
-PROCESS_BATCHES_PER_READ = 8
+TRANSFORM_BATCHES_PER_READ = 8
 # Rows read by one Lance call. Range reads keep getting cheaper per row up to ~64k rows; random
 # takes are slower per call, so fewer rows keep the time to the first batch low.
 ROWS_PER_READ_SEQUENTIAL = 65_536
@@ -90,7 +90,8 @@ class Loader:
             plus the rest of the read being consumed: that bounds the memory.
         rank, world_size: this process's slice of each global batch; default: detected from
             torch.distributed, Ray Train or the RANK/WORLD_SIZE environment variables.
-        rows_per_read: rows fetched by one Lance call (several batches); default by mode.
+        rows_per_read: rows fetched by one Lance call (several batches); default 65,536 rows,
+            16,384 for a full shuffle, 8 batches with a transform or process workers.
         log_every: log a one-line summary (logger ``lanceloader``) every N batches.
     """
 
@@ -180,9 +181,10 @@ class Loader:
         random_reads = self.order.shuffle and self.order.block_size < 64
         default_read = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
         self.batches_per_read = max(1, (rows_per_read or default_read) // batch_size)
-        if worker_type == "process" and rows_per_read is None:
-            # Process workers are for slow transforms: small tasks keep every worker busy.
-            self.batches_per_read = min(self.batches_per_read, PROCESS_BATCHES_PER_READ)
+        if (transform is not None or worker_type == "process") and rows_per_read is None:
+            # A worker transforms every batch of its read: with a (slow) transform, small reads
+            # keep every worker busy; reading is then the cheap part.
+            self.batches_per_read = min(self.batches_per_read, TRANSFORM_BATCHES_PER_READ)
         self.prefetch = prefetch or 2 * self.num_workers
         self.log_every = log_every
         self.worker_type = worker_type

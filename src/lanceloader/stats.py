@@ -104,7 +104,8 @@ class Stats:
             ("throughput", f"{self.rows_per_s:,.0f} rows/s, {self.bytes_per_s / 1e6:,.1f} MB/s"),
             ("storage I/O", f"{self.io_bytes / 1e6:,.1f} MB, {self.io_iops:,} IOPS, "
                             f"{self.io_bandwidth / 1e6:,.1f} MB/s while reading"),
-            ("read", f"{self.read_s:.2f} s ({100 * self.read_s / cap:.0f}% of {self.workers} workers)" if cap else "-"),
+            ("read", f"{self.read_s:.2f} s ({100 * self.read_s / cap:.0f}% of {self.workers} "
+                     f"worker{'s' if self.workers != 1 else ''})" if cap else "-"),
             ("transform", f"{self.transform_s:.2f} s ({100 * self.transform_s / cap:.0f}% of workers)" if cap else "-"),
             ("convert", f"{self.convert_s:.2f} s ({100 * self.convert_s / cap:.0f}% of workers)" if cap else "-"),
             ("loop waited", f"{self.wait_s:.2f} s ({pct(self.wait_s).strip()} of wall time)"),
