@@ -185,13 +185,13 @@ def test_a_transform_whose_import_fails_names_the_error(helper_module: str, smal
 
 
 def test_ctrl_c_reports_what_ran_and_exits_130(small_uri: str, capsys, monkeypatch) -> None:
-    class InterruptedBar(cli.tqdm):
+    class InterruptedBar(cli.bench.tqdm):
         def update(self, n: float | None = 1) -> bool | None:
             if self.n >= 2:
                 raise KeyboardInterrupt
             return super().update(n)
 
-    monkeypatch.setattr(cli, "tqdm", InterruptedBar)
+    monkeypatch.setattr(cli.bench, "tqdm", InterruptedBar)
     code, out, _ = run_cli(["bench", small_uri, "--batch-size", "100", "--epochs", "2"], capsys)
     assert code == 130
     assert "interrupted" in out and "300 rows in 3 batches" in out

@@ -476,7 +476,7 @@ def test_iterable_worker_striding_in_process(small_uri, monkeypatch, workers) ->
     ds = IterableDataset(small_uri, 64, rank=1, world_size=2, drop_last=False, **ITER_ARGS)
     per_worker = []
     for w in range(workers):
-        monkeypatch.setattr(integration, "_worker_slot", lambda w=w: (w, workers))
+        monkeypatch.setattr(integration.iterable, "_worker_slot", lambda w=w: (w, workers))
         per_worker.append(batch_ids(iter(ds)))
         ds.set_epoch(0)
     merged = [b for group in _round_robin(per_worker) for b in group]
@@ -528,10 +528,10 @@ def test_iterable_state_is_a_loader_state_and_errors(small_uri: str, monkeypatch
     loader = ll.Loader(small_uri, batch_size=100, **ITER_ARGS)
     loader.load_state_dict(state)
     assert batch_ids(loader) == batch_ids(it)
-    monkeypatch.setattr(integration, "_worker_slot", lambda: (1, 2))
+    monkeypatch.setattr(integration.iterable, "_worker_slot", lambda: (1, 2))
     worker_state = IterableDataset(small_uri, 100, **ITER_ARGS).state_dict()
     assert worker_state["worker"] == {"id": 1, "count": 2, "start": 0, "batches": 0}
-    monkeypatch.setattr(integration, "_worker_slot", lambda: (0, 3))
+    monkeypatch.setattr(integration.iterable, "_worker_slot", lambda: (0, 3))
     with pytest.raises(ll.StateMismatchError, match="saved by DataLoader worker 1 of 2"):
         IterableDataset(small_uri, 100, **ITER_ARGS).load_state_dict(worker_state)
     with pytest.raises(ValueError, match="worker_type='process': IterableDataset reads on threads"):
@@ -544,7 +544,7 @@ def test_iterable_error_names_the_real_batch(small_uri: str, monkeypatch) -> Non
             raise ValueError("bad row")
         return batch
 
-    monkeypatch.setattr(integration, "_worker_slot", lambda: (1, 2))
+    monkeypatch.setattr(integration.iterable, "_worker_slot", lambda: (1, 2))
     ds = IterableDataset(small_uri, 100, columns=["id"], transform=fail_on_id_500, num_workers=1)
     with pytest.raises(ValueError, match="bad row") as info:
         list(ds)  # worker 1 of 2 reads batches 1, 3, 5, ...: id 500 is in batch 5

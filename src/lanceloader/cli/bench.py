@@ -1,0 +1,297 @@
+"""``lanceloader bench``: run the Loader with the given settings and report its stats, with
+optional JSON, PNG plot and Perfetto trace outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+from lanceloader.cli.errors import CommandError, input_errors
+from lanceloader.loader import Loader
+from lanceloader.workers import Transform
+
+# The bench loop adds a point to the throughput series at most this often (and at each epoch end).
+SAMPLE_EVERY_S = 0.1
+
+
+def import_transform(spec: str) -> Transform:
+    """The function named by ``module:function`` (``module:Class.method`` works too).
+
+    The current directory goes on ``sys.path`` (as with ``python -m``; process workers inherit
+    it), so ``mytransforms:decode`` finds ``./mytransforms.py``.
+
+    >>> import_transform("json:dumps").__name__
+    'dumps'
+    >>> import_transform("json.dumps")
+    Traceback (most recent call last):
+    ...
+    lanceloader.cli.errors.CommandError: --transform must be module:function, e.g. mypackage.transforms:decode; got 'json.dumps'
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CommandError(
+            f"--transform must be module:function, e.g. mypackage.transforms:decode; got {spec!r}"
+        )
+    if os.getcwd() not in sys.path:  # as `python -m` does; process workers inherit it
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or whatever importing the module raised
+        raise CommandError(
+            f"--transform {spec}: cannot import module {module_name!r} "
+            f"({type(exc).__name__}: {exc}); is it on PYTHONPATH or in the current directory?"
+        ) from exc
+    value: Any = module
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise CommandError(f"--transform {spec}: {module_name!r} has no attribute {attr!r}")
+        value = getattr(value, part)
+    if not callable(value):
+        raise CommandError(
+            f"--transform {spec}: {attr!r} is a {type(value).__name__}, not a function"
+        )
+    return value
+
+
+def loader_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``Loader`` keyword arguments from the ``bench`` arguments.
+
+    >>> ns = argparse.Namespace(batch_size=64, columns="id, x", filter=None, shuffle=True,
+    ...                         block_size=1024, window=None, seed=0, workers=2,
+    ...                         worker_type="thread", rows_per_read=None, prefetch=None,
+    ...                         output="numpy", transform=None)
+    >>> loader_settings(ns)["columns"], loader_settings(ns)["shuffle_block_size"]
+    (['id', 'x'], 1024)
+    """
+    if not args.shuffle and (args.block_size is not None or args.window is not None):
+        raise CommandError("--block-size and --window set a shuffle; add --shuffle")
+    settings: dict[str, Any] = {
+        "batch_size": args.batch_size,
+        "columns": [c.strip() for c in args.columns.split(",")] if args.columns else None,
+        "filter": args.filter,
+        "shuffle": args.shuffle,
+        "shuffle_block_size": args.block_size or 1,
+        "shuffle_window": args.window,
+        "seed": args.seed,
+        "num_workers": args.workers,
+        "rows_per_read": args.rows_per_read,
+        "prefetch": args.prefetch,
+        "worker_type": args.worker_type,
+        "output": args.output,
+    }
+    if args.transform:
+        settings["transform"] = import_transform(args.transform)
+    return settings
+
+
+def describe_order(loader: Loader) -> str:
+    """``sequential``, ``full shuffle (seed 0)`` or ``block shuffle (1024 rows x 8, seed 0)``."""
+    order = loader.order
+    if not order.shuffle:
+        return "sequential"
+    if order.block_size == 1:
+        return f"full shuffle (seed {order.seed})"
+    return f"block shuffle ({order.block_size} rows x {order.window} blocks, seed {order.seed})"
+
+
+def series_point(loader: Loader, start: float, previous: dict[str, float]) -> dict[str, float]:
+    """One point of the throughput series: seconds since ``start``, rows so far, rows/s since
+    ``previous``. Rows come from the loader's recorder, so they reconcile with its stats."""
+    t = time.perf_counter() - start
+    rows = int(loader.recorder.total_counters()["rows"])
+    dt = t - previous["t"]
+    rate = (rows - previous["rows"]) / dt if dt > 0 else 0.0
+    return {"t": round(t, 4), "epoch": loader.epoch - 1, "rows": rows, "rows_per_s": rate}
+
+
+@dataclass
+class BenchRun:
+    """What the bench loop saw: the throughput series, and whether Ctrl-C cut it short."""
+
+    series: list[dict[str, float]]
+    interrupted: bool = False
+
+
+def run_bench(
+    loader: Loader,
+    epochs: int = 1,
+    max_batches: int | None = None,
+    every_s: float = SAMPLE_EVERY_S,
+) -> BenchRun:
+    """Iterate ``epochs`` epochs of at most ``max_batches`` batches each, with a progress bar on
+    stderr. The throughput series gets a point every ``every_s`` seconds and at each epoch end.
+    Ctrl-C stops the loop (the workers too) and returns what was measured so far.
+
+    >>> import tempfile
+    >>> from lanceloader.demo import write_demo_dataset
+    >>> uri = write_demo_dataset(tempfile.mkdtemp() + "/demo.lance", rows=1000)
+    >>> loader = Loader(uri, batch_size=100)
+    >>> run = run_bench(loader, epochs=2, max_batches=4)
+    >>> run.series[-1]["rows"], loader.stats().rows, run.interrupted
+    (800, 800, False)
+    """
+    start = time.perf_counter()
+    run = BenchRun([{"t": 0.0, "epoch": loader.epoch, "rows": 0, "rows_per_s": 0.0}])
+    try:
+        for _ in range(epochs):
+            run_epoch_with_series(loader, max_batches, start, every_s, run.series)
+    except KeyboardInterrupt:
+        run.interrupted = True
+        run.series.append(series_point(loader, start, run.series[-1]))
+    return run
+
+
+def run_epoch_with_series(
+    loader: Loader,
+    max_batches: int | None,
+    start: float,
+    every_s: float,
+    series: list[dict[str, float]],
+) -> None:
+    """One epoch of :func:`run_bench`, appending to ``series``."""
+    total = len(loader) if max_batches is None else min(len(loader), max_batches)
+    desc = f"epoch {loader.epoch}"
+    with tqdm(total=total, desc=desc, unit="batch", file=sys.stderr) as bar, iter(loader) as it:
+        for done, _batch in enumerate(it, 1):
+            bar.update()
+            if time.perf_counter() - start - series[-1]["t"] >= every_s:
+                series.append(series_point(loader, start, series[-1]))
+                bar.set_postfix_str(f"{series[-1]['rows_per_s']:,.0f} rows/s", refresh=False)
+            if done >= total:
+                break
+        series.append(series_point(loader, start, series[-1]))  # before close() joins workers
+
+
+def bench_report(
+    loader: Loader, args: argparse.Namespace, series: list[dict[str, float]], epochs: int
+) -> dict[str, Any]:
+    """The JSON document of ``bench --json``: settings, total and per-epoch stats, the series."""
+    return {
+        "uri": loader.source.uri,
+        "version": loader.source.version,
+        "settings": {
+            "batch_size": loader.batch_size,
+            "columns": loader.source.columns,
+            "filter": loader.source.filter,
+            "order": describe_order(loader),
+            "shuffle": loader.order.shuffle,
+            "block_size": loader.order.block_size,
+            "window": loader.order.window,
+            "seed": loader.order.seed,
+            "workers": loader.num_workers,
+            "rows_per_read": loader.batches_per_read * loader.batch_size,
+            "prefetch": loader.prefetch,
+            "worker_type": args.worker_type,
+            "output": loader.output,
+            "transform": args.transform,
+            "epochs": epochs,
+            "max_batches": args.max_batches,
+        },
+        "stats": loader.stats().to_dict(),
+        "epochs": [loader.stats(epoch=e).to_dict() for e in range(epochs)],
+        "series": series,
+    }
+
+
+def require_matplotlib() -> None:
+    """Fail at once, before the bench runs, when ``--plot`` cannot work."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise CommandError(
+            "--plot needs matplotlib, which is not installed: pip install matplotlib"
+        ) from exc
+
+
+def write_plot(path: str, report: dict[str, Any]) -> None:
+    """A PNG: throughput over time (left) and time per stage (right), titled with the verdict."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    stats = report["stats"]
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    over_time, per_stage = fig.subplots(1, 2)
+    points = report["series"]  # each rate holds from the previous point to its own
+    over_time.plot(
+        [p["t"] for p in points], [p["rows_per_s"] for p in points], drawstyle="steps-pre"
+    )
+    over_time.set(title="throughput", xlabel="seconds", ylabel="rows/s", ylim=(0, None))
+    stages = {
+        "read (workers)": stats["read_s"],
+        "transform (workers)": stats["transform_s"],
+        "convert (workers)": stats["convert_s"],
+        "loop waited": stats["wait_s"],
+        "loop worked": stats["step_s"],
+    }
+    per_stage.barh(list(stages)[::-1], list(stages.values())[::-1])
+    per_stage.set(
+        title=f"time per stage; bottleneck: {stats['bottleneck']['stage']}",
+        xlabel="seconds (worker stages: summed over workers)",
+    )
+    fig.suptitle(f"lanceloader bench {report['uri']} ({report['settings']['order']})")
+    fig.savefig(path, dpi=100)
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Fail before the bench runs if an output file cannot be written (no such directory), or
+    if ``--plot`` is asked for without matplotlib."""
+    for flag in ("json", "plot", "trace"):
+        path = getattr(args, flag)
+        parent = os.path.dirname(os.path.abspath(path)) if path else ""
+        if path and not os.path.isdir(parent):
+            raise CommandError(f"--{flag} {path}: directory {parent!r} does not exist")
+    if args.plot:
+        require_matplotlib()
+
+
+def print_stats(loader: Loader, epochs: int) -> None:
+    """One line per epoch when there are several, then the table and verdict of all of them."""
+    if epochs > 1:
+        for e in range(epochs):
+            s = loader.stats(epoch=e)
+            print(
+                f"epoch {e}: {s.rows:,} rows, {s.rows_per_s:,.0f} rows/s, {s.wall_s:.2f} s, "
+                f"bottleneck: {s.bottleneck.stage}"
+            )
+    print(loader.stats())
+
+
+def bench(args: argparse.Namespace) -> int:
+    """``lanceloader bench``: run the loader, print its stats, write JSON / plot / trace.
+
+    Returns 0, or 130 when interrupted by Ctrl-C (after reporting what was measured).
+    """
+    check_output_paths(args)
+    with input_errors():
+        loader = Loader(args.uri, **loader_settings(args))
+    print(
+        f"lanceloader bench {loader.source.uri} (version {loader.source.version}): "
+        f"{loader.source.num_rows:,} rows, batch {loader.batch_size}, {describe_order(loader)}, "
+        f"{loader.num_workers} {args.worker_type} worker{'s' if loader.num_workers > 1 else ''}"
+    )
+    tracing = loader.trace(args.trace) if args.trace else contextlib.nullcontext()
+    with tracing:
+        run = run_bench(loader, args.epochs, args.max_batches)
+    if run.interrupted:
+        print("interrupted: the stats cover what ran until Ctrl-C")
+    epochs = loader.epoch  # epochs started, the last one perhaps cut short
+    print_stats(loader, epochs)
+    report = bench_report(loader, args, run.series, epochs)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    if args.plot:
+        write_plot(args.plot, report)
+    for flag in ("json", "plot", "trace"):
+        if getattr(args, flag):
+            print(f"wrote --{flag} {getattr(args, flag)}")
+    return 130 if run.interrupted else 0
