@@ -183,7 +183,10 @@ def test_iterator_in_fork_child_fails_clearly(small_uri: str) -> None:
         ({"rank": 2, "world_size": 2}, ValueError, r"rank must lie in \[0, world_size=2\)"),
         ({"worker_type": "fiber"}, ValueError, "worker_type must be"),
         ({"output": "pandas"}, ValueError, "output must be one of"),
-        ({"transform": 3}, TypeError, "transform must be callable"),
+        ({"transform": 3}, TypeError, "transform must be a function"),
+        ({"on_error": "ignore"}, ValueError, "on_error must be"),
+        ({"pin_memory": True}, ValueError, "need output=.torch."),
+        ({"output": "torch", "device": "cuda"}, ValueError, "no CUDA device"),
         ({"columns": ["tags"]}, ValueError, "unknown columns"),
     ],
 )

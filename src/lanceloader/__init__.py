@@ -5,14 +5,25 @@
 >>> for batch in loader: ...                                                # doctest: +SKIP
 """
 
-from lanceloader.convert import ConversionError
+from lanceloader.convert import Conversion, ConversionError
 from lanceloader.loader import EpochIterator, Loader
 from lanceloader.order import Order
 from lanceloader.plan import Plan
+from lanceloader.processes import WorkerDiedError
 from lanceloader.source import Source
 from lanceloader.state import StateMismatchError, load_state, save_state
+from lanceloader.stats import Stats
+from lanceloader.transforms import (
+    TooManyRowErrors,
+    compose,
+    decode_images,
+    map_rows,
+    normalise,
+    tokenize,
+)
 
 __all__ = [
+    "Conversion",
     "ConversionError",
     "EpochIterator",
     "Loader",
@@ -20,7 +31,15 @@ __all__ = [
     "Plan",
     "Source",
     "StateMismatchError",
+    "Stats",
+    "TooManyRowErrors",
+    "WorkerDiedError",
+    "compose",
+    "decode_images",
     "load_state",
+    "map_rows",
+    "normalise",
     "save_state",
+    "tokenize",
 ]
 __version__ = "0.1.0"

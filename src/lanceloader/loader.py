@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -29,9 +30,10 @@ from typing import Any
 
 import lance
 
-from lanceloader.convert import check_output, check_schema, to_output
+from lanceloader.convert import Conversion, check_output, check_schema, to_output
 from lanceloader.distributed import detect_rank_world
 from lanceloader.order import Order
+from lanceloader.placement import check_placement
 from lanceloader.plan import Plan, ReadTask, read_tasks
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.processes import ProcessPool, check_picklable, start_forkserver
@@ -39,6 +41,12 @@ from lanceloader.source import Source
 from lanceloader.state import FORMAT as STATE_FORMAT
 from lanceloader.state import StateMismatchError, check_state, fingerprint, order_settings
 from lanceloader.stats import Recorder, Stats
+from lanceloader.transforms import (
+    DEFAULT_MAX_SKIP_FRACTION,
+    OnError,
+    as_transform,
+    check_on_error,
+)
 from lanceloader.workers import BatchWork, TaskResult, Transform
 
 _logger = logging.getLogger("lanceloader")
@@ -77,9 +85,21 @@ class Loader:
         shuffle_window: blocks whose rows are mixed together; default 8 (block shuffle only).
         seed: the same seed gives the same order everywhere.
         drop_last: drop the last, short global batch.
-        transform: ``fn(pyarrow.RecordBatch) -> batch``, run in the worker pool. A returned
-            RecordBatch is converted to ``output``; anything else is passed through.
-        output: ``"numpy"`` (dict of arrays), ``"torch"``, ``"arrow"`` or ``"python"``.
+        transform: ``fn(pyarrow.RecordBatch) -> batch`` (or a list of them, applied in order),
+            run in the worker pool. A returned RecordBatch is converted to ``output``; a dict
+            has its NumPy arrays made tensors; anything else is passed through.
+        on_error: what a row-aware transform (``ll.map_rows``, ``ll.decode_images``,
+            ``ll.tokenize``) does with a row that fails: ``"raise"`` (default), ``"skip"`` it
+            (counted in ``stats().rows_skipped``; batch counts stay equal on every rank), or a
+            function ``on_error(exc, row)`` called before skipping.
+        max_skip_fraction: the share of a batch's rows that may be skipped before the loader
+            stops with ``TooManyRowErrors``.
+        output: ``"numpy"`` (dict of arrays), ``"torch"``, ``"jax"``, ``"tf"``, ``"arrow"`` or
+            ``"python"``; or an ``ll.Conversion`` for nulls, ragged lists, strings and casts.
+        pin_memory: torch output only: page-lock batches for fast copies to a GPU (skipped with
+            a warning where there is no CUDA).
+        device: torch output only: copy batches to this device (e.g. ``"cuda"``) in the
+            consumer, without blocking.
         num_workers: worker threads; default the number of cores.
         worker_type: ``"thread"`` (default: Lance, Arrow and most decoders release the GIL) or
             ``"process"`` for pure-Python transforms: processes forked from a clean forkserver,
@@ -112,8 +132,12 @@ class Loader:
         shuffle_window: int | None = None,
         seed: int = 0,
         drop_last: bool = False,
-        transform: Transform | None = None,
-        output: str = "numpy",
+        transform: Transform | list[Transform] | None = None,
+        on_error: OnError = "raise",
+        max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
+        output: str | Conversion = "numpy",
+        pin_memory: bool = False,
+        device: str | None = None,
         num_workers: int | None = None,
         worker_type: str = "thread",
         prefetch: int | None = None,
@@ -137,9 +161,10 @@ class Loader:
             check_int("log_every", log_every, minimum=1)
         if worker_type not in ("thread", "process"):
             raise ValueError(f"worker_type must be 'thread' or 'process', got {worker_type!r}")
-        if transform is not None and not callable(transform):
-            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
-        check_output(output)
+        transform = as_transform(transform)
+        check_on_error(on_error, max_skip_fraction)
+        conversion = check_output(output)
+        self.placement = check_placement(conversion.output, pin_memory, device)
         if (rank is None) != (world_size is None):
             raise ValueError(
                 f"pass both rank= and world_size= (got rank={rank}, world_size={world_size}), "
@@ -163,12 +188,15 @@ class Loader:
             split_key=split_key,
         )
         if transform is None:
-            check_schema(self.source.schema_table().schema, output)
+            check_schema(self.source.schema_table().schema, conversion)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
-        self.output = output
+        self.output = conversion.output
+        self.conversion = conversion
+        self.on_error = on_error
+        self.max_skip_fraction = max_skip_fraction
         self.transform = transform
         self.order = Order(
             num_rows=self.source.num_rows,
@@ -316,8 +344,11 @@ class Loader:
 
     def _work(self, trace: bool = False) -> BatchWork:
         # Process workers return NumPy (through shared memory); the consumer makes tensors.
-        in_worker = "numpy" if self.worker_type == "process" and self.output in TENSOR_OUTPUTS else self.output
-        return BatchWork(self.source, self.order, self.transform, in_worker, trace)
+        conversion = self.conversion
+        if self.worker_type == "process" and self.output in TENSOR_OUTPUTS:
+            conversion = dataclasses.replace(conversion, output="numpy")
+        return BatchWork(self.source, self.order, self.transform, conversion, trace,
+                         self.on_error, self.max_skip_fraction)
 
     # --- stats and tracing --------------------------------------------------------------
 
@@ -388,7 +419,8 @@ class EpochIterator(Iterator[Any]):
         self._prefetcher: OrderedPrefetcher[ReadTask, TaskResult] | ProcessPool = pool(
             work, tasks, loader.num_workers, depth
         )
-        self._finish = loader.output if work.output != loader.output else None
+        self._finish = loader.conversion if work.conversion.output != loader.output else None
+        self._placement = loader.placement
         self._started = self._handed_out = time.perf_counter()
 
     def __next__(self) -> Any:
@@ -397,6 +429,8 @@ class EpochIterator(Iterator[Any]):
             result: TaskResult = next(self._prefetcher)
             if self._finish is not None:
                 result.batches = [to_output(b, self._finish) for b in result.batches]
+            if self._placement is not None:
+                result.batches = [self._placement(b) for b in result.batches]
             self._record_task(result)
             self._buffer.extend(zip(result.batches, result.rows, result.nbytes, strict=True))
         batch, rows, nbytes = self._buffer.popleft()
@@ -415,7 +449,8 @@ class EpochIterator(Iterator[Any]):
         return batch
 
     def _record_task(self, result: TaskResult) -> None:
-        self._recorder.task(result.seconds, sum(result.rows), result.io_bytes, result.io_iops,
+        rows_read = sum(result.rows) + result.rows_skipped
+        self._recorder.task(result.seconds, rows_read, result.io_bytes, result.io_iops,
                             result.rows_skipped, self._prefetcher.in_flight + 1)
         for name, start, end, args in result.spans:
             self._recorder.event(name, start, end, lane=result.lane, **args)

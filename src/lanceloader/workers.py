@@ -29,6 +29,7 @@ from lanceloader.convert import Conversion, as_conversion, to_output
 from lanceloader.order import Order
 from lanceloader.plan import ReadTask
 from lanceloader.source import Source, to_record_batch
+from lanceloader.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError, apply_transform
 
 Transform = Callable[[Any], Any]
 
@@ -60,6 +61,8 @@ class BatchWork:
     transform: Transform | None
     output: str | Conversion
     trace: bool = False
+    on_error: OnError = "raise"
+    max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION
 
     @property
     def conversion(self) -> Conversion:
@@ -125,13 +128,18 @@ class BatchWork:
                 if self.transform is not None:
                     t0 = clock()
                     with _annotate("lanceloader.transform"):
-                        batch = self.transform(batch)
+                        batch, skipped = apply_transform(
+                            self.transform, batch, self.on_error,
+                            max_skip_fraction=self.max_skip_fraction,
+                        )
+                    result.rows_skipped += skipped
+                    result.rows[-1] -= skipped
                     t1 = clock()
                     seconds["transform"] += t1 - t0
                     if self.trace:
                         spans.append(("transform", t0, t1, {"batch": task.batches[i]}))
-                # A transform may return Arrow (converted as usual) or its own format (kept as is).
-                if isinstance(batch, pa.RecordBatch):
+                # A transform may return Arrow or a dict (converted as usual), or its own format.
+                if isinstance(batch, pa.RecordBatch | dict):
                     t0 = clock()
                     batch = to_output(batch, self.conversion)
                     t1 = clock()
