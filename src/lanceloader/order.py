@@ -159,5 +159,18 @@ class Order:
         block = win * self.window + mixed // k
         phys = block.copy()
         is_full = block < full_blocks
-        phys[is_full] = permute(block[is_full], full_blocks, derive_key(self.seed, "blocks", epoch))
+        phys[is_full] = _permute_blocks(block[is_full], full_blocks,
+                                        derive_key(self.seed, "blocks", epoch))
         return phys * k + mixed % k
+
+
+def _permute_blocks(blocks: np.ndarray, n: int, key: int) -> np.ndarray:
+    """``permute`` of block numbers, which repeat (``block_size`` rows each) and, in one read,
+    span a short range: permute that range once and look the rows' blocks up in it."""
+    if blocks.size == 0:
+        return blocks
+    lo, hi = int(blocks.min()), int(blocks.max())
+    if hi - lo + 1 > blocks.size // 8:
+        return permute(blocks, n, key)
+    table = permute(np.arange(lo, hi + 1), n, key)
+    return table[blocks - lo]
