@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import lance
 import ml_dtypes
@@ -28,6 +30,9 @@ from lanceloader.convert import (
 # Arrow memory is read-only; the loader silences torch's warning about wrapping it once per process,
 # but pytest resets warning filters for every test.
 pytestmark = pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+
+
+TESTS = Path(__file__).resolve().parent
 
 
 def sample_batch() -> pa.RecordBatch:
@@ -324,9 +329,7 @@ def test_schema_check_catches_name_clashes_and_unknown_options() -> None:
 def test_outputs_are_checked_and_imported() -> None:
     with pytest.raises(ValueError, match="output must be one of"):
         check_output("pandas")
-    pytest.importorskip("jax")
-    pytest.importorskip("tensorflow")
-    for output in ("numpy", "torch", "jax", "tf"):
+    for output in ("numpy", "torch"):  # jax and tf: in their own process, below
         assert check_output(output).output == output
 
 
@@ -363,69 +366,94 @@ def test_torch_wraps_numpy_without_copy() -> None:
     assert out["s"] == ["a", "bb", "ccc"]
 
 
-def test_bfloat16_to_every_framework(tmp_path) -> None:
-    jnp = pytest.importorskip("jax.numpy")
-    tf = pytest.importorskip("tensorflow")
-
+def test_bfloat16_through_lance_to_torch(tmp_path) -> None:
     # Through a real Lance dataset: pylance 14 stores and returns the lance.bfloat16 extension.
-    vec = pa.FixedSizeListArray.from_arrays(bf16([0.5, 1.0, 1.5, 2.0]), 2)
-    ds = lance.write_dataset(pa.table({"w": bf16([1.0, 2.5]), "vec": vec}), tmp_path / "bf.lance")
-    batch = ds.to_table().to_batches()[0]
+    batch = bfloat16_dataset(str(tmp_path)).to_table().to_batches()[0]
     assert batch.schema.field("w").type.extension_name == "lance.bfloat16"
     t = to_output(batch, "torch")
     assert t["w"].dtype == torch.bfloat16 and t["w"].tolist() == [1.0, 2.5]
     assert t["vec"].shape == (2, 2) and t["vec"].dtype == torch.bfloat16
     assert t["w"].data_ptr() == batch.column("w").storage.buffers()[1].address
-    assert to_output(batch, "jax")["vec"].dtype == jnp.bfloat16
-    assert to_output(batch, "tf")["w"].dtype == tf.bfloat16
 
 
-def test_jax_shares_aligned_read_only_memory() -> None:
-    pytest.importorskip("jax")
-    buf = pa.py_buffer(np.arange(64, dtype=np.float32).tobytes())
-    aligned = pa.allocate_buffer(buf.size)  # Arrow allocates 64-byte aligned memory
-    np.frombuffer(aligned, np.float32)[:] = np.frombuffer(buf, np.float32)
-    col = pa.Array.from_buffers(pa.float32(), 64, [None, aligned])
-    out = to_output(pa.record_batch({"x": col}), "jax")
-    assert out["x"].unsafe_buffer_pointer() == aligned.address
+def bfloat16_dataset(directory: str) -> lance.LanceDataset:
+    vec = pa.FixedSizeListArray.from_arrays(bf16([0.5, 1.0, 1.5, 2.0]), 2)
+    table = pa.table({"w": bf16([1.0, 2.5]), "vec": vec})
+    return lance.write_dataset(table, f"{directory}/bf.lance", mode="overwrite")
 
 
 # --- JAX and TensorFlow ------------------------------------------------------------------------
+# Each framework runs in a fresh process: importing JAX or TensorFlow starts threads, and other
+# test modules fork this process to test fork-safety, which threads would make unlike a user's.
 
 
-def test_jax_output() -> None:
-    jax = pytest.importorskip("jax")
+def run_isolated(check: str, *args: str) -> None:
+    """Run ``check(*args)``, a function of this module, in a fresh Python process."""
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_convert; test_convert.{check}(*sys.argv[1:])"
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
 
+
+def jax_checks(uri: str, directory: str) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    assert check_output("jax").output == "jax"
     out = to_output(sample_batch(), "jax")
     assert isinstance(out["v"], jax.Array) and out["v"].shape == (3, 4)
     assert out["i"].tolist() == [1, 2, 3] and out["b"].dtype == bool
     assert out["s"] == ["a", "bb", "ccc"]
-
-
-def test_jax_refuses_64_bit_values_it_would_wrap() -> None:
-    jax = pytest.importorskip("jax")
-
-    if jax.config.jax_enable_x64:
-        pytest.skip("x64 is enabled: JAX keeps 64-bit integers")
-    batch = pa.record_batch({"id": pa.array([1, 2**40])})
+    bf = to_output(bfloat16_dataset(directory).to_table().to_batches()[0], "jax")
+    assert bf["vec"].dtype == jnp.bfloat16 and bf["w"].tolist() == [1.0, 2.5]
+    # JAX shares read-only memory that is 64-byte aligned, as Arrow allocates it.
+    aligned = pa.allocate_buffer(64 * 4)
+    np.frombuffer(aligned, np.float32)[:] = np.arange(64, dtype=np.float32)
+    col = pa.Array.from_buffers(pa.float32(), 64, [None, aligned])
+    assert (
+        to_output(pa.record_batch({"x": col}), "jax")["x"].unsafe_buffer_pointer()
+        == aligned.address
+    )
+    # Without x64, JAX would silently wrap 64-bit values that do not fit 32 bits.
+    assert not jax.config.jax_enable_x64
+    wide = pa.record_batch({"id": pa.array([1, 2**40])})
     with pytest.raises(
         ConversionError,
         match=r"column 'id' has values up to 1099511627776.*JAX without x64 wraps them",
     ):
-        to_output(batch, "jax")
-    assert to_output(batch.slice(0, 1), "jax")["id"].tolist() == [1]
+        to_output(wide, "jax")
+    assert to_output(wide.slice(0, 1), "jax")["id"].tolist() == [1]
+    batch = next(iter(ll.Loader(uri, batch_size=8, columns=["id", "x", "text"], output="jax")))
+    assert isinstance(batch["x"], jax.Array) and batch["x"].shape == (8, 64)
 
 
-def test_tf_output() -> None:
-    tf = pytest.importorskip("tensorflow")
+def tf_checks(uri: str, directory: str) -> None:
+    import tensorflow as tf
 
+    assert check_output("tf").output == "tf"
     out = to_output(sample_batch(), "tf")
     assert isinstance(out["t"], tf.Tensor) and out["t"].shape == (3, 2, 2)
     assert out["f"].dtype == tf.float16 and out["i"].numpy().tolist() == [1, 2, 3]
-    assert (
-        to_output(pa.record_batch({"u": pa.array([2**63], pa.uint64())}), "tf")["u"].dtype
-        == tf.uint64
-    )
+    wide = pa.record_batch({"u": pa.array([2**63], pa.uint64())})
+    assert to_output(wide, "tf")["u"].dtype == tf.uint64
+    bf = to_output(bfloat16_dataset(directory).to_table().to_batches()[0], "tf")
+    assert bf["w"].dtype == tf.bfloat16 and bf["vec"].shape == (2, 2)
+    batch = next(iter(ll.Loader(uri, batch_size=8, columns=["id", "x", "text"], output="tf")))
+    assert isinstance(batch["x"], tf.Tensor) and batch["x"].shape == (8, 64)
+    assert len(batch["text"]) == 8
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_jax_output(small_uri: str, tmp_path) -> None:
+    run_isolated("jax_checks", small_uri, str(tmp_path))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None, reason="tensorflow is not installed"
+)
+def test_tf_output(small_uri: str, tmp_path) -> None:
+    run_isolated("tf_checks", small_uri, str(tmp_path))
 
 
 # --- other inputs ------------------------------------------------------------------------------
@@ -448,16 +476,6 @@ def test_tables_and_dicts_convert_like_batches() -> None:
         and out["tok_lengths"].tolist() == [1, 2]
         and out["n"] == "x"
     )
-
-
-def test_every_output_through_the_loader(small_uri: str) -> None:
-    pytest.importorskip("jax")
-    pytest.importorskip("tensorflow")
-    for output in ("jax", "tf"):
-        batch = next(
-            iter(ll.Loader(small_uri, batch_size=8, columns=["id", "x", "text"], output=output))
-        )
-        assert tuple(batch["x"].shape) == (8, 64) and len(batch["text"]) == 8
 
 
 def test_float64_is_not_mistaken_for_bfloat16_without_ml_dtypes() -> None:
