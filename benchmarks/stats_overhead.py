@@ -56,7 +56,7 @@ import lanceloader
 from lanceloader import Loader
 from lanceloader.demo import write_demo_dataset
 from lanceloader.source import to_record_batch
-from lanceloader.stats import Recorder
+from lanceloader.stats import COUNTERS, Recorder
 
 COLUMNS = ["id", "label", "x"]
 BATCH_SIZE = 256
@@ -69,13 +69,13 @@ class NullRecorder(Recorder):
     """A recorder that records nothing: the loader's cost without stats (benchmark only).
 
     >>> rec = NullRecorder()
-    >>> rec.new_epoch(); rec.delivered(rows=10, nbytes=80, wait_s=0.1, step_s=0.0, wall_s=0.1)
+    >>> _ = rec.new_epoch(); rec.delivered(rows=10, nbytes=80, wait_s=0.1, step_s=0.0, wall_s=0.1)
     >>> rec.snapshot().rows
     0
     """
 
-    def new_epoch(self) -> None:
-        pass
+    def new_epoch(self) -> dict[str, float]:
+        return dict.fromkeys(COUNTERS, 0.0)  # counted, then thrown away
 
     def task(self, *args: Any, **kwargs: Any) -> None:
         pass

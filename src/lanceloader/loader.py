@@ -409,12 +409,13 @@ class EpochIterator(Iterator[Any]):
         self.progress = progress
         self._buffer: deque[tuple[Any, int, int]] = deque()
         self._recorder = loader.recorder
-        self._recorder.new_epoch()
+        self._counters = self._recorder.new_epoch()
+        self._tracing = self._recorder.tracing
         self._log_every = loader.log_every
         per_read = loader.batches_per_read
         depth = max(loader.num_workers, math.ceil(loader.prefetch / per_read))
         tasks = read_tasks(progress.epoch, progress.plan, per_read)
-        work = loader._work(trace=self._recorder.tracing)
+        work = loader._work(trace=self._tracing)
         pool = ProcessPool if loader.worker_type == "process" else OrderedPrefetcher
         self._prefetcher: OrderedPrefetcher[ReadTask, TaskResult] | ProcessPool = pool(
             work, tasks, loader.num_workers, depth
@@ -435,13 +436,17 @@ class EpochIterator(Iterator[Any]):
             self._buffer.extend(zip(result.batches, result.rows, result.nbytes, strict=True))
         batch, rows, nbytes = self._buffer.popleft()
         now = time.perf_counter()
-        rec = self._recorder
-        rec.delivered(rows, nbytes, wait_s=now - asked, step_s=asked - self._handed_out,
-                      wall_s=now - self._started)
-        if rec.tracing:
+        c = self._counters  # the recorder's counters of this epoch, updated in place (hot path)
+        c["batches"] += 1
+        c["rows"] += rows
+        c["nbytes"] += nbytes
+        c["wait_s"] += now - asked
+        c["step_s"] += asked - self._handed_out
+        c["wall_s"] = now - self._started
+        if self._tracing:
             index = self.progress.batches_done
-            rec.event("training step", self._handed_out, asked, batch=index - 1)
-            rec.event("wait for batch", asked, now, batch=index)
+            self._recorder.event("training step", self._handed_out, asked, batch=index - 1)
+            self._recorder.event("wait for batch", asked, now, batch=index)
         self._handed_out = now
         self.progress.batches_done += 1
         if self._log_every and self.progress.batches_done % self._log_every == 0:

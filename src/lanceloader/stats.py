@@ -14,7 +14,7 @@ and one for the training loop.
 Example::
 
     >>> rec = Recorder()
-    >>> rec.new_epoch()
+    >>> _ = rec.new_epoch()
     >>> rec.task({"read": 0.5}, rows_read=1000, io_bytes=268_000, io_iops=3, rows_skipped=0,
     ...          in_flight=1)
     >>> rec.delivered(rows=1000, nbytes=268_000, wait_s=0.4, step_s=0.1, wall_s=0.5)
@@ -171,10 +171,12 @@ class Recorder:
 
     # --- recording (hot path) ------------------------------------------------------------
 
-    def new_epoch(self) -> None:
+    def new_epoch(self) -> dict[str, float]:
+        """Start the counters of a new epoch; the consumer may update them in place."""
         with self._lock:
             self._current = dict.fromkeys(COUNTERS, 0.0)
             self._epochs.append(self._current)
+        return self._current
 
     def task(self, seconds: dict[str, float], rows_read: int, io_bytes: int, io_iops: int,
              rows_skipped: int, in_flight: int) -> None:
