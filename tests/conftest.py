@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import lance
@@ -33,6 +34,8 @@ def deleted_uri(tmp_path) -> str:
 
 
 def lanceloader_threads() -> list[threading.Thread]:
+    """Live lanceloader threads, after collecting what earlier tests left unreachable."""
+    gc.collect()
     return [t for t in threading.enumerate() if t.name.startswith("lanceloader")]
 
 

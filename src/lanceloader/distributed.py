@@ -62,6 +62,29 @@ def _environment(environ: Mapping[str, str]) -> tuple[int, int] | None:
         ) from None
 
 
+def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Both given: check them; neither: detect them. One without the other is an error.
+
+    >>> resolve_rank_world(1, 2)
+    (1, 2)
+    """
+    if (rank is None) != (world_size is None):
+        raise ValueError(
+            f"pass both rank= and world_size= (got rank={rank}, world_size={world_size}), "
+            "or neither to detect them from torch.distributed, Ray Train or RANK/WORLD_SIZE"
+        )
+    if rank is None or world_size is None:
+        rank, world_size = detect_rank_world()
+    for name, value, minimum in (("world_size", world_size, 1), ("rank", rank, 0)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if rank >= world_size:
+        raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+    return rank, world_size
+
+
 def detect_rank_world(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
     """``(rank, world_size)`` from the running engines; ``(0, 1)`` when there are none."""
     found = {

@@ -31,7 +31,7 @@ from typing import Any
 import lance
 
 from lanceloader.convert import Conversion, check_output, check_schema, to_output
-from lanceloader.distributed import detect_rank_world
+from lanceloader.distributed import resolve_rank_world
 from lanceloader.order import Order
 from lanceloader.placement import check_placement
 from lanceloader.plan import Plan, ReadTask, read_tasks
@@ -165,17 +165,7 @@ class Loader:
         check_on_error(on_error, max_skip_fraction)
         conversion = check_output(output)
         self.placement = check_placement(conversion.output, pin_memory, device)
-        if (rank is None) != (world_size is None):
-            raise ValueError(
-                f"pass both rank= and world_size= (got rank={rank}, world_size={world_size}), "
-                "or neither to detect them from torch.distributed, Ray Train or RANK/WORLD_SIZE"
-            )
-        if rank is None or world_size is None:
-            rank, world_size = detect_rank_world()
-        check_int("world_size", world_size, minimum=1)
-        check_int("rank", rank, minimum=0)
-        if rank >= world_size:
-            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        rank, world_size = resolve_rank_world(rank, world_size)
 
         self.source = Source(
             dataset,

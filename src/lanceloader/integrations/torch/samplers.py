@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from lanceloader.distributed import detect_rank_world
+from lanceloader.distributed import resolve_rank_world
 from lanceloader.integrations.torch.map import BatchIndices, MapDataset
 from lanceloader.loader import DEFAULT_SHUFFLE_WINDOW, Loader, check_int
 from lanceloader.order import Order
@@ -68,21 +68,6 @@ def _describe(data_source_or_len: Any) -> tuple[int, Source | None]:
     )
 
 
-def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if (rank is None) != (world_size is None):
-        raise ValueError(
-            f"pass both rank= and world_size= (got rank={rank}, world_size={world_size}), "
-            "or neither to detect them from torch.distributed, Ray Train or RANK/WORLD_SIZE"
-        )
-    if rank is None or world_size is None:
-        rank, world_size = detect_rank_world()
-    check_int("world_size", world_size, minimum=1)
-    check_int("rank", rank, minimum=0)
-    if rank >= world_size:
-        raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
-    return rank, world_size
-
-
 class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
     """Batches of dataset indices for one rank: ``Order.positions`` of ``Plan`` batches."""
 
@@ -105,7 +90,7 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         if shuffle_window is not None:
             check_int("shuffle_window", shuffle_window, minimum=1)
         self.num_rows, self._source = _describe(data_source_or_len)
-        self.rank, self.world_size = _rank_world(rank, world_size)
+        self.rank, self.world_size = resolve_rank_world(rank, world_size)
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
         self.order = Order(
