@@ -30,6 +30,15 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def check_same_process(pid: int) -> None:
+    """An iterator belongs to the process that started it; in a fork child it is an error."""
+    if pid != os.getpid():
+        raise RuntimeError(
+            f"this iterator was started in process {pid} and cannot be used in "
+            f"process {os.getpid()} (a fork child); start a new one there with iter(loader)"
+        )
+
+
 class OrderedPrefetcher(Generic[T, R]):
     """Apply ``fn`` to each task of ``tasks`` on ``num_workers`` threads, ``depth`` in flight."""
 
@@ -65,11 +74,7 @@ class OrderedPrefetcher(Generic[T, R]):
         return self
 
     def __next__(self) -> R:
-        if self._pid != os.getpid():
-            raise RuntimeError(
-                f"this iterator was started in process {self._pid} and cannot be used in "
-                f"process {os.getpid()} (a fork child); start a new one there with iter(loader)"
-            )
+        check_same_process(self._pid)
         if self._closed or not self._pending:
             self.close()
             raise StopIteration

@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from lanceloader.prefetch import check_same_process
+
 SHM_DIR = Path("/dev/shm")
 # The forkserver imports these once; its children start with them loaded. The first one silences
 # Lance's "not fork-safe" warning in the server only: forking it is safe, it never used Lance.
@@ -261,11 +263,7 @@ class ProcessPool:
         return self
 
     def __next__(self) -> Any:
-        if self._pid != os.getpid():
-            raise RuntimeError(
-                f"this iterator was started in process {self._pid} and cannot be used in "
-                f"process {os.getpid()} (a fork child); start a new one there with iter(loader)"
-            )
+        check_same_process(self._pid)
         if self._closed or not self._pending:
             self.close()
             raise StopIteration
