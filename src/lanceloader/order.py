@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,10 +57,11 @@ def mix64(x: np.ndarray) -> np.ndarray:
 def permute(indices: np.ndarray, n: int, key: int | np.ndarray) -> np.ndarray:
     """Map ``indices`` (values in ``[0, n)``) through a keyed pseudo-random permutation of ``[0, n)``.
 
-    A balanced Feistel network on the smallest even-bit domain that holds ``n``, with cycle
-    walking: values that land outside ``[0, n)`` are encrypted again until they fall inside, which
-    keeps the map a bijection on ``[0, n)``. The domain is below ``4n``, so walks are short.
-    ``key`` is one key, or one key per index (many independent permutations in one call).
+    A Feistel network on the smallest power-of-two domain that holds ``n`` (halves of
+    ``bits // 2`` and ``bits - bits // 2`` bits, alternating), with cycle walking: values that land
+    outside ``[0, n)`` are encrypted again until they fall inside, which keeps the map a bijection
+    on ``[0, n)``. The domain is below ``2n``, so walks are short (none when ``n`` is a power of
+    two). ``key`` is one key, or one key per index (many independent permutations in one call).
     The round function is a multiply-xorshift-multiply hash: cheap in NumPy, well mixed.
 
     >>> permute(np.arange(5), 5, key=7).tolist() == permute(np.arange(5), 5, key=7).tolist()
@@ -69,21 +71,21 @@ def permute(indices: np.ndarray, n: int, key: int | np.ndarray) -> np.ndarray:
     if n <= 1:
         return x.astype(np.int64)
     bits = max(2, int(n - 1).bit_length())
-    half = (bits + 1) // 2
-    mask, shift, top = np.uint64((1 << half) - 1), np.uint64(half), np.uint64(64 - half)
+    widths = (bits // 2, bits - bits // 2)  # (left, right); they swap every round
     round_keys = _round_keys(key, x.shape)
 
     def encrypt(v: np.ndarray, sel: np.ndarray | slice) -> np.ndarray:
-        left, right = v >> shift, v & mask
+        lw, rw = widths
+        left, right = v >> np.uint64(rw), v & np.uint64((1 << rw) - 1)
         for k in round_keys:
             f = right + (k if k.ndim == 0 else k[sel])
             f *= _GOLDEN
             f ^= f >> np.uint64(29)
             f *= _GOLDEN
-            f >>= top
+            f >>= np.uint64(64 - lw)  # lw bits: the width of the half it is xored into
             f ^= left
-            left, right = right, f
-        return (left << shift) | right
+            left, right, lw, rw = right, f, rw, lw
+        return (left << np.uint64(rw)) | right
 
     y = encrypt(x, slice(None))
     outside = np.flatnonzero(y >= np.uint64(n))
@@ -98,7 +100,10 @@ def _round_keys(key: int | np.ndarray, shape: tuple[int, ...]) -> list[np.ndarra
     salts = np.arange(1, _ROUNDS + 1, dtype=np.uint64) * _ROUND_SALT
     if np.ndim(key) == 0:
         return list(mix64(np.uint64(int(key) & 0xFFFFFFFFFFFFFFFF) ^ salts))
-    base = np.broadcast_to(mix64(np.asarray(key, dtype=np.uint64)), shape)
+    keys = np.asarray(key, dtype=np.uint64)
+    if keys.size == 1:  # one key given as an array: the array formula, with scalar arithmetic
+        return list(mix64(keys.reshape(1))[0] ^ salts)
+    base = np.broadcast_to(mix64(keys), shape)
     return [base ^ salt for salt in salts]
 
 
@@ -143,6 +148,8 @@ class Order:
     def _block_positions(self, epoch: int, samples: np.ndarray) -> np.ndarray:
         # Full blocks are permuted; the short tail block (if any) stays last so that every window
         # but the last holds exactly window * block_size rows, which keeps the map O(1) per sample.
+        if samples.size == 0:
+            return samples
         k, n = self.block_size, self.num_rows
         full_blocks = n // k
         window_rows = self.window * k
@@ -150,12 +157,17 @@ class Order:
         win = samples // window_rows
         within = samples % window_rows
         window_keys = mix64(win.astype(np.uint64) ^ np.uint64(derive_key(self.seed, "window", epoch)))
+        sizes = np.where(win < last_window, window_rows, n - last_window * window_rows)
         mixed = np.empty_like(within)
-        inner = win < last_window
-        mixed[inner] = permute(within[inner], window_rows, window_keys[inner])
-        tail = ~inner
-        tail_size = n - last_window * window_rows
-        mixed[tail] = permute(within[tail], tail_size, window_keys[tail])
+        runs = np.flatnonzero(np.diff(win)) + 1  # a read's samples are runs of whole windows
+        if len(runs) < 64:
+            for lo, hi in itertools.pairwise([0, *runs.tolist(), len(win)]):
+                # One window per run: scalar keys, same permutation as the per-sample path.
+                mixed[lo:hi] = permute(within[lo:hi], int(sizes[lo]), window_keys[lo : lo + 1])
+        else:
+            for size in np.unique(sizes).tolist():
+                sel = sizes == size
+                mixed[sel] = permute(within[sel], size, window_keys[sel])
         block = win * self.window + mixed // k
         phys = block.copy()
         is_full = block < full_blocks
