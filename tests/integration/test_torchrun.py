@@ -23,7 +23,10 @@ def run(nproc: int, data: str, ckpt: Path, out: Path | None = None, kill_at: int
     if out is not None:
         cmd += ["--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240).returncode
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    if done.returncode and kill_at < 0:  # an unexpected failure: show what torchrun said
+        print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")
+    return done.returncode
 
 
 def params(path: Path) -> dict[str, torch.Tensor]:
