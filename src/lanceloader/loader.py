@@ -40,7 +40,7 @@ from lanceloader.processes import ProcessPool, check_picklable, start_forkserver
 from lanceloader.source import Source
 from lanceloader.state import FORMAT as STATE_FORMAT
 from lanceloader.state import StateMismatchError, check_state, fingerprint, order_settings
-from lanceloader.stats import Recorder, Stats
+from lanceloader.stats import Recorder, Stats, count_delivered
 from lanceloader.transforms import (
     DEFAULT_MAX_SKIP_FRACTION,
     OnError,
@@ -426,13 +426,8 @@ class EpochIterator(Iterator[Any]):
             self._buffer.extend(zip(result.batches, result.rows, result.nbytes, strict=True))
         batch, rows, nbytes = self._buffer.popleft()
         now = time.perf_counter()
-        c = self._counters  # the recorder's counters of this epoch, updated in place (hot path)
-        c["batches"] += 1
-        c["rows"] += rows
-        c["nbytes"] += nbytes
-        c["wait_s"] += now - asked
-        c["step_s"] += asked - self._handed_out
-        c["wall_s"] = now - self._started
+        count_delivered(self._counters, rows, nbytes, now - asked, asked - self._handed_out,
+                        now - self._started)
         if self._tracing:
             index = self.progress.batches_done
             self._recorder.event("training step", self._handed_out, asked, batch=index - 1)

@@ -14,10 +14,10 @@ and one for the training loop.
 Example::
 
     >>> rec = Recorder()
-    >>> _ = rec.new_epoch()
+    >>> counters = rec.new_epoch()
     >>> rec.task({"read": 0.5}, rows_read=1000, io_bytes=268_000, io_iops=3, rows_skipped=0,
     ...          in_flight=1)
-    >>> rec.delivered(rows=1000, nbytes=268_000, wait_s=0.4, step_s=0.1, wall_s=0.5)
+    >>> count_delivered(counters, 1000, 268_000, 0.4, 0.1, 0.5)
     >>> s = rec.snapshot(workers=1)
     >>> s.bottleneck.stage
     'storage I/O'
@@ -151,6 +151,18 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool) -> Verdict:
                    "read fewer columns, use output='arrow', or avoid string/ragged columns")
 
 
+def count_delivered(c: dict[str, float], rows: int, nbytes: int, wait_s: float, step_s: float,
+                    wall_s: float) -> None:
+    """A batch was handed to the training loop: update an epoch's counters (from
+    :meth:`Recorder.new_epoch`) in place. Called once per batch, so a plain function."""
+    c["batches"] += 1
+    c["rows"] += rows
+    c["nbytes"] += nbytes
+    c["wait_s"] += wait_s
+    c["step_s"] += step_s
+    c["wall_s"] = wall_s
+
+
 class Recorder:
     """Counters for one loader, per epoch; optional trace events.
 
@@ -190,17 +202,6 @@ class Recorder:
         c["rows_skipped"] += rows_skipped
         c["depth_sum"] += in_flight
         c["depth_samples"] += 1
-
-    def delivered(self, rows: int, nbytes: int, wait_s: float, step_s: float,
-                  wall_s: float) -> None:
-        """A batch was handed to the training loop."""
-        c = self._current
-        c["batches"] += 1
-        c["rows"] += rows
-        c["nbytes"] += nbytes
-        c["wait_s"] += wait_s
-        c["step_s"] += step_s
-        c["wall_s"] = wall_s
 
     def event(self, name: str, start: float, end: float, lane: str | None = None,
               **args: Any) -> None:
