@@ -82,7 +82,9 @@ def test_unpicklable_function_is_named_before_start() -> None:
         check_picklable(lambda x: x, "transform <lambda>")
 
 
-def test_ctrl_c_gives_a_prompt_keyboard_interrupt_and_no_orphans(tmp_path) -> None:
+def start_pool_script(tmp_path, then: str) -> tuple[subprocess.Popen, list[int]]:
+    """Run a script that starts a 2-worker pool of slow tasks, prints its worker PIDs, then runs
+    ``then`` (indented code); returns the process, in its own session, and the worker PIDs."""
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time
@@ -92,16 +94,21 @@ def test_ctrl_c_gives_a_prompt_keyboard_interrupt_and_no_orphans(tmp_path) -> No
         if __name__ == "__main__":
             pool = ProcessPool(workerfns.slow, iter(range(1000)), 2, 4)
             print("pids", *pool.pids, flush=True)
-            try:
-                for _ in pool:
-                    pass
-            except KeyboardInterrupt:
-                pool.close()
-                print("interrupted", flush=True)
-    """))
+    """) + textwrap.indent(textwrap.dedent(then), "    "))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
-    pids = [int(p) for p in proc.stdout.readline().split()[1:]]
+    return proc, [int(p) for p in proc.stdout.readline().split()[1:]]
+
+
+def test_ctrl_c_gives_a_prompt_keyboard_interrupt_and_no_orphans(tmp_path) -> None:
+    proc, pids = start_pool_script(tmp_path, """
+        try:
+            for _ in pool:
+                pass
+        except KeyboardInterrupt:
+            pool.close()
+            print("interrupted", flush=True)
+    """)
     time.sleep(0.5)
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C: the whole process group gets SIGINT
@@ -111,19 +118,7 @@ def test_ctrl_c_gives_a_prompt_keyboard_interrupt_and_no_orphans(tmp_path) -> No
 
 
 def test_workers_exit_when_the_consumer_is_killed(tmp_path) -> None:
-    script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import workerfns
-        from lanceloader.processes import ProcessPool
-        if __name__ == "__main__":
-            pool = ProcessPool(workerfns.slow, iter(range(1000)), 2, 4)
-            print("pids", *pool.pids, flush=True)
-            time.sleep(60)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    pids = [int(p) for p in proc.stdout.readline().split()[1:]]
+    proc, pids = start_pool_script(tmp_path, "time.sleep(60)")
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 5
