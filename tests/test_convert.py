@@ -304,9 +304,27 @@ def test_conversion_normalises_and_pickles() -> None:
         as_conversion(3)
 
 
+def test_nested_lists_become_one_python_list_per_row() -> None:
+    batch = pa.record_batch({
+        "tags": pa.array([["a", "b"], [], ["c", None]]),
+        "sents": pa.array([[[1, 2], [3]], [[4]], []]),
+        "spans": pa.array([[{"s": 0, "e": 2}], [], [{"s": 1, "e": 1}]]),
+    })
+    for output in ("numpy", "torch", "jax", "tf"):
+        out = to_output(batch, output)
+        assert out["tags"] == [["a", "b"], [], ["c", None]]
+        assert out["sents"] == [[[1, 2], [3]], [[4]], []]
+        assert out["spans"] == [[{"s": 0, "e": 2}], [], [{"s": 1, "e": 1}]]
+    check_schema(batch.schema, "torch")
+    holes = pa.record_batch({"tags": pa.array([["a"], None])})
+    with pytest.raises(ConversionError, match=r"column 'tags' .* has 1 null values \(of 2\)"):
+        to_output(holes, "numpy")
+    assert to_output(holes, Conversion(fill_nulls={"tags": []}))["tags"] == [["a"], []]
+
+
 def test_unconvertible_column_is_reported_before_loading() -> None:
-    schema = pa.schema([("ok", pa.int32()), ("tags", pa.list_(pa.string()))])
-    with pytest.raises(ConversionError, match=r"column 'tags' has Arrow type list<item: string>"):
+    schema = pa.schema([("ok", pa.int32()), ("m", pa.map_(pa.string(), pa.int64()))])
+    with pytest.raises(ConversionError, match=r"column 'm' has Arrow type map<string, int64>"):
         check_schema(schema, "numpy")
     check_schema(schema, "arrow")
     with pytest.raises(ConversionError, match=r"column 'd' has Arrow type decimal128"):

@@ -76,3 +76,13 @@ def test_pin_memory_without_cuda_warns_once_and_still_delivers(small_uri: str) -
     cpu = next(iter(ll.Loader(small_uri, batch_size=10, columns=["x"], output="torch", device="cpu")))
     assert cpu["x"].device.type == "cpu"
     np.testing.assert_array_equal(cpu["x"].numpy(), batch["x"].numpy())
+
+
+def test_nested_list_columns_reach_the_loop_as_python_lists(tmp_path) -> None:
+    uri = str(tmp_path / "nested.lance")
+    words = [["w", str(i)] if i % 3 else [] for i in range(10)]
+    lance.write_dataset(pa.table({"id": pa.array(range(10)), "words": pa.array(words)}), uri)
+    loader = ll.Loader(uri, batch_size=4, output="torch", rows_per_read=8)  # reads cut in batches
+    batches = list(loader)
+    assert [b["words"] for b in batches] == [words[0:4], words[4:8], words[8:10]]
+    assert torch.cat([b["id"] for b in batches]).tolist() == list(range(10))

@@ -23,6 +23,9 @@ list<T>, large_list<T>                  ``ragged="pad"``: ``col`` ``[rows, longe
 string, binary (large_*, views)         list of ``str`` / ``bytes``; ``strings="numpy"``:   yes
                                         a NumPy ``StringDType`` (str) or object (bytes)
                                         array
+list<string>, list<list<T>>,            a list with one Python list per row (values as      yes
+list<struct> (other nested lists)       ``output="python"`` gives them; nulls inside are
+                                        ``None``)
 dictionary<V>                           decoded, then as ``V``                              yes
 struct                                  a dict of its fields, converted as above            --
 ======================================  ==================================================  =====
@@ -252,6 +255,8 @@ def column_to_numpy(
         return _ragged(name, col, conversion)
     if kind == "text":
         return _text(name, col, conversion)
+    if kind == "nested":
+        return _nested(name, col, conversion)
     if kind == "dictionary":
         return column_to_numpy(name, col.dictionary_decode(), conversion)
     return {
@@ -283,6 +288,7 @@ def _kind(path: str, typ: pa.DataType, output: str) -> str:
     elif _is_list(typ):
         if _kind(path, typ.value_type, output) in _ARRAY_KINDS:
             return "fixed_list" if pa.types.is_fixed_size_list(typ) else "ragged"
+        return "nested"  # lists of strings, of lists, of structs: no array holds them
     elif _is_text(typ):
         return "text"
     elif pa.types.is_dictionary(typ):
@@ -370,9 +376,10 @@ def _check_fill_nulls(fill_nulls: Any) -> dict[str, Any]:
             f"{type(fill_nulls).__name__}"
         )
     for name, value in fill_nulls.items():
-        if not isinstance(value, int | float | str | bytes):  # bool is an int
+        if not isinstance(value, int | float | str | bytes | list):  # bool is an int
             raise TypeError(
-                f"fill_nulls[{name!r}] must be a number, bool, str or bytes, got {value!r}"
+                f"fill_nulls[{name!r}] must be a number, bool, str, bytes or (for a column of "
+                f"nested lists) a list, got {value!r}"
             )
     return dict(fill_nulls)
 
@@ -553,6 +560,17 @@ def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray:
     )
     string_dtype = getattr(np.dtypes, "StringDType", None)
     return objects.astype(string_dtype()) if is_str and string_dtype else objects
+
+
+def _nested(path: str, arr: pa.Array, conv: Conversion) -> list[Any]:
+    """One Python list per row; a null row becomes the column's fill value (or raises)."""
+    if arr.null_count and path not in conv.fill_nulls:
+        raise _null_error(path, arr)
+    rows = arr.to_pylist()
+    if arr.null_count:
+        fill = conv.fill_nulls[path]
+        rows = [list(fill) if row is None else row for row in rows]
+    return rows
 
 
 def _put(out: dict[str, Any], name: str, value: Any) -> None:

@@ -22,7 +22,7 @@ def run(nproc: int, data: str, ckpt: Path, out: Path | None = None, kill_at: int
            str(EXAMPLE), "--data", data, "--ckpt", str(ckpt), "--kill-at-step", str(kill_at)]
     if out is not None:
         cmd += ["--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}  # a crash prints every thread's stack
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     if done.returncode and kill_at < 0:  # an unexpected failure: show what torchrun said
         print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")
