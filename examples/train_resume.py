@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.save({"params": model.state_dict(), "step": step}, args.out)
     if distributed:
         dist.destroy_process_group()
+    print(f"rank {rank}: done at step {step}", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,19 @@ pytestmark = pytest.mark.integration
 EXAMPLE = Path(__file__).parents[2] / "examples" / "train_resume.py"
 
 
+# torch 2.13 keeps a DDP model's gloo process group, and its threads, alive after
+# destroy_process_group(); at interpreter exit they race the C++ teardown, and now and then a rank
+# aborts with this libstdc++ message after all its work is done. A six-line DDP script without
+# lanceloader does the same (about 1 run in 14 on a loaded 2-core machine).
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def finished_then_aborted(done: subprocess.CompletedProcess[str], nproc: int) -> bool:
+    """Every rank printed its last line, and what failed afterwards was torch's exit abort."""
+    finished = all(f"rank {r}: done at step" in done.stdout for r in range(nproc))
+    return finished and TEARDOWN_ABORT in done.stdout + done.stderr and "SIGABRT" in done.stderr
+
+
 def run(nproc: int, data: str, ckpt: Path, out: Path | None = None, kill_at: int = -1) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(EXAMPLE), "--data", data, "--ckpt", str(ckpt), "--kill-at-step", str(kill_at)]
@@ -26,6 +39,9 @@ def run(nproc: int, data: str, ckpt: Path, out: Path | None = None, kill_at: int
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     if done.returncode and kill_at < 0:  # an unexpected failure: show what torchrun said
         print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")
+        if finished_then_aborted(done, nproc):
+            print("every rank finished; the abort came from torch's teardown at exit (see above)")
+            return 0
     return done.returncode
 
 
