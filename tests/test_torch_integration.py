@@ -132,8 +132,10 @@ def test_map_dataset_clear_errors(small_uri: str) -> None:
         ds["3"]
     with pytest.raises(TypeError, match="indices must be a flat sequence of ints"):
         ds.__getitems__([[1, 2]])
-    with pytest.raises(TypeError, match="transform must be callable"):
+    with pytest.raises(TypeError, match=r"transform must be a function .* a list of them, or None"):
         MapDataset(small_uri, transform=3)
+    with pytest.raises(ValueError, match="on_error must be 'raise', 'skip' or a function"):
+        MapDataset(small_uri, on_error="ignore")
     with pytest.raises(ValueError, match=r"unknown columns \['nope'\]"):
         MapDataset(small_uri, columns=["nope"])
     with pytest.raises(ValueError, match="output must be one of"):
@@ -145,6 +147,23 @@ def test_map_dataset_clear_errors(small_uri: str) -> None:
     with pytest.raises(KeyError) as info:
         MapDataset(small_uri, columns=["id"], transform=broken).__getitems__([8, 9])
     assert "preparing rows [8, 9]" in str(info.value.__notes__)
+
+
+def test_map_dataset_transform_lists_and_skipped_rows(small_uri: str) -> None:
+    import lanceloader as ll
+
+    add = ll.map_rows(lambda row: {"id": row["id"] + 1})
+    inverse = ll.map_rows(lambda row: {"id": row["id"], "inv": 100 // (row["id"] % 10)})
+    ds = MapDataset(small_uri, columns=["id"], transform=[add, inverse], on_error="skip")
+    direct = collate(ds.__getitems__([8, 9, 10]))  # 9 + 1 = 10: 100 // 0 fails, row skipped
+    assert direct["id"].tolist() == [9, 11] and direct["inv"].tolist() == [11, 100]
+    sampler = BatchSampler(ds, batch_size=10)  # read ahead: the same policy in its thread
+    ids = [b["id"].tolist() for b in DataLoader(ds, batch_sampler=sampler, collate_fn=collate)]
+    assert len(ids) == 100 and all(len(b) == 9 for b in ids)
+    assert sorted(i for b in ids for i in b) == [i for i in range(1, 1001) if i % 10]
+    strict = MapDataset(small_uri, columns=["id"], transform=[add, inverse])
+    with pytest.raises(ZeroDivisionError):
+        strict.__getitems__([9])
 
 
 def test_read_ahead_serves_only_the_rows_asked_for(small_uri: str) -> None:
@@ -166,7 +185,8 @@ def test_read_ahead_error_surfaces_at_its_own_batch(small_uri: str) -> None:
             raise ValueError("bad row 500")
         return batch
 
-    # Read ahead in reads of batches [0], [1, 2], [3, 4, 5, 6]: the third fails for batch 5.
+    # Read ahead in reads of batches [0], [1, 2], [3, 4], [5, 6] (two at most with a transform):
+    # the fourth fails for batch 5.
     ds = MapDataset(small_uri, columns=["id"], transform=fail_on_id_500)
     sampler = BatchSampler(ds, batch_size=100)
     delivered = []

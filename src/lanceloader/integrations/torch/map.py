@@ -8,7 +8,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +20,23 @@ import torch.utils.data
 
 from lanceloader.convert import Conversion, check_output, check_schema, to_output
 from lanceloader.integrations.torch.collation import Rows
-from lanceloader.loader import ROWS_PER_READ_RANDOM, ROWS_PER_READ_SEQUENTIAL
+from lanceloader.loader import (
+    ROWS_PER_READ_RANDOM,
+    ROWS_PER_READ_SEQUENTIAL,
+    TRANSFORM_BATCHES_PER_READ,
+)
 from lanceloader.order import Order
 from lanceloader.plan import Plan, ReadTask, read_tasks
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.source import Source
+from lanceloader.transforms import (
+    DEFAULT_MAX_SKIP_FRACTION,
+    OnError,
+    Transform,
+    apply_transform,
+    as_transform,
+    check_on_error,
+)
 from lanceloader.workers import BatchWork, _add_note, _preview
 
 
@@ -48,13 +60,17 @@ class MapDataset(torch.utils.data.Dataset):
         version: version number or tag to pin; default the latest at construction.
         storage_options: object-store options passed to Lance.
         splits, split, split_key: deterministic named splits, as for ``Loader``.
-        transform: ``fn(pyarrow.RecordBatch) -> batch`` run on each batch read; a returned
-            RecordBatch is converted to ``output``, anything else is passed through.
+        transform: ``fn(pyarrow.RecordBatch) -> batch`` run on each batch read, or a list of
+            them (applied in order); a returned RecordBatch is converted to ``output``,
+            anything else is passed through.
+        on_error, max_skip_fraction: what a row-aware transform (``ll.map_rows``,
+            ``ll.decode_images``) does with a row that fails, as for ``Loader``: ``"raise"``, or
+            ``"skip"`` the row (the batch comes back shorter) up to that share of a batch.
         output: ``"torch"`` (default), ``"numpy"``, ``"python"``, ``"arrow"`` or a ``Conversion``.
         read_ahead: when the indices come from a :class:`BatchSampler`, read the batches this
             process will be asked for next ahead, many per Lance call, on one background thread
             (which then runs ``transform``), holding at most two reads of up to 16,384 rows
-            (65,536 in sequential or block order) per process. A batch is served from it only
+            (65,536 in sequential or block order; two batches with a ``transform``) per process. A batch is served from it only
             if its indices are still the sampler's; ``False`` reads each batch when asked.
 
     >>> import tempfile
@@ -83,12 +99,15 @@ class MapDataset(torch.utils.data.Dataset):
         splits: dict[str, float] | None = None,
         split: str | None = None,
         split_key: str | None = None,
-        transform: Callable[[pa.RecordBatch], Any] | None = None,
+        transform: Transform | Sequence[Transform] | None = None,
+        on_error: OnError = "raise",
+        max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
         output: str | Conversion = "torch",
         read_ahead: bool = True,
     ) -> None:
-        if transform is not None and not callable(transform):
-            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        self.transform = as_transform(transform)
+        check_on_error(on_error, max_skip_fraction)
+        self.on_error, self.max_skip_fraction = on_error, max_skip_fraction
         self.conversion = check_output(output)
         self.source = Source(
             dataset,
@@ -100,9 +119,8 @@ class MapDataset(torch.utils.data.Dataset):
             split=split,
             split_key=split_key,
         )
-        if transform is None:
+        if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)
-        self.transform = transform
         self.read_ahead = bool(read_ahead)
         self._ahead: _ReadAhead | None = None
 
@@ -136,8 +154,8 @@ class MapDataset(torch.utils.data.Dataset):
                 return Rows(served)
         batch: Any = self.source.read(positions)
         try:
-            if self.transform is not None:
-                batch = self.transform(batch)
+            batch, _ = apply_transform(self.transform, batch, self.on_error,
+                                       max_skip_fraction=self.max_skip_fraction)
             if isinstance(batch, pa.RecordBatch):
                 batch = to_output(batch, self.conversion)
         except Exception as exc:
@@ -240,9 +258,13 @@ class _ReadAhead:
         random_reads = order.shuffle and order.block_size < 64
         rows = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
         output: Any = ds.conversion  # BatchWork converts with to_output, which takes either
-        work = BatchWork(ds.source, order, ds.transform, output)
+        work = BatchWork(ds.source, order, ds.transform, output, on_error=ds.on_error,
+                         max_skip_fraction=ds.max_skip_fraction)
+        per_read = max(1, rows // plan.batch_size)
+        if ds.transform is not None:  # transformed while still in the CPU cache, as the Loader does
+            per_read = min(per_read, TRANSFORM_BATCHES_PER_READ)
         batches = range(hint.batch, len(plan), self._stride)
-        tasks = read_tasks(hint.epoch, plan, max(1, rows // plan.batch_size), batches)
+        tasks = read_tasks(hint.epoch, plan, per_read, batches)
         self._stream = _read_ahead(work, tasks)
 
 
