@@ -26,6 +26,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lanceloader as ll
 import lanceloader.integrations.torch as integration
+from lanceloader.integrations.torch import collation
+from lanceloader.integrations.torch.collation import SHM_DIR, SharedBatch, pack_for_transfer
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.processes import PRELOAD
@@ -230,6 +232,69 @@ def test_dataloader_workers(small_uri: str, forkserver, context: str, collate_fn
         assert batch_ids(batches) == expected
         assert batches[0]["x"].shape == (100, 64) and len(batches[0]["text"]) == 100
         assert (batches[0]["id"].dtype, batches[0]["x"].dtype) == (torch.int64, torch.float32)
+
+
+def leftover_batch_files() -> list[str]:
+    return sorted(p.name for p in SHM_DIR.glob("lanceloader-batch-*"))
+
+
+def test_shared_batch_round_trip_keeps_every_value() -> None:
+    batch = {
+        "i": torch.arange(5), "b": torch.ones(5, 2, dtype=torch.bfloat16),
+        "n": np.arange(5, dtype=np.uint16), "s": ["a", "b", "c", "d", "e"],
+        "empty": torch.zeros(0, 3), "nested": {"f": torch.full((5,), 0.5), "o": np.array(["x"])},
+        "grad": torch.zeros(2, requires_grad=True), "view": torch.arange(10)[::2],
+    }
+    rebuild, args = SharedBatch(batch).__reduce__()
+    assert len(leftover_batch_files()) == 1  # one file per batch, whatever the columns
+    out = rebuild(*args)
+    assert leftover_batch_files() == [] and type(out) is dict
+    for key in ("i", "b", "empty", "view"):
+        assert out[key].dtype == batch[key].dtype and torch.equal(out[key], batch[key])
+    assert out["n"].dtype == np.uint16 and out["n"].tolist() == [0, 1, 2, 3, 4]
+    assert out["s"] == batch["s"] and out["nested"]["o"].tolist() == ["x"]
+    assert torch.equal(out["nested"]["f"], batch["nested"]["f"])
+    assert out["grad"].requires_grad  # left to torch's own pickling
+    assert pack_for_transfer(batch) is batch  # not in a DataLoader worker: nothing to do
+
+
+def test_shared_batch_is_written_as_default_convert_leaves_it() -> None:
+    shared = SharedBatch({"n": np.arange(3), "s": ["a", "b", "c"]})
+    converted = torch.utils.data.default_convert(shared)  # DataLoader's batch_size=None collate
+    assert type(converted) is SharedBatch and leftover_batch_files() == []  # nothing written yet
+    rebuild, args = converted.__reduce__()
+    out = rebuild(*args)
+    assert isinstance(out["n"], torch.Tensor) and out["n"].tolist() == [0, 1, 2]
+    assert out["s"] == ["a", "b", "c"] and leftover_batch_files() == []
+
+
+def test_iterable_batches_cross_from_workers_as_files(small_uri, forkserver) -> None:
+    ds = IterableDataset(small_uri, 100, columns=["id", "x"], output="numpy", num_workers=1)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=forkserver,
+                        timeout=TIMEOUT)
+    before = set(collation._watched)
+    batches = list(loader)
+    assert len(collation._watched - before) == 2  # files came from both workers
+    assert [b["id"].tolist() for b in batches] == loader_batches(small_uri, batch_size=100)
+    assert isinstance(batches[0]["x"], torch.Tensor)  # default_convert's work is kept
+    assert leftover_batch_files() == []
+
+
+def test_batches_cross_from_workers_as_files_and_none_is_left(small_uri, forkserver) -> None:
+    ds = MapDataset(small_uri, columns=["id", "x", "text"])
+    sampler = BatchSampler(ds, batch_size=50, shuffle=True, seed=3)
+    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=2,
+                        timeout=TIMEOUT, multiprocessing_context=forkserver, prefetch_factor=4)
+    before = set(collation._watched)
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    assert len(collation._watched - before) == 2  # files came from both workers
+    assert type(first[0]) is dict and first[0]["x"].shape == (50, 64)
+    del it  # a break: workers stop with batches still in flight, which they delete
+    assert leftover_batch_files() == []
+    expected = loader_batches(small_uri, epoch=1, batch_size=50, shuffle=True, seed=3)
+    assert batch_ids(loader) == expected  # the next epoch, whole
+    assert leftover_batch_files() == []
 
 
 FORK_SCRIPT = textwrap.dedent(

@@ -1,12 +1,22 @@
 """What ``MapDataset`` hands the DataLoader and how it crosses back: :class:`Rows` (a batch
 that passes as a list of rows), :func:`collate`, :func:`split_rows` and
-:func:`pack_for_transfer` (one shared-memory block per batch out of a DataLoader worker).
+:func:`pack_for_transfer` (one ``/dev/shm`` file per batch out of a DataLoader worker).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
+import itertools
+import math
+import mmap
+import multiprocessing.util
+import os
+import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -119,9 +129,9 @@ def collate(samples: Any) -> Any:
     """A ``collate_fn``: the batch :meth:`MapDataset.__getitems__` read, with no per-row work.
 
     In the training process the batch is returned as read (its tensors view Arrow's memory). In
-    a DataLoader worker its tensors are copied into one shared-memory block first: the same one
-    copy that torch would otherwise make per tensor to send it, but the batch then crosses to
-    the training process as one piece, which costs a fraction of one piece per column.
+    a DataLoader worker it becomes a :class:`SharedBatch`, which crosses to the training process
+    as one ``/dev/shm`` file: the same one copy that torch would make per tensor, without torch's
+    per-tensor file-descriptor handshake.
     Anything else (a list of samples from another dataset) goes to torch's ``default_collate``.
 
     >>> collate(Rows({"id": torch.tensor([1, 2])}))["id"].tolist()
@@ -135,42 +145,157 @@ def collate(samples: Any) -> Any:
 
 
 def pack_for_transfer(batch: Any) -> Any:
-    """In a DataLoader worker, ``batch`` with all its tensors moved into one shared-memory block
-    (each aligned to 64 bytes); elsewhere, or with fewer than two tensors, ``batch`` itself.
+    """In a DataLoader worker, ``batch`` as a :class:`SharedBatch`: a dict that crosses to the
+    training process as one ``/dev/shm`` file; elsewhere (or without tensors) ``batch`` itself.
 
     >>> pack_for_transfer({"a": torch.arange(3)})["a"].tolist()
     [0, 1, 2]
     """
     if torch.utils.data.get_worker_info() is None or not isinstance(batch, Mapping):
         return batch
-    tensors = [t for t in _tensors(batch) if t.device.type == "cpu"]
-    if len(tensors) < 2:
+    if not SHM_DIR.is_dir() or not any(True for _ in _arrays(batch)):
         return batch
-    offsets, total = [], 0
-    for t in tensors:
-        offsets.append(total)
-        total += -(-t.numel() * t.element_size() // 64) * 64
-    if total == 0:
-        return batch
-    block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
-    moved = {}
-    for t, offset in zip(tensors, offsets, strict=True):
-        view = block[offset : offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-        moved[id(t)] = view.copy_(t)
-    return _replace_tensors(batch, moved)
+    return SharedBatch(batch)
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
+class SharedBatch(dict):  # type: ignore[type-arg]
+    """A batch leaving a DataLoader worker: a plain dict there, a ``/dev/shm`` file in transit.
+
+    torch sends each tensor's memory as a file descriptor, and the training process fetches each
+    descriptor over a new authenticated socket connection to the worker: per batch, that cost
+    more than reading it (``benchmarks/torch_map.py``). Pickled, this dict instead writes its
+    tensors and NumPy arrays (as they are then, so torch's ``default_convert`` may change them
+    first) into one file and sends the file's name; the training process maps the file, deletes
+    its name at once, and gets a plain dict whose tensors view the mapping. Files the training
+    process never took (a ``break``, a shut-down worker) are deleted when the worker exits, and
+    those of a killed worker when the training process exits.
+    """
+
+    __slots__ = ()
+
+    def __copy__(self) -> SharedBatch:
+        return SharedBatch(self)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        arrays: list[np.ndarray] = []
+        skeleton = _split(dict(self), arrays)
+        layout, size = [], 0
+        for a in arrays:
+            size = -(-size // _ALIGN) * _ALIGN
+            layout.append(size)
+            size += a.nbytes
+        path = _new_path()
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, max(size, 1))
+            with mmap.mmap(fd, max(size, 1)) as buf:
+                for a, offset in zip(arrays, layout, strict=True):
+                    buf[offset : offset + a.nbytes] = a.reshape(-1).view(np.uint8)
+        finally:
+            os.close(fd)
+        return _unpack, (str(path), skeleton, layout)
+
+
+@dataclass(frozen=True)
+class _ArrayRef:
+    """Where array ``index`` of a :class:`SharedBatch` went, and what it was."""
+
+    index: int
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str  # "torch", "torch-bfloat16" or "numpy"
+
+
+def _arrays(value: Any) -> Iterator[Any]:
+    if isinstance(value, torch.Tensor | np.ndarray):
         yield value
     elif isinstance(value, Mapping):
         for v in value.values():
-            yield from _tensors(v)
+            yield from _arrays(v)
 
 
-def _replace_tensors(value: Any, moved: dict[int, torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        return moved.get(id(value), value)
+def _split(value: Any, arrays: list[np.ndarray]) -> Any:
+    """``value`` with its CPU tensors and NumPy arrays replaced by references into ``arrays``."""
     if isinstance(value, Mapping):
-        return {k: _replace_tensors(v, moved) for k, v in value.items()}
-    return value
+        return {k: _split(v, arrays) for k, v in value.items()}
+    kind, array = None, None
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.requires_grad:
+        if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: travel as its bits
+            kind, array = "torch-bfloat16", value.contiguous().view(torch.int16).numpy()
+        else:
+            kind, array = "torch", value.contiguous().numpy()
+    elif isinstance(value, np.ndarray) and value.dtype.kind in "biufcmM":
+        kind, array = "numpy", np.ascontiguousarray(value)
+    if kind is None or array is None:
+        return value
+    arrays.append(array)
+    return _ArrayRef(len(arrays) - 1, array.dtype.str, tuple(array.shape), kind)
+
+
+def _unpack(path: str, skeleton: Any, layout: list[int]) -> Any:
+    """In the training process: map the batch's file, delete its name, rebuild the dict."""
+    _watch_prefix(Path(path).name.rsplit("-", 1)[0])
+    fd = os.open(path, os.O_RDWR)
+    try:
+        buf = mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return _join(skeleton, buf, layout)
+
+
+def _join(value: Any, buf: mmap.mmap, layout: list[int]) -> Any:
+    if isinstance(value, dict):
+        return {k: _join(v, buf, layout) for k, v in value.items()}
+    if not isinstance(value, _ArrayRef):
+        return value
+    dtype = np.dtype(value.dtype)
+    count = math.prod(value.shape)
+    array = np.frombuffer(buf, dtype, count, layout[value.index]).reshape(value.shape)
+    if value.kind == "numpy":
+        return array
+    tensor = torch.from_numpy(array)
+    return tensor.view(torch.bfloat16) if value.kind == "torch-bfloat16" else tensor
+
+
+# --- the files: named per training process and worker, removed if never taken ----------------
+
+SHM_DIR = Path("/dev/shm")
+_ALIGN = 64
+_counter = itertools.count()
+_prefix: tuple[int, str] | None = None  # (pid, prefix) of this worker
+_watched: set[str] = set()
+
+
+def _new_path() -> Path:
+    """A fresh file name ``lanceloader-batch-<worker pid>-<random>-<n>``; the first one in a
+    worker also arranges for the worker's leftovers to be deleted when it exits."""
+    global _prefix
+    if _prefix is None or _prefix[0] != os.getpid():
+        _prefix = (os.getpid(), f"lanceloader-batch-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        # multiprocessing runs these finalizers when a worker exits (it skips atexit).
+        multiprocessing.util.Finalize(None, _remove_worker_files, args=(_prefix[1],),
+                                      exitpriority=10)
+    return SHM_DIR / f"{_prefix[1]}-{next(_counter)}"
+
+
+def _watch_prefix(prefix: str) -> None:
+    """In the training process: at exit, delete what a worker that was killed left behind."""
+    if prefix not in _watched:
+        if not _watched:
+            atexit.register(lambda: [_remove_files(p) for p in list(_watched)])
+        _watched.add(prefix)
+
+
+def _remove_worker_files(prefix: str) -> None:
+    """At a worker's exit: let its queues' feeder threads (which pickle, so write the files)
+    finish, briefly, then delete the files the training process did not take."""
+    for thread in threading.enumerate():
+        if thread.name == "QueueFeederThread" and thread is not threading.current_thread():
+            thread.join(0.5)
+    _remove_files(prefix)
+
+
+def _remove_files(prefix: str) -> None:
+    for leftover in SHM_DIR.glob(f"{prefix}-*"):
+        leftover.unlink(missing_ok=True)

@@ -21,7 +21,6 @@ from lanceloader.loader import Loader, check_int
 from lanceloader.plan import Plan, read_tasks
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.state import StateMismatchError, check_state
-from lanceloader.workers import BatchWork
 
 
 class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
@@ -29,7 +28,7 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
 
     Use with ``DataLoader(ds, batch_size=None, num_workers=N)``: worker ``w`` of ``N`` delivers
     the loader's batches ``w, w + N, w + 2N, ...`` (reading several of them per Lance call on a
-    thread of its own, and moving each batch's tensors into one shared-memory block), and the
+    thread of its own, and sending each batch as one shared-memory file), and the
     DataLoader takes one batch from each worker in turn, so what it yields is exactly what the
     ``Loader`` would deliver, batch for batch. With ``num_workers=0`` it runs the same code in
     the training process, on the Loader's ``num_workers`` threads.
@@ -109,7 +108,7 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         if not batches:
             return
         loader = self.loader
-        work = BatchWork(loader.source, loader.order, loader.transform, loader.output)
+        work = loader._work()  # conversion options and the error policy included
         in_worker = torch.utils.data.get_worker_info() is not None
         threads = self._threads or (1 if in_worker else loader.num_workers)
         per_read = loader.batches_per_read
