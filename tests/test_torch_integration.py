@@ -636,6 +636,21 @@ def test_iterable_error_names_the_real_batch(small_uri: str, monkeypatch) -> Non
     assert "preparing batch 5 of epoch 0" in " ".join(info.value.__notes__)
 
 
+def test_iterable_keeps_conversion_options_and_error_policy(tmp_path) -> None:
+    import lance
+
+    uri = str(tmp_path / "holes.lance")
+    lance.write_dataset(pa.table({"id": pa.array(range(6)),
+                                  "score": pa.array([1.0, None, 3.0, None, 5.0, 6.0])}), uri)
+    conversion = ll.Conversion(output="torch", fill_nulls={"score": -1.0})
+    ds = IterableDataset(uri, 3, output=conversion, num_workers=1)
+    assert [b["score"].tolist() for b in ds] == [[1.0, -1.0, 3.0], [-1.0, 5.0, 6.0]]
+    halve = ll.map_rows(lambda row: {"id": row["id"], "half": 6 // (row["id"] % 3)})
+    skipping = IterableDataset(uri, 3, columns=["id"], transform=halve, on_error="skip",
+                               output="torch", num_workers=1)
+    assert [b["id"].tolist() for b in skipping] == [[1, 2], [4, 5]]
+
+
 def test_importing_lanceloader_does_not_import_torch() -> None:
     code = "import sys, lanceloader, lanceloader.integrations; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
