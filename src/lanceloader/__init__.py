@@ -6,6 +6,7 @@
 """
 
 from lanceloader.convert import Conversion, ConversionError
+from lanceloader.integrations.tensorflow import as_tf_dataset
 from lanceloader.loader import EpochIterator, Loader
 from lanceloader.order import Order
 from lanceloader.plan import Plan
@@ -34,6 +35,7 @@ __all__ = [
     "Stats",
     "TooManyRowErrors",
     "WorkerDiedError",
+    "as_tf_dataset",
     "compose",
     "decode_images",
     "load_state",

@@ -264,6 +264,26 @@ class Loader:
         self._start_sample = 0
         return it
 
+    def peek(self) -> Any:
+        """The first batch the next ``iter()`` will deliver, made as it will be (transform,
+        output, device), read in this process without starting an epoch: for shapes and dtypes,
+        e.g. to initialise a model or declare a ``tf.data`` signature.
+
+        >>> import tempfile
+        >>> from lanceloader.demo import write_demo_dataset
+        >>> uri = write_demo_dataset(tempfile.mkdtemp() + "/demo.lance", rows=10)
+        >>> loader = Loader(uri, batch_size=4, columns=["x", "label"], output="numpy")
+        >>> loader.peek()["x"].shape, loader.epoch
+        ((4, 64), 0)
+        """
+        plan = self.plan(self._start_sample)
+        if len(plan) == 0:
+            raise ValueError(f"the next epoch of {self!r} has no batches to peek at")
+        task = next(read_tasks(self._epoch, plan, per_read=1))
+        work = dataclasses.replace(self._work(), output=self.conversion)  # final output here
+        batch = work(task).batches[0]
+        return batch if self.placement is None else self.placement(batch)
+
     # --- checkpoints ----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
