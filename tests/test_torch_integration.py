@@ -342,6 +342,52 @@ def test_fork_workers_clean_parent_reads_directly_tainted_parent_via_clean_reade
     assert done.stderr.count("reading through a clean helper process") == 4  # 2 workers, 2 cases
 
 
+KILLED_WORKER_SCRIPT = textwrap.dedent(
+    """
+    import json, multiprocessing, os, signal, sys, time
+    from pathlib import Path
+    from torch.utils.data import DataLoader
+    from lanceloader.torch import BatchSampler, MapDataset, collate
+
+    if __name__ == "__main__":
+        ds = MapDataset(sys.argv[1], columns=["id", "x"])
+        loader = DataLoader(ds, batch_sampler=BatchSampler(ds, batch_size=10), collate_fn=collate,
+                            num_workers=2, prefetch_factor=8, timeout=60,
+                            multiprocessing_context=multiprocessing.get_context("spawn"))
+        it = iter(loader)
+        next(it)
+        time.sleep(2)  # the workers fill their queues: batches in flight, as files
+        pids = [w.pid for w in it._workers]
+        files = lambda: [p.name for p in Path("/dev/shm").glob("lanceloader-batch-*")
+                         if any(f"-{pid}-" in p.name for pid in pids)]
+        in_flight = len(files())
+        os.kill(pids[0], signal.SIGKILL)
+        try:
+            for _ in it:
+                pass
+        except RuntimeError as exc:
+            error = str(exc)
+        print(json.dumps({"pids": pids, "in_flight": in_flight, "error": error,
+                          "left_before_exit": len(files())}))
+    """
+)
+
+
+def test_killed_dataloader_worker_leaves_no_batch_files(small_uri: str, tmp_path) -> None:
+    script = tmp_path / "killed_worker.py"
+    script.write_text(KILLED_WORKER_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), small_uri], capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["in_flight"] > 0 and "exited unexpectedly" in out["error"]
+    left = [p.name for p in SHM_DIR.glob("lanceloader-batch-*")
+            if any(f"-{pid}-" in p.name for pid in out["pids"])]
+    # What was sent was taken (and deleted) by the training process; a file written but never
+    # sent would be deleted by the surviving worker at its exit, or by the training process's.
+    assert left == []
+
+
 # --- samplers ------------------------------------------------------------------------------------
 
 
