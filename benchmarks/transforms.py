@@ -65,7 +65,7 @@ import pyarrow as pa
 import lanceloader
 from lanceloader import Loader
 from lanceloader.convert import to_output
-from lanceloader.transforms import decode_images
+from lanceloader.images import decode_images
 
 HERE = Path(__file__).resolve().parent
 IMAGE_SIZE = 128

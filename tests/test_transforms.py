@@ -14,6 +14,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import lanceloader as ll
 from lanceloader.convert import Conversion, to_output
+from lanceloader.images import decode_images, normalise
+from lanceloader.text import tokenize
 from lanceloader.transforms import (
     Applied,
     BatchTransform,
@@ -24,11 +26,8 @@ from lanceloader.transforms import (
     as_transform,
     check_on_error,
     compose,
-    decode_images,
     map_rows,
-    normalise,
     rows_to_batch,
-    tokenize,
 )
 
 # Arrow memory is read-only; the loader silences torch's warning about wrapping it once per process,

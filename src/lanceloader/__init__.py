@@ -6,6 +6,7 @@
 """
 
 from lanceloader.convert import Conversion, ConversionError
+from lanceloader.images import decode_images, normalise
 from lanceloader.integrations.tensorflow import as_tf_dataset
 from lanceloader.loader import EpochIterator, Loader
 from lanceloader.order import Order
@@ -14,14 +15,8 @@ from lanceloader.processes import WorkerDiedError
 from lanceloader.source import Source
 from lanceloader.state import StateMismatchError, load_state, save_state
 from lanceloader.stats import Stats
-from lanceloader.transforms import (
-    TooManyRowErrors,
-    compose,
-    decode_images,
-    map_rows,
-    normalise,
-    tokenize,
-)
+from lanceloader.text import tokenize
+from lanceloader.transforms import TooManyRowErrors, compose, map_rows
 
 __all__ = [
     "Conversion",
