@@ -15,7 +15,7 @@ import torch
 from lance.arrow import BFloat16Array
 
 import lanceloader as ll
-from lanceloader import convert
+from lanceloader import tensors
 from lanceloader.convert import (
     Conversion,
     ConversionError,
@@ -353,7 +353,7 @@ def test_outputs_are_checked_and_imported() -> None:
 
 def test_missing_framework_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "jax", None)  # what `import jax` sees when it is missing
-    monkeypatch.setattr(convert, "_modules", {})
+    monkeypatch.setattr(tensors, "_modules", {})
     with pytest.raises(ImportError, match=r"output='jax' needs jax: pip install jax"):
         check_output("jax")
 

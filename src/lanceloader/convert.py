@@ -56,7 +56,6 @@ Example::
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -65,16 +64,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lanceloader.tensors import (
+    FRAMEWORKS,
+    ConversionError,
+    bfloat16,
+    cast_checked,
+    import_framework,
+    is_bfloat16,
+    to_framework,
+    uint64_message,
+)
+
 OUTPUTS = ("arrow", "numpy", "python", "torch", "jax", "tf")
 RAGGED = ("pad", "list")
 STRINGS = ("list", "numpy")
 LENGTHS_SUFFIX = "_lengths"
 # Kinds whose values form one rectangular NumPy array per column.
 _ARRAY_KINDS = ("number", "bool", "bfloat16", "temporal", "fixed_list", "tensor")
-
-
-class ConversionError(TypeError):
-    """A column that cannot become the requested output type."""
 
 
 @dataclass(frozen=True)
@@ -176,8 +182,8 @@ def check_output(output: str | Conversion) -> Conversion:
     'numpy'
     """
     conversion = as_conversion(output)
-    if conversion.output in _IMPORTERS:
-        _IMPORTERS[conversion.output]()
+    if conversion.output in FRAMEWORKS:
+        import_framework(conversion.output)
     return conversion
 
 
@@ -187,7 +193,7 @@ def check_schema(schema: pa.Schema, output: str | Conversion = "numpy") -> None:
     >>> check_schema(pa.schema([("id", pa.uint64())]), "torch")
     Traceback (most recent call last):
     ...
-    lanceloader.convert.ConversionError: column 'id' is uint64, which torch tensors barely support (no +, no indexing); cast it: casts={'id': 'int64'} (values must be below 2**63)
+    lanceloader.ConversionError: column 'id' is uint64, which torch tensors barely support (no +, no indexing); cast it: casts={'id': 'int64'} (values must be below 2**63)
     """
     conversion = as_conversion(output)
     if conversion.output in ("arrow", "python"):
@@ -233,7 +239,7 @@ def to_output(
         _put(arrays, name, col)
     if conversion.output == "numpy":
         return arrays
-    return _to_framework(arrays, "", conversion.output)
+    return to_framework(arrays, "", conversion.output)
 
 
 def column_to_numpy(
@@ -349,7 +355,7 @@ def _check_field(
         and _leaf_type(typ) == pa.uint64()
         and conv.casts.get(path, "uint64") == "uint64"
     ):
-        raise ConversionError(_uint64_message(path))
+        raise ConversionError(uint64_message(path))
 
 
 def _leaf_type(typ: pa.DataType) -> pa.DataType:
@@ -360,13 +366,6 @@ def _leaf_type(typ: pa.DataType) -> pa.DataType:
             typ = typ.value_type
         else:
             return typ
-
-
-def _uint64_message(path: str) -> str:
-    return (
-        f"column {path!r} is uint64, which torch tensors barely support (no +, no indexing); "
-        f"cast it: casts={{{path!r}: 'int64'}} (values must be below 2**63)"
-    )
 
 
 def _check_fill_nulls(fill_nulls: Any) -> dict[str, Any]:
@@ -418,7 +417,7 @@ def _array(path: str, arr: pa.Array, conv: Conversion) -> np.ndarray:
     elif pa.types.is_boolean(arr.type):
         out = (pc.fill_null(arr, False) if arr.null_count else arr).to_numpy(zero_copy_only=False)
     elif isinstance(typ, pa.BaseExtensionType):  # lance.bfloat16: fixed_size_binary[2] storage
-        out = _buffer_view(arr.storage, _bfloat16())
+        out = _buffer_view(arr.storage, bfloat16())
     elif _is_temporal(typ):
         out = _buffer_view(arr, np.dtype(f"int{typ.bit_width}"))
     else:
@@ -469,7 +468,7 @@ def _null_error(path: str, arr: pa.Array) -> ConversionError:
 
 def _scalar(path: str, option: str, value: Any, dtype: np.dtype) -> np.ndarray:
     """``value`` as ``dtype``; refuses values that would change (0.5 into int, -1 into uint8)."""
-    kind = "f" if _is_bfloat16(dtype) else dtype.kind
+    kind = "f" if is_bfloat16(dtype) else dtype.kind
     if kind == "b":
         fits = isinstance(value, bool | int) and value in (0, 1)
     elif kind in "iu":
@@ -492,30 +491,6 @@ def _cast(path: str, out: np.ndarray, conv: Conversion) -> np.ndarray:
     return cast_checked(
         path, out, np.dtype(target), f"choose a wider dtype in casts={{{path!r}: ...}}"
     )
-
-
-def cast_checked(path: str, array: np.ndarray, dtype: np.dtype, fix: str) -> np.ndarray:
-    """``array`` as ``dtype``; integers are checked to fit, floats never silently become ints.
-
-    >>> cast_checked("id", np.array([1, 2**40]), np.dtype("int32"), "use int64")
-    Traceback (most recent call last):
-    ...
-    lanceloader.convert.ConversionError: column 'id' has values up to 1099511627776, which do not fit int32; use int64
-    """
-    if array.dtype.kind in "iu" and dtype.kind in "iu" and array.size:
-        info = np.iinfo(dtype)
-        low, high = int(array.min()), int(array.max())
-        if high > info.max or low < info.min:
-            bound = f"up to {high}" if high > info.max else f"down to {low}"
-            raise ConversionError(
-                f"column {path!r} has values {bound}, which do not fit {dtype}; {fix}"
-            )
-    elif array.dtype.kind == "f" and dtype.kind in "iub":
-        raise ConversionError(
-            f"column {path!r} is {array.dtype}, which {dtype} would truncate; round it in a "
-            "transform instead"
-        )
-    return array.astype(dtype)
 
 
 def _ragged(path: str, arr: pa.Array, conv: Conversion) -> Padded | list[np.ndarray]:
@@ -584,98 +559,3 @@ def _put(out: dict[str, Any], name: str, value: Any) -> None:
             _put(out[name], k, v)
     else:
         out[name] = value
-
-
-# --- NumPy to the framework --------------------------------------------------------------------
-
-
-def _to_framework(value: Any, path: str, output: str) -> Any:
-    if isinstance(value, dict):
-        return {k: _to_framework(v, f"{path}.{k}" if path else k, output) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        return _TENSORS[output](path, value) if _is_numeric(value.dtype) else value
-    if isinstance(value, list) and value and isinstance(value[0], np.ndarray):
-        return [_TENSORS[output](path, v) for v in value]
-    return value
-
-
-def _is_numeric(dtype: np.dtype) -> bool:
-    return dtype.kind in "biuf" or _is_bfloat16(dtype)
-
-
-def _torch_tensor(path: str, array: np.ndarray) -> Any:
-    torch = _import_torch()
-    if array.dtype == np.uint64:
-        raise ConversionError(_uint64_message(path))
-    if _is_bfloat16(array.dtype):
-        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
-
-
-def _jax_array(path: str, array: np.ndarray) -> Any:
-    jax = _import_jax()
-    if array.dtype.kind in "iu" and array.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
-        cast_checked(  # JAX would wrap these values silently: check them, keep the array
-            path,
-            array,
-            np.dtype("int32" if array.dtype.kind == "i" else "uint32"),
-            "JAX without x64 wraps them; enable x64 (jax.config.update('jax_enable_x64', True)) "
-            "or cast the column to a float dtype",
-        )
-    return jax.device_put(array)
-
-
-def _tf_tensor(path: str, array: np.ndarray) -> Any:
-    return _import_tf().convert_to_tensor(array)
-
-
-_TENSORS = {"torch": _torch_tensor, "jax": _jax_array, "tf": _tf_tensor}
-
-
-# --- lazy imports ------------------------------------------------------------------------------
-
-_modules: dict[str, Any] = {}
-
-
-def _import(module: str, output: str, install: str) -> Any:
-    if module not in _modules:
-        try:
-            _modules[module] = __import__(module)
-        except ImportError as exc:
-            raise ImportError(f"output={output!r} needs {module}: pip install {install}") from exc
-    return _modules[module]
-
-
-def _import_torch() -> Any:
-    if "torch" not in _modules:
-        _import("torch", "torch", "'lanceloader[torch]'")
-        # Arrow buffers are read-only; the tensors are fresh per batch and never shared, so the
-        # warning torch gives for wrapping them is noise. Silence exactly that message, once.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-    return _modules["torch"]
-
-
-def _import_jax() -> Any:
-    return _import("jax", "jax", "jax (CPU) or 'jax[cuda12]' (GPU)")
-
-
-def _import_tf() -> Any:
-    return _import("tensorflow", "tf", "tensorflow (or tensorflow-cpu)")
-
-
-_IMPORTERS = {"torch": _import_torch, "jax": _import_jax, "tf": _import_tf}
-
-
-def _bfloat16() -> np.dtype:
-    try:
-        import ml_dtypes
-    except ImportError as exc:
-        raise ImportError(
-            "a lance.bfloat16 column needs ml_dtypes to become NumPy: pip install ml_dtypes"
-        ) from exc
-    return np.dtype(ml_dtypes.bfloat16)
-
-
-def _is_bfloat16(dtype: np.dtype) -> bool:
-    """Whether ``dtype`` is ml_dtypes' bfloat16 (without importing ml_dtypes)."""
-    return dtype.kind == "V" and dtype.name == "bfloat16"
