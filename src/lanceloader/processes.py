@@ -122,6 +122,36 @@ def _join(value: Any, arrays: list[np.ndarray]) -> Any:
     return value
 
 
+def write_arrays(path: Path, arrays: list[np.ndarray]) -> list[int]:
+    """Write ``arrays`` into the new shared-memory file ``path``, each at a 64-byte-aligned
+    offset; returns the offsets."""
+    offsets, size = [], 0
+    for a in arrays:
+        size = -(-size // _ALIGN) * _ALIGN
+        offsets.append(size)
+        size += a.nbytes
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, max(size, 1))
+        with mmap.mmap(fd, max(size, 1)) as buf:
+            for a, offset in zip(arrays, offsets, strict=True):
+                buf[offset : offset + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    finally:
+        os.close(fd)
+    return offsets
+
+
+def take_mapping(path: Path) -> mmap.mmap:
+    """Map the shared-memory file ``path`` and delete its name: the memory lives as long as the
+    mapping (and the arrays that view it), and nothing is left behind."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+
+
 def pack(result: Any, path: Path) -> tuple[bytes, list[tuple[int, str, tuple[int, ...]]]]:
     """Write the arrays of ``result`` into the shared-memory file ``path``.
 
@@ -129,20 +159,8 @@ def pack(result: Any, path: Path) -> tuple[bytes, list[tuple[int, str, tuple[int
     """
     arrays: list[np.ndarray] = []
     skeleton = _split(result, arrays)
-    layout, size = [], 0
-    for a in arrays:
-        size = -(-size // _ALIGN) * _ALIGN
-        layout.append((size, a.dtype.str, a.shape))
-        size += a.nbytes
-    if arrays:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, max(size, 1))
-            with mmap.mmap(fd, max(size, 1)) as buf:
-                for a, (offset, _, _) in zip(arrays, layout, strict=True):
-                    buf[offset : offset + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        finally:
-            os.close(fd)
+    offsets = write_arrays(path, arrays) if arrays else []
+    layout = [(o, a.dtype.str, a.shape) for o, a in zip(offsets, arrays, strict=True)]
     return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), layout
 
 
@@ -150,12 +168,7 @@ def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path
     """Map ``path`` (then unlink it) and rebuild the result with arrays viewing the mapping."""
     arrays: list[np.ndarray] = []
     if layout:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            buf = mmap.mmap(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-            path.unlink(missing_ok=True)
+        buf = take_mapping(path)
         for offset, dtype, shape in layout:
             dt = np.dtype(dtype)
             count = int(np.prod(shape, dtype=np.int64))

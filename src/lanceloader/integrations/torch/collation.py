@@ -24,6 +24,8 @@ import pyarrow as pa
 import torch
 import torch.utils.data
 
+from lanceloader.processes import SHM_DIR, take_mapping, write_arrays
+
 
 class Rows(list):  # type: ignore[type-arg]
     """The rows of one batch, as :meth:`MapDataset.__getitems__` returns them.
@@ -179,21 +181,8 @@ class SharedBatch(dict):  # type: ignore[type-arg]
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         arrays: list[np.ndarray] = []
         skeleton = _split(dict(self), arrays)
-        layout, size = [], 0
-        for a in arrays:
-            size = -(-size // _ALIGN) * _ALIGN
-            layout.append(size)
-            size += a.nbytes
         path = _new_path()
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, max(size, 1))
-            with mmap.mmap(fd, max(size, 1)) as buf:
-                for a, offset in zip(arrays, layout, strict=True):
-                    buf[offset : offset + a.nbytes] = a.reshape(-1).view(np.uint8)
-        finally:
-            os.close(fd)
-        return _unpack, (str(path), skeleton, layout)
+        return _unpack, (str(path), skeleton, write_arrays(path, arrays))
 
 
 @dataclass(frozen=True)
@@ -235,13 +224,7 @@ def _split(value: Any, arrays: list[np.ndarray]) -> Any:
 def _unpack(path: str, skeleton: Any, layout: list[int]) -> Any:
     """In the training process: map the batch's file, delete its name, rebuild the dict."""
     _watch_prefix(Path(path).name.rsplit("-", 1)[0])
-    fd = os.open(path, os.O_RDWR)
-    try:
-        buf = mmap.mmap(fd, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return _join(skeleton, buf, layout)
+    return _join(skeleton, take_mapping(Path(path)), layout)
 
 
 def _join(value: Any, buf: mmap.mmap, layout: list[int]) -> Any:
@@ -260,8 +243,6 @@ def _join(value: Any, buf: mmap.mmap, layout: list[int]) -> Any:
 
 # --- the files: named per training process and worker, removed if never taken ----------------
 
-SHM_DIR = Path("/dev/shm")
-_ALIGN = 64
 _counter = itertools.count()
 _prefix: tuple[int, str] | None = None  # (pid, prefix) of this worker
 _watched: set[str] = set()
