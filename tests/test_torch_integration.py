@@ -258,6 +258,43 @@ def test_shared_batch_round_trip_keeps_every_value() -> None:
     assert pack_for_transfer(batch) is batch  # not in a DataLoader worker: nothing to do
 
 
+DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.bool]
+
+
+@st.composite
+def batch_values(draw, depth: int = 0):
+    rows = draw(st.integers(0, 5))
+    kind = draw(st.sampled_from(["tensor", "numpy", "text"] + (["dict"] if depth < 2 else [])))
+    if kind == "dict":
+        keys = draw(st.lists(st.sampled_from("abcd"), min_size=1, max_size=3, unique=True))
+        return {k: draw(batch_values(depth + 1)) for k in keys}
+    if kind == "text":
+        return [draw(st.text(max_size=3)) for _ in range(rows)]
+    shape = (rows, *draw(st.lists(st.integers(1, 3), max_size=2)))
+    values = torch.randint(0, 100, shape).to(draw(st.sampled_from(DTYPES)))
+    if draw(st.booleans()) and values.ndim > 1:
+        values = values.transpose(0, -1)  # not contiguous: travels as a copy
+    return values.numpy() if kind == "numpy" and values.dtype != torch.bfloat16 else values
+
+
+def same(a, b) -> bool:
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
+
+
+@FAST
+@given(batch=st.dictionaries(st.sampled_from("xyz"), batch_values(), min_size=1))
+def test_shared_batch_round_trips_any_batch(batch) -> None:
+    rebuild, args = SharedBatch(batch).__reduce__()
+    assert same(batch, rebuild(*args)) and leftover_batch_files() == []
+
+
 def test_shared_batch_is_written_as_default_convert_leaves_it() -> None:
     shared = SharedBatch({"n": np.arange(3), "s": ["a", "b", "c"]})
     converted = torch.utils.data.default_convert(shared)  # DataLoader's batch_size=None collate
