@@ -32,6 +32,7 @@ import lance
 
 from lanceloader.convert import Conversion, check_output, check_schema, to_output
 from lanceloader.distributed import resolve_rank_world
+from lanceloader.mixing import MixingReport, mixing_report
 from lanceloader.order import Order
 from lanceloader.placement import check_placement
 from lanceloader.plan import Plan, ReadTask, read_tasks
@@ -283,6 +284,23 @@ class Loader:
         work = dataclasses.replace(self._work(), output=self.conversion)  # final output here
         batch = work(task).batches[0]
         return batch if self.placement is None else self.placement(batch)
+
+    def mixing_report(self, batches: int = 200, places: int = 100) -> MixingReport:
+        """How well the next epoch's order mixes the dataset, and how many reads it costs,
+        computed from the order alone (no I/O): see :mod:`lanceloader.mixing`.
+
+        >>> import tempfile
+        >>> from lanceloader.demo import write_demo_dataset
+        >>> uri = write_demo_dataset(tempfile.mkdtemp() + "/demo.lance", rows=100_000)
+        >>> block = Loader(uri, batch_size=256, shuffle=True, shuffle_block_size=1024, seed=0)
+        >>> print(block.mixing_report())  # doctest: +NORMALIZE_WHITESPACE
+        mixing over 200 batches of 256 rows:
+          places per batch        15.2 of 100 (a random batch: 92.3)
+          reads per 1000 rows     70.3 (reads of up to 256 batches)
+          order correlation      0.097 (1 = storage order, 0 = none)
+        """
+        return mixing_report(self.order, self.plan(self._start_sample), self._epoch,
+                             self.batches_per_read, batches, places)
 
     # --- checkpoints ----------------------------------------------------------------------
 

@@ -128,10 +128,19 @@ def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = No
     >>> [t.batches for t in read_tasks(0, Plan(100, 10), per_read=4)]
     [range(0, 1), range(1, 3), range(3, 7), range(7, 10)]
     """
-    batches = range(len(plan)) if batches is None else batches
+    for chosen in read_ranges(range(len(plan)) if batches is None else batches, per_read):
+        samples, sizes = plan.samples(chosen)
+        yield ReadTask(epoch, chosen, samples, tuple(sizes))
+
+
+def read_ranges(batches: range, per_read: int) -> Iterator[range]:
+    """The batch numbers of each read over ``batches``: 1, 2, 4, ... of them, up to ``per_read``.
+
+    >>> list(read_ranges(range(10), per_read=4))
+    [range(0, 1), range(1, 3), range(3, 7), range(7, 10)]
+    """
     first, size = 0, 1
     while first < len(batches):
         chosen = batches[first : first + size]
-        samples, sizes = plan.samples(chosen)
-        yield ReadTask(epoch, chosen, samples, tuple(sizes))
+        yield chosen
         first, size = first + len(chosen), min(2 * size, per_read)
