@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lanceloader.plan import Plan
+from lanceloader.order import Order
+from lanceloader.plan import Plan, read_ranges, read_tasks, window_alignment
 
 settings_ = st.tuples(
     st.integers(0, 500),  # num_samples
@@ -87,3 +88,33 @@ def test_short_last_batch_is_split_evenly_and_padded() -> None:
 def test_bad_plans_are_rejected(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Plan(**{"num_samples": 10, "batch_size": 2, **kwargs})
+
+
+@given(n=st.integers(0, 400), start=st.integers(0, 50), step=st.integers(1, 3),
+       per_read=st.integers(1, 70), first=st.integers(0, 40), every=st.integers(1, 40))
+def test_read_ranges_cover_every_batch_once_and_end_on_boundaries(n, start, step, per_read,
+                                                                  first, every) -> None:
+    batches = range(start, start + n * step, step)
+    reads = list(read_ranges(batches, per_read, align=(first, every)))
+    assert [b for r in reads for b in r] == list(batches)  # in order, each once
+    assert all(1 <= len(r) <= per_read for r in reads)
+    if step == 1:
+        boundaries = {b for b in range(start, start + n + 1) if (b - first) % every == 0}
+        for r in reads[:-1]:
+            inside = any(r.start < b < r.stop for b in boundaries)
+            assert not inside or r.stop in boundaries  # a read across a boundary ends on one
+    assert list(read_ranges(batches, per_read)) == list(read_ranges(batches, per_read, None))
+
+
+def test_block_shuffle_reads_fetch_whole_windows() -> None:
+    order = Order(1 << 20, shuffle=True, block_size=1024, window=8, seed=0)
+    plan = Plan(1 << 20, 256)
+    align = window_alignment(plan, order.window_rows)
+    assert align == (0, 32) and window_alignment(plan, Order(100).window_rows) is None
+    assert window_alignment(Plan(1 << 20, 256, start=4096), 8192) == (16, 32)
+    assert window_alignment(Plan(1 << 20, 256, start=100), 8192) is None
+    tasks = list(read_tasks(0, plan, per_read=256, align=align))
+    for task in tasks[6:]:  # after the ramp, each read is whole blocks: contiguous runs of 1024
+        fetched = np.sort(order.positions(0, task.samples))
+        runs = np.split(fetched, np.flatnonzero(np.diff(fetched) != 1) + 1)
+        assert all(len(run) % 1024 == 0 for run in runs)

@@ -35,7 +35,7 @@ from lanceloader.distributed import resolve_rank_world
 from lanceloader.mixing import MixingReport, mixing_report
 from lanceloader.order import Order
 from lanceloader.placement import check_placement
-from lanceloader.plan import Plan, ReadTask, read_tasks
+from lanceloader.plan import Plan, ReadTask, read_tasks, window_alignment
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.processes import ProcessPool, check_picklable, start_forkserver
 from lanceloader.source import Source
@@ -296,7 +296,7 @@ class Loader:
         >>> print(block.mixing_report())  # doctest: +NORMALIZE_WHITESPACE
         mixing over 200 batches of 256 rows:
           places per batch        15.2 of 100 (a random batch: 92.3)
-          reads per 1000 rows     70.3 (reads of up to 256 batches)
+          reads per 1000 rows     55.6 (reads of up to 256 batches)
           order correlation      0.097 (1 = storage order, 0 = none)
         """
         return mixing_report(self.order, self.plan(self._start_sample), self._epoch,
@@ -448,7 +448,8 @@ class EpochIterator(Iterator[Any]):
         self._log_every = loader.log_every
         per_read = loader.batches_per_read
         depth = max(loader.num_workers, math.ceil(loader.prefetch / per_read))
-        tasks = read_tasks(progress.epoch, progress.plan, per_read)
+        align = window_alignment(progress.plan, loader.order.window_rows)
+        tasks = read_tasks(progress.epoch, progress.plan, per_read, align=align)
         work = loader._work(trace=self._tracing)
         pool = ProcessPool if loader.worker_type == "process" else OrderedPrefetcher
         self._prefetcher: OrderedPrefetcher[ReadTask, TaskResult] | ProcessPool = pool(

@@ -17,7 +17,7 @@ order and a plan, from the order alone (pure functions, no I/O), so the choice o
 Example::
 
     >>> from lanceloader.order import Order
-    >>> from lanceloader.plan import Plan, read_ranges
+    >>> from lanceloader.plan import Plan
     >>> report = mixing_report(Order(100_000, shuffle=False), Plan(100_000, 256), per_read=64)
     >>> round(report.places_per_batch, 1), round(report.reads_per_1000_rows, 2), report.order_correlation
     (1.2, 0.12, 1.0)
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from lanceloader.order import Order
-from lanceloader.plan import Plan, read_ranges
+from lanceloader.plan import Plan, read_ranges, window_alignment
 
 DEFAULT_BATCHES = 200
 DEFAULT_PLACES = 100
@@ -93,7 +93,7 @@ def mixing_report(
     n = order.num_rows
     seen = [len(np.unique(p * places // n)) for p in per_batch]
     random = places * (1 - (1 - 1 / places) ** sizes)  # expected distinct places, uniform rows
-    reads = list(read_ranges(range(len(plan)), per_read))
+    reads = list(read_ranges(range(len(plan)), per_read, window_alignment(plan, order.window_rows)))
     runs = rows = 0
     for i in np.unique(np.linspace(0, len(reads) - 1, min(READS_MEASURED, len(reads))).astype(int)):
         samples, _ = plan.samples(reads[i])

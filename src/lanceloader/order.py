@@ -134,6 +134,12 @@ class Order:
         if self.window < 1:
             raise ValueError(f"shuffle_window must be >= 1 block, got {self.window}")
 
+    @property
+    def window_rows(self) -> int | None:
+        """Samples per window of a block shuffle (a read of whole windows fetches whole blocks);
+        ``None`` for the other orders, which have no windows."""
+        return self.block_size * self.window if self.shuffle and self.block_size > 1 else None
+
     def positions(self, epoch: int, samples: np.ndarray) -> np.ndarray:
         """Source positions of the given global sample indices of ``epoch`` (int64 array)."""
         samples = np.asarray(samples, dtype=np.int64)

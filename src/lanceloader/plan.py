@@ -120,27 +120,57 @@ class ReadTask:
     sizes: tuple[int, ...]
 
 
-def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = None
-               ) -> Iterator[ReadTask]:
+def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = None,
+               align: tuple[int, int] | None = None) -> Iterator[ReadTask]:
     """Tasks over ``batches`` (default: all of the plan; any step) of 1, 2, 4, ... batches, up
-    to ``per_read``: a fast first batch, then big reads.
+    to ``per_read``: a fast first batch, then big reads; ``align`` as for :func:`read_ranges`.
 
     >>> [t.batches for t in read_tasks(0, Plan(100, 10), per_read=4)]
     [range(0, 1), range(1, 3), range(3, 7), range(7, 10)]
     """
-    for chosen in read_ranges(range(len(plan)) if batches is None else batches, per_read):
+    for chosen in read_ranges(range(len(plan)) if batches is None else batches, per_read, align):
         samples, sizes = plan.samples(chosen)
         yield ReadTask(epoch, chosen, samples, tuple(sizes))
 
 
-def read_ranges(batches: range, per_read: int) -> Iterator[range]:
+def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = None
+                ) -> Iterator[range]:
     """The batch numbers of each read over ``batches``: 1, 2, 4, ... of them, up to ``per_read``.
+
+    With ``align=(first, every)`` (see :func:`window_alignment`), a read that would end past a
+    batch number ``first + k * every`` ends at the last such number instead: reads then start
+    and end on a block shuffle's window boundaries and fetch whole blocks. Ranges with a step
+    other than 1 are not aligned.
 
     >>> list(read_ranges(range(10), per_read=4))
     [range(0, 1), range(1, 3), range(3, 7), range(7, 10)]
+    >>> list(read_ranges(range(10), per_read=4, align=(0, 4)))
+    [range(0, 1), range(1, 3), range(3, 4), range(4, 8), range(8, 10)]
     """
     first, size = 0, 1
     while first < len(batches):
-        chosen = batches[first : first + size]
+        end = first + size
+        if align is not None and batches.step == 1:
+            boundary, every = align[0] - batches.start, align[1]
+            last = boundary + (end - boundary) // every * every  # the last boundary <= end
+            if first < last < end:
+                end = last
+        chosen = batches[first:end]
         yield chosen
         first, size = first + len(chosen), min(2 * size, per_read)
+
+
+def window_alignment(plan: Plan, window_rows: int | None) -> tuple[int, int] | None:
+    """``(first, every)``: the batch numbers of ``plan`` at which an order's windows of
+    ``window_rows`` samples begin are ``first + k * every``; ``None`` when there are no windows
+    or they do not begin on batch boundaries.
+
+    >>> window_alignment(Plan(100_000, 256), window_rows=8192), window_alignment(Plan(10, 3), 8)
+    ((0, 32), None)
+    """
+    if window_rows is None or window_rows % plan.global_batch_size:
+        return None
+    first = -plan.start % window_rows
+    if first % plan.global_batch_size:
+        return None
+    return first // plan.global_batch_size, window_rows // plan.global_batch_size

@@ -18,7 +18,7 @@ from lanceloader.integrations.torch.collation import pack_for_transfer
 from lanceloader.integrations.torch.map import _worker_slot
 from lanceloader.integrations.torch.samplers import _Cursor
 from lanceloader.loader import Loader, check_int
-from lanceloader.plan import Plan, read_tasks
+from lanceloader.plan import Plan, read_tasks, window_alignment
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.state import StateMismatchError, check_state
 
@@ -113,7 +113,8 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         threads = self._threads or (1 if in_worker else loader.num_workers)
         per_read = loader.batches_per_read
         depth = max(threads, math.ceil(loader.prefetch / per_read))
-        tasks = read_tasks(epoch, plan, per_read, batches)
+        tasks = read_tasks(epoch, plan, per_read, batches,
+                           align=window_alignment(plan, loader.order.window_rows))
         prefetcher = OrderedPrefetcher(work, tasks, threads, depth)
         try:
             for result in prefetcher:

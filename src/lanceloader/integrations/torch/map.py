@@ -26,7 +26,7 @@ from lanceloader.loader import (
     TRANSFORM_BATCHES_PER_READ,
 )
 from lanceloader.order import Order
-from lanceloader.plan import Plan, ReadTask, read_tasks
+from lanceloader.plan import Plan, ReadTask, read_tasks, window_alignment
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.source import Source
 from lanceloader.transforms import (
@@ -264,7 +264,8 @@ class _ReadAhead:
         if ds.transform is not None:  # transformed while still in the CPU cache, as the Loader does
             per_read = min(per_read, TRANSFORM_BATCHES_PER_READ)
         batches = range(hint.batch, len(plan), self._stride)
-        tasks = read_tasks(hint.epoch, plan, per_read, batches)
+        tasks = read_tasks(hint.epoch, plan, per_read, batches,
+                           align=window_alignment(plan, order.window_rows))
         self._stream = _read_ahead(work, tasks)
 
 
