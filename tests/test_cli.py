@@ -92,7 +92,7 @@ def test_bench_prints_the_stats_table_and_verdict(small_uri: str, capsys) -> Non
     assert code == 0, err
     assert "1,000 rows, batch 100, sequential, 2 thread workers" in out
     assert "1,000 rows in 10 batches" in out
-    for label in ("throughput", "storage I/O", "loop waited", "\nbottleneck: "):
+    for label in ("throughput", "storage I/O", "loop waited", "\nbottleneck: ", "places per batch"):
         assert label in out
     assert "epoch 0" in err  # the progress bar
 
@@ -113,6 +113,7 @@ def test_bench_json_reconciles_rows_per_epoch_and_over_time(
     assert [e["rows"] for e in report["epochs"]] == [300, 300]
     assert report["settings"]["columns"] == ["id", "x"]
     assert report["settings"]["order"].startswith("block shuffle (64 rows")
+    assert report["mixing"]["batches_per_read"] >= 1 and report["mixing"]["batch_size"] == 100
     series = report["series"]
     assert series[0]["rows"] == 0 and series[-1]["rows"] == 600
     assert all(a["t"] <= b["t"] and a["rows"] <= b["rows"] for a, b in pairwise(series))

@@ -278,6 +278,7 @@ def bench(args: argparse.Namespace) -> int:
         f"{loader.source.num_rows:,} rows, batch {loader.batch_size}, {describe_order(loader)}, "
         f"{loader.num_workers} {args.worker_type} worker{'s' if loader.num_workers > 1 else ''}"
     )
+    mixing = loader.mixing_report()  # of the first epoch's order, before it runs
     tracing = loader.trace(args.trace) if args.trace else contextlib.nullcontext()
     with tracing:
         run = run_bench(loader, args.epochs, args.max_batches)
@@ -285,7 +286,8 @@ def bench(args: argparse.Namespace) -> int:
         print("interrupted: the stats cover what ran until Ctrl-C")
     epochs = loader.epoch  # epochs started, the last one perhaps cut short
     print_stats(loader, epochs)
-    report = bench_report(loader, args, run.series, epochs)
+    print(mixing)
+    report = {**bench_report(loader, args, run.series, epochs), "mixing": mixing.to_dict()}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
