@@ -317,8 +317,12 @@ def test_nested_lists_become_one_python_list_per_row() -> None:
         assert out["spans"] == [[{"s": 0, "e": 2}], [], [{"s": 1, "e": 1}]]
     check_schema(batch.schema, "torch")
     holes = pa.record_batch({"tags": pa.array([["a"], None])})
-    with pytest.raises(ConversionError, match=r"column 'tags' .* has 1 null values \(of 2\)"):
+    with pytest.raises(ConversionError, match=r"column 'tags' .* has 1 null values \(of 2\); "
+                       r"fill them with a list \(fill_nulls=\{'tags': \[\]\}\)"):
         to_output(holes, "numpy")
+    with pytest.raises(ConversionError, match=r"got fill_nulls\['tags'\]='xy', not a list"):
+        to_output(holes, Conversion(fill_nulls={"tags": "xy"}))
+    check_schema(pa.schema([("ids", pa.list_(pa.list_(pa.uint64())))]), "torch")  # Python ints
     assert to_output(holes, Conversion(fill_nulls={"tags": []}))["tags"] == [["a"], []]
 
 

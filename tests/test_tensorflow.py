@@ -60,6 +60,19 @@ def test_signature_follows_the_batches(tmp_path) -> None:
         ll.as_tf_dataset(ll.Loader(uri, batch_size=2, columns=["text"], output="python"))
 
 
+def test_transformed_columns_may_change_shape_between_batches(small_uri: str) -> None:
+    def square(batch):  # a column as wide as the batch is long: the last batch is narrower
+        return {"v": np.zeros((batch.num_rows, batch.num_rows), np.float32)}
+
+    loader = ll.Loader(small_uri, batch_size=400, columns=["id"], transform=square,
+                       output="numpy")
+    ds = ll.as_tf_dataset(loader)
+    assert ds.element_spec["v"].shape.as_list() == [None, None]
+    assert [tuple(b["v"].shape) for b in ds] == [(400, 400), (400, 400), (200, 200)]
+    spec = {"v": tf.TensorSpec((None, None), tf.float32, name="v")}
+    assert ll.as_tf_dataset(loader, element_spec=spec).element_spec["v"].name == "v"
+
+
 def test_peek_is_the_next_first_batch_and_starts_nothing(small_uri: str) -> None:
     loader = ll.Loader(small_uri, batch_size=64, columns=["id", "x"], shuffle=True, seed=1,
                        output="tf")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import pickle
 import subprocess
 import sys
@@ -163,6 +164,11 @@ def test_map_dataset_transform_lists_and_skipped_rows(small_uri: str) -> None:
     ids = [b["id"].tolist() for b in DataLoader(ds, batch_sampler=sampler, collate_fn=collate)]
     assert len(ids) == 100 and all(len(b) == 9 for b in ids)
     assert sorted(i for b in ids for i in b) == [i for i in range(1, 1001) if i % 10]
+    lenient = MapDataset(small_uri, columns=["id"], transform=[add, inverse], on_error="skip",
+                         max_skip_fraction=1.0)  # a batch of one row may lose it
+    with pytest.raises(IndexError, match=r"row 9 was skipped: its transform failed and "
+                       r"on_error='skip'"):
+        lenient[9]
     strict = MapDataset(small_uri, columns=["id"], transform=[add, inverse])
     with pytest.raises(ZeroDivisionError):
         strict.__getitems__([9])
@@ -235,7 +241,8 @@ def test_dataloader_workers(small_uri: str, forkserver, context: str, collate_fn
 
 
 def leftover_batch_files() -> list[str]:
-    return sorted(p.name for p in SHM_DIR.glob("lanceloader-batch-*"))
+    """Batch files for this (training) process: the name starts with its pid."""
+    return sorted(p.name for p in SHM_DIR.glob(f"lanceloader-batch-{os.getpid()}-*"))
 
 
 def test_shared_batch_round_trip_keeps_every_value() -> None:
@@ -295,6 +302,33 @@ def test_shared_batch_round_trips_any_batch(batch) -> None:
     assert same(batch, rebuild(*args)) and leftover_batch_files() == []
 
 
+def test_what_shared_batch_cannot_pack_travels_the_torch_way(monkeypatch) -> None:
+    class Tagged(torch.Tensor):
+        pass
+
+    odd = {
+        "f8": torch.zeros(3).to(torch.float8_e4m3fn),  # no NumPy dtype
+        "sub": torch.arange(3).as_subclass(Tagged),  # a subclass keeps its type
+        "rows": [torch.arange(2), torch.arange(3)],  # lists are left to torch
+        "conj": torch.tensor([1 + 2j]).conj(),  # lazily conjugated: packed resolved
+        "plain": torch.arange(4),
+    }
+    rebuild, args = SharedBatch(odd).__reduce__()
+    out = rebuild(*args)
+    assert out["f8"].dtype == torch.float8_e4m3fn and type(out["sub"]) is Tagged
+    assert [r.tolist() for r in out["rows"]] == [[0, 1], [0, 1, 2]]
+    assert out["conj"].tolist() == [1 - 2j] and out["plain"].tolist() == [0, 1, 2, 3]
+    assert leftover_batch_files() == []
+
+    def full(path, arrays):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(collation, "write_arrays", full)
+    rebuild, args = SharedBatch({"plain": torch.arange(4)}).__reduce__()
+    assert rebuild is dict and rebuild(*args)["plain"].tolist() == [0, 1, 2, 3]  # never lost
+    assert leftover_batch_files() == []
+
+
 def test_shared_batch_is_written_as_default_convert_leaves_it() -> None:
     shared = SharedBatch({"n": np.arange(3), "s": ["a", "b", "c"]})
     converted = torch.utils.data.default_convert(shared)  # DataLoader's batch_size=None collate
@@ -309,9 +343,9 @@ def test_iterable_batches_cross_from_workers_as_files(small_uri, forkserver) -> 
     ds = IterableDataset(small_uri, 100, columns=["id", "x"], output="numpy", num_workers=1)
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=forkserver,
                         timeout=TIMEOUT)
-    before = set(collation._watched)
+    before = collation.batches_received
     batches = list(loader)
-    assert len(collation._watched - before) == 2  # files came from both workers
+    assert collation.batches_received - before == len(batches) == 10  # all came as files
     assert [b["id"].tolist() for b in batches] == loader_batches(small_uri, batch_size=100)
     assert isinstance(batches[0]["x"], torch.Tensor)  # default_convert's work is kept
     assert leftover_batch_files() == []
@@ -322,10 +356,10 @@ def test_batches_cross_from_workers_as_files_and_none_is_left(small_uri, forkser
     sampler = BatchSampler(ds, batch_size=50, shuffle=True, seed=3)
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=2,
                         timeout=TIMEOUT, multiprocessing_context=forkserver, prefetch_factor=4)
-    before = set(collation._watched)
+    before = collation.batches_received
     it = iter(loader)
     first = [next(it) for _ in range(3)]
-    assert len(collation._watched - before) == 2  # files came from both workers
+    assert collation.batches_received - before >= 3  # they came as files
     assert type(first[0]) is dict and first[0]["x"].shape == (50, 64)
     del it  # a break: workers stop with batches still in flight, which they delete
     assert leftover_batch_files() == []
@@ -404,10 +438,31 @@ KILLED_WORKER_SCRIPT = textwrap.dedent(
                 pass
         except RuntimeError as exc:
             error = str(exc)
-        print(json.dumps({"pids": pids, "in_flight": in_flight, "error": error,
-                          "left_before_exit": len(files())}))
+        print(json.dumps({"pid": os.getpid(), "pids": pids, "in_flight": in_flight,
+                          "error": error}))
     """
 )
+
+
+def test_training_process_deletes_its_workers_leftovers_at_exit() -> None:
+    code = textwrap.dedent(
+        """
+        import os
+        from pathlib import Path
+        import lanceloader.integrations.torch.collation  # registers the exit clean-up
+        for name in (f"{os.getpid()}-999-abc-0", f"{os.getpid() + 1}-999-abc-0"):
+            Path(f"/dev/shm/lanceloader-batch-{name}").write_bytes(b"x")  # left by killed workers
+        print(os.getpid())
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pid = int(done.stdout.split()[-1])
+    assert not (SHM_DIR / f"lanceloader-batch-{pid}-999-abc-0").exists()
+    other = SHM_DIR / f"lanceloader-batch-{pid + 1}-999-abc-0"
+    assert other.exists()  # another training process's files are not ours to delete
+    other.unlink()
 
 
 def test_killed_dataloader_worker_leaves_no_batch_files(small_uri: str, tmp_path) -> None:
@@ -418,10 +473,9 @@ def test_killed_dataloader_worker_leaves_no_batch_files(small_uri: str, tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["in_flight"] > 0 and "exited unexpectedly" in out["error"]
-    left = [p.name for p in SHM_DIR.glob("lanceloader-batch-*")
-            if any(f"-{pid}-" in p.name for pid in out["pids"])]
-    # What was sent was taken (and deleted) by the training process; a file written but never
-    # sent would be deleted by the surviving worker at its exit, or by the training process's.
+    left = [p.name for p in SHM_DIR.glob(f"lanceloader-batch-{out['pid']}-*")]
+    # What was sent was taken (and deleted) by the training process; the surviving worker
+    # deleted its own at exit, and the training process, at its exit, the killed worker's.
     assert left == []
 
 

@@ -352,6 +352,7 @@ def _check_field(
         )
     if (
         conv.output == "torch"
+        and kind != "nested"  # Python ints: no tensor to refuse
         and _leaf_type(typ) == pa.uint64()
         and conv.casts.get(path, "uint64") == "uint64"
     ):
@@ -539,12 +540,17 @@ def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray:
 
 def _nested(path: str, arr: pa.Array, conv: Conversion) -> list[Any]:
     """One Python list per row; a null row becomes the column's fill value (or raises)."""
-    if arr.null_count and path not in conv.fill_nulls:
-        raise _null_error(path, arr)
+    fill = conv.fill_nulls.get(path)
+    if arr.null_count and not isinstance(fill, list):
+        raise ConversionError(
+            f"column {path!r} ({arr.type}) has {arr.null_count} null values (of {len(arr)}); "
+            f"fill them with a list (fill_nulls={{{path!r}: []}}) or filter them out "
+            f"(filter='{path} IS NOT NULL')"
+            + ("" if fill is None else f"; got fill_nulls[{path!r}]={fill!r}, not a list")
+        )
     rows = arr.to_pylist()
     if arr.null_count:
-        fill = conv.fill_nulls[path]
-        rows = [list(fill) if row is None else row for row in rows]
+        rows = [list(fill) if row is None else row for row in rows]  # type: ignore[arg-type]
     return rows
 
 

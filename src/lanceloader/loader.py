@@ -200,17 +200,14 @@ class Loader:
             seed=seed,
         )
         self.num_workers = num_workers or os.cpu_count() or 1
-        random_reads = self.order.shuffle and self.order.block_size < 64
-        default_read = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
-        self.batches_per_read = max(1, (rows_per_read or default_read) // batch_size)
-        self.prefetch = prefetch or 2 * self.num_workers
-        if transform is not None or worker_type == "process":
-            # A worker transforms every batch of its read: with a (slow) transform, small reads
-            # keep every worker busy; reading is then the cheap part. Two reads per worker in
-            # flight: a worker that finishes early starts its next read instead of waiting.
-            if rows_per_read is None:
-                self.batches_per_read = min(self.batches_per_read, TRANSFORM_BATCHES_PER_READ)
-            self.prefetch = prefetch or 2 * self.num_workers * self.batches_per_read
+        self._small_reads = transform is not None or worker_type == "process"
+        self.batches_per_read = (
+            max(1, rows_per_read // batch_size)
+            if rows_per_read
+            else default_batches_per_read(self.order, batch_size, self._small_reads)
+        )
+        self._prefetch_given = prefetch
+        self.prefetch = prefetch or self.default_prefetch(self.num_workers)
         self.log_every = log_every
         self.worker_type = worker_type
         self.recorder = Recorder()
@@ -376,6 +373,12 @@ class Loader:
             f"rank={self.rank}/{self.world_size}, output={self.output!r})"
         )
 
+    def default_prefetch(self, workers: int) -> int:
+        """Batches in flight by default with ``workers`` workers: two per worker, and with a
+        transform or process workers two reads per worker (a worker that finishes early starts
+        its next read instead of waiting)."""
+        return 2 * workers * (self.batches_per_read if self._small_reads else 1)
+
     def _work(self, trace: bool = False) -> BatchWork:
         # Process workers return NumPy (through shared memory); the consumer makes tensors.
         conversion = self.conversion
@@ -516,6 +519,20 @@ def _log_progress(it: EpochIterator) -> None:
         stats.bytes_per_s / 1e6, 100 * stats.wait_s / max(stats.wall_s, 1e-9),
         stats.bottleneck.stage,
     )
+
+
+def default_batches_per_read(order: Order, batch_size: int, small_reads: bool) -> int:
+    """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
+    cost more per call), and with a transform (``small_reads``) at most two batches, which are
+    still in the CPU cache when they are transformed.
+
+    >>> default_batches_per_read(Order(10**6), 256, small_reads=False)
+    256
+    """
+    random_reads = order.shuffle and order.block_size < 64
+    rows = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
+    per_read = max(1, rows // batch_size)
+    return min(per_read, TRANSFORM_BATCHES_PER_READ) if small_reads else per_read
 
 
 def check_int(name: str, value: object, minimum: int | None) -> None:

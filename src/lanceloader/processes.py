@@ -89,7 +89,7 @@ _ALIGN = 64
 def _split(value: Any, arrays: list[np.ndarray]) -> Any:
     """Replace NumPy arrays (not of object dtype) in nested dicts, lists and dataclasses by
     placeholders, collecting the arrays."""
-    if isinstance(value, np.ndarray) and value.dtype.kind != "O":
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "OT":  # not Python objects
         arrays.append(value)
         return _ArrayRef(len(arrays) - 1)
     if isinstance(value, dict):
@@ -136,6 +136,9 @@ def write_arrays(path: Path, arrays: list[np.ndarray]) -> list[int]:
         with mmap.mmap(fd, max(size, 1)) as buf:
             for a, offset in zip(arrays, offsets, strict=True):
                 buf[offset : offset + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    except BaseException:
+        path.unlink(missing_ok=True)  # half-written: nobody will take it
+        raise
     finally:
         os.close(fd)
     return offsets

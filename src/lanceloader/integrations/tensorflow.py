@@ -17,12 +17,16 @@ from lanceloader.convert import LENGTHS_SUFFIX
 from lanceloader.loader import Loader
 
 
-def as_tf_dataset(loader: Loader) -> Any:
+def as_tf_dataset(loader: Loader, element_spec: Any = None) -> Any:
     """``loader`` as a ``tf.data.Dataset`` of its batches (dicts of tensors).
 
-    The element spec comes from ``loader.peek()``: the batch dimension is unknown (a last batch
-    may be short), as is the length dimension of padded list columns; every other dimension is
-    the sample's. Use ``output="numpy"`` or ``"tf"``; text columns become ``tf.string`` tensors.
+    The element spec comes from ``loader.peek()``'s dtypes. The batch dimension is unknown (a
+    last batch may be short), and so are the lengths of padded list columns; without a
+    transform, the other dimensions are fixed by the schema and taken from the sample, while a
+    transform's columns may change shape from batch to batch (``tokenize`` pads to each batch's
+    longest text), so all their other dimensions are unknown too. Pass ``element_spec`` (a dict
+    of ``tf.TensorSpec``) to declare them yourself. Use ``output="numpy"`` or ``"tf"``; text
+    columns become ``tf.string`` tensors.
     The dataset's cardinality is ``len(loader)`` (Keras then knows the steps per epoch), except
     when the loader resumes mid-epoch: that epoch is shorter than the next ones.
 
@@ -48,16 +52,19 @@ def as_tf_dataset(loader: Loader) -> Any:
             f"as_tf_dataset needs batches that are dicts of columns; this loader's transform "
             f"returns {type(sample).__name__}"
         )
-    signature = {name: _spec(tf, name, value, sample) for name, value in sample.items()}
+    fixed = loader.transform is None  # the schema fixes every shape but the batch's
+    signature = element_spec or {
+        name: _spec(tf, name, value, sample, fixed) for name, value in sample.items()
+    }
     dataset = tf.data.Dataset.from_generator(lambda: iter(loader), output_signature=signature)
     if len(loader) == len(loader.plan()):  # at an epoch's start, every epoch is this long
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
     return dataset
 
 
-def _spec(tf: Any, name: str, value: Any, batch: Mapping[str, Any]) -> Any:
+def _spec(tf: Any, name: str, value: Any, batch: Mapping[str, Any], fixed: bool) -> Any:
     if isinstance(value, Mapping):
-        return {k: _spec(tf, f"{name}.{k}", v, value) for k, v in value.items()}
+        return {k: _spec(tf, f"{name}.{k}", v, value, fixed) for k, v in value.items()}
     if isinstance(value, list):
         if all(isinstance(v, str | bytes) for v in value):
             return tf.TensorSpec(shape=(None,), dtype=tf.string)
@@ -69,7 +76,9 @@ def _spec(tf: Any, name: str, value: Any, batch: Mapping[str, Any]) -> Any:
     if not shape:
         raise TypeError(f"column {name!r} is a scalar, not a column of the batch")
     shape[0] = None  # a last batch may be short
-    if len(shape) > 1 and name.rsplit(".", 1)[-1] + LENGTHS_SUFFIX in batch:
+    if not fixed:
+        shape = [None] * len(shape)
+    elif len(shape) > 1 and name.rsplit(".", 1)[-1] + LENGTHS_SUFFIX in batch:
         shape[1] = None  # a padded list column: as long as the batch's longest row
     text = isinstance(value, np.ndarray) and value.dtype.kind in "OSTU"
     dtype = tf.string if text else tf.as_dtype(value.dtype)

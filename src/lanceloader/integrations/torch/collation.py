@@ -5,7 +5,6 @@ that passes as a list of rows), :func:`collate`, :func:`split_rows` and
 
 from __future__ import annotations
 
-import atexit
 import functools
 import itertools
 import math
@@ -147,15 +146,15 @@ def collate(samples: Any) -> Any:
 
 
 def pack_for_transfer(batch: Any) -> Any:
-    """In a DataLoader worker, ``batch`` as a :class:`SharedBatch`: a dict that crosses to the
-    training process as one ``/dev/shm`` file; elsewhere (or without tensors) ``batch`` itself.
+    """In a DataLoader worker, a dict ``batch`` as a :class:`SharedBatch`, which crosses to the
+    training process as one ``/dev/shm`` file; anything else, or elsewhere, ``batch`` itself.
 
     >>> pack_for_transfer({"a": torch.arange(3)})["a"].tolist()
     [0, 1, 2]
     """
-    if torch.utils.data.get_worker_info() is None or not isinstance(batch, Mapping):
+    if torch.utils.data.get_worker_info() is None or type(batch) is not dict:
         return batch
-    if not SHM_DIR.is_dir() or not any(True for _ in _arrays(batch)):
+    if not SHM_DIR.is_dir() or not any(_packable(v) for v in _leaves(batch)):
         return batch
     return SharedBatch(batch)
 
@@ -165,12 +164,15 @@ class SharedBatch(dict):  # type: ignore[type-arg]
 
     torch sends each tensor's memory as a file descriptor, and the training process fetches each
     descriptor over a new authenticated socket connection to the worker: per batch, that cost
-    more than reading it (``benchmarks/torch_map.py``). Pickled, this dict instead writes its
-    tensors and NumPy arrays (as they are then, so torch's ``default_convert`` may change them
-    first) into one file and sends the file's name; the training process maps the file, deletes
-    its name at once, and gets a plain dict whose tensors view the mapping. Files the training
-    process never took (a ``break``, a shut-down worker) are deleted when the worker exits, and
-    those of a killed worker when the training process exits.
+    more than reading it (``benchmarks/torch_map.py``). Pickled, this dict instead writes the
+    plain CPU tensors and NumPy arrays of its (nested) dicts, as they are then (so torch's
+    ``default_convert`` may change them first), into one file and sends the file's name; the
+    training process maps the file, deletes its name at once, and gets plain dicts whose tensors
+    view the mapping. Anything else (lists, tensor subclasses, dtypes NumPy lacks) travels the
+    way torch sends it, and so does the whole batch if the file cannot be written: a batch is
+    never lost. Files the training process never took are deleted when their worker exits (a
+    ``break``, a shut-down DataLoader), and those of a killed worker when the training process
+    exits.
     """
 
     __slots__ = ()
@@ -179,10 +181,14 @@ class SharedBatch(dict):  # type: ignore[type-arg]
         return SharedBatch(self)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        arrays: list[np.ndarray] = []
-        skeleton = _split(dict(self), arrays)
         path = _new_path()
-        return _unpack, (str(path), skeleton, write_arrays(path, arrays))
+        try:
+            arrays: list[np.ndarray] = []
+            skeleton = _split(dict(self), arrays)
+            return _unpack, (str(path), skeleton, write_arrays(path, arrays))
+        except Exception:  # e.g. /dev/shm full: torch's own transport instead
+            path.unlink(missing_ok=True)
+            return dict, (dict(self),)
 
 
 @dataclass(frozen=True)
@@ -195,36 +201,53 @@ class _ArrayRef:
     kind: str  # "torch", "torch-bfloat16" or "numpy"
 
 
-def _arrays(value: Any) -> Iterator[Any]:
-    if isinstance(value, torch.Tensor | np.ndarray):
-        yield value
-    elif isinstance(value, Mapping):
+def _leaves(value: Any) -> Iterator[Any]:
+    if type(value) is dict:
         for v in value.values():
-            yield from _arrays(v)
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+def _packable(value: Any) -> bool:
+    if type(value) is torch.Tensor:
+        return value.device.type == "cpu" and value.layout == torch.strided and not (
+            value.requires_grad
+        )
+    return type(value) is np.ndarray and value.dtype.kind in "biufcmM"
 
 
 def _split(value: Any, arrays: list[np.ndarray]) -> Any:
-    """``value`` with its CPU tensors and NumPy arrays replaced by references into ``arrays``."""
-    if isinstance(value, Mapping):
+    """``value`` with the packable tensors and arrays of its dicts replaced by references into
+    ``arrays``."""
+    if type(value) is dict:
         return {k: _split(v, arrays) for k, v in value.items()}
-    kind, array = None, None
-    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not value.requires_grad:
-        if value.dtype == torch.bfloat16:  # NumPy has no bfloat16: travel as its bits
-            kind, array = "torch-bfloat16", value.contiguous().view(torch.int16).numpy()
-        else:
-            kind, array = "torch", value.contiguous().numpy()
-    elif isinstance(value, np.ndarray) and value.dtype.kind in "biufcmM":
-        kind, array = "numpy", np.ascontiguousarray(value)
-    if kind is None or array is None:
+    if not _packable(value):
         return value
+    if isinstance(value, np.ndarray):
+        kind, array = "numpy", np.ascontiguousarray(value)
+    else:
+        tensor = value.resolve_conj().resolve_neg().contiguous()
+        try:
+            if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16: travel as its bits
+                kind, array = "torch-bfloat16", tensor.view(torch.int16).numpy()
+            else:
+                kind, array = "torch", tensor.numpy()
+        except (TypeError, RuntimeError):  # a dtype NumPy lacks (float8, ...): torch sends it
+            return value
     arrays.append(array)
     return _ArrayRef(len(arrays) - 1, array.dtype.str, tuple(array.shape), kind)
 
 
+batches_received = 0  # batches this process took from files (the tests check the path taken)
+
+
 def _unpack(path: str, skeleton: Any, layout: list[int]) -> Any:
     """In the training process: map the batch's file, delete its name, rebuild the dict."""
-    _watch_prefix(Path(path).name.rsplit("-", 1)[0])
-    return _join(skeleton, take_mapping(Path(path)), layout)
+    global batches_received
+    batch = _join(skeleton, take_mapping(Path(path)), layout)
+    batches_received += 1
+    return batch
 
 
 def _join(value: Any, buf: mmap.mmap, layout: list[int]) -> Any:
@@ -241,31 +264,26 @@ def _join(value: Any, buf: mmap.mmap, layout: list[int]) -> Any:
     return tensor.view(torch.bfloat16) if value.kind == "torch-bfloat16" else tensor
 
 
-# --- the files: named per training process and worker, removed if never taken ----------------
+# --- the files: named by training process and worker, deleted if never taken ----------------
 
+FILE_PREFIX = "lanceloader-batch"
 _counter = itertools.count()
 _prefix: tuple[int, str] | None = None  # (pid, prefix) of this worker
-_watched: set[str] = set()
 
 
 def _new_path() -> Path:
-    """A fresh file name ``lanceloader-batch-<worker pid>-<random>-<n>``; the first one in a
-    worker also arranges for the worker's leftovers to be deleted when it exits."""
+    """A fresh name ``lanceloader-batch-<training pid>-<worker pid>-<random>-<n>``. The first
+    in a worker arranges for its leftovers to be deleted when it exits."""
     global _prefix
     if _prefix is None or _prefix[0] != os.getpid():
-        _prefix = (os.getpid(), f"lanceloader-batch-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        parent = multiprocessing.parent_process()  # the training process, whatever started us
+        training = parent.pid if parent is not None else os.getpid()
+        _prefix = (os.getpid(),
+                   f"{FILE_PREFIX}-{training}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         # multiprocessing runs these finalizers when a worker exits (it skips atexit).
         multiprocessing.util.Finalize(None, _remove_worker_files, args=(_prefix[1],),
                                       exitpriority=10)
     return SHM_DIR / f"{_prefix[1]}-{next(_counter)}"
-
-
-def _watch_prefix(prefix: str) -> None:
-    """In the training process: at exit, delete what a worker that was killed left behind."""
-    if prefix not in _watched:
-        if not _watched:
-            atexit.register(lambda: [_remove_files(p) for p in list(_watched)])
-        _watched.add(prefix)
 
 
 def _remove_worker_files(prefix: str) -> None:
@@ -280,3 +298,15 @@ def _remove_worker_files(prefix: str) -> None:
 def _remove_files(prefix: str) -> None:
     for leftover in SHM_DIR.glob(f"{prefix}-*"):
         leftover.unlink(missing_ok=True)
+
+
+def _remove_files_of_my_workers(pid: int) -> None:
+    """At the training process's exit, after multiprocessing has stopped its workers: what a
+    killed worker left behind."""
+    if os.getpid() == pid:
+        _remove_files(f"{FILE_PREFIX}-{pid}")
+
+
+# Priority below 0: runs after multiprocessing has terminated and joined the daemon workers.
+multiprocessing.util.Finalize(None, _remove_files_of_my_workers, args=(os.getpid(),),
+                              exitpriority=-10)

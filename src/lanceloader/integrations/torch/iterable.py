@@ -112,7 +112,10 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         in_worker = torch.utils.data.get_worker_info() is not None
         threads = self._threads or (1 if in_worker else loader.num_workers)
         per_read = loader.batches_per_read
-        depth = max(threads, math.ceil(loader.prefetch / per_read))
+        # The loader's prefetch counts its own workers (all cores by default); here, this
+        # process's threads, unless the user set prefetch.
+        prefetch = loader._prefetch_given or loader.default_prefetch(threads)
+        depth = max(threads, math.ceil(prefetch / per_read))
         tasks = read_tasks(epoch, plan, per_read, batches,
                            align=window_alignment(plan, loader.order.window_rows))
         prefetcher = OrderedPrefetcher(work, tasks, threads, depth)

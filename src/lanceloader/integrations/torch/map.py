@@ -20,11 +20,7 @@ import torch.utils.data
 
 from lanceloader.convert import Conversion, check_output, check_schema, to_output
 from lanceloader.integrations.torch.collation import Rows
-from lanceloader.loader import (
-    ROWS_PER_READ_RANDOM,
-    ROWS_PER_READ_SEQUENTIAL,
-    TRANSFORM_BATCHES_PER_READ,
-)
+from lanceloader.loader import default_batches_per_read
 from lanceloader.order import Order
 from lanceloader.plan import Plan, ReadTask, read_tasks, window_alignment
 from lanceloader.prefetch import OrderedPrefetcher
@@ -139,7 +135,13 @@ class MapDataset(torch.utils.data.Dataset):
                 f"MapDataset index must be an int, got {index!r} ({type(index).__name__}); "
                 "read several rows with one call through ds.__getitems__([i, j, ...])"
             )
-        return self.__getitems__([operator.index(index)])[0]
+        rows = self.__getitems__([operator.index(index)])
+        if len(rows) == 0:
+            raise IndexError(
+                f"row {index} was skipped: its transform failed and on_error={self.on_error!r}; "
+                "use on_error='raise' to see the error"
+            )
+        return rows[0]
 
     def __getitems__(self, indices: Any) -> Rows:
         """The rows at ``indices`` (in that order, duplicates allowed), read with one Lance call."""
@@ -255,14 +257,10 @@ class _ReadAhead:
             self._stream.close()  # type: ignore[attr-defined]
         ds, order, plan = self._dataset, hint.order, hint.plan
         self._key, self._next, self._stride = key, hint.batch, _worker_slot()[1]
-        random_reads = order.shuffle and order.block_size < 64
-        rows = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
         output: Any = ds.conversion  # BatchWork converts with to_output, which takes either
         work = BatchWork(ds.source, order, ds.transform, output, on_error=ds.on_error,
                          max_skip_fraction=ds.max_skip_fraction)
-        per_read = max(1, rows // plan.batch_size)
-        if ds.transform is not None:  # transformed while still in the CPU cache, as the Loader does
-            per_read = min(per_read, TRANSFORM_BATCHES_PER_READ)
+        per_read = default_batches_per_read(order, plan.batch_size, ds.transform is not None)
         batches = range(hint.batch, len(plan), self._stride)
         tasks = read_tasks(hint.epoch, plan, per_read, batches,
                            align=window_alignment(plan, order.window_rows))
