@@ -27,6 +27,14 @@ def test_torch_output_and_numpy_transform_results(small_uri: str) -> None:
     assert ids_of(loader) == list(range(1, 1001))
 
 
+def test_numpy_string_columns_come_back_from_process_workers(small_uri: str) -> None:
+    conversion = ll.Conversion(output="numpy", strings="numpy")  # a NumPy StringDType column
+    loader = ll.Loader(small_uri, batch_size=100, columns=["text"], output=conversion,
+                       worker_type="process", num_workers=2)
+    threads = ll.Loader(small_uri, batch_size=100, columns=["text"], output=conversion)
+    assert [b["text"].tolist() for b in loader] == [b["text"].tolist() for b in threads]
+
+
 def test_unpicklable_transform_is_reported_at_construction(small_uri: str) -> None:
     with pytest.raises(TypeError, match=r"transform .*<lambda>.* cannot be sent to worker processes"):
         ll.Loader(small_uri, worker_type="process", transform=lambda b: b)
