@@ -113,7 +113,7 @@ def test_block_shuffle_reads_fetch_whole_windows() -> None:
     assert align == (0, 32) and window_alignment(plan, Order(100).window_rows) is None
     assert window_alignment(Plan(1 << 20, 256, start=4096), 8192) == (16, 32)
     assert window_alignment(Plan(1 << 20, 256, start=100), 8192) is None
-    tasks = list(read_tasks(0, plan, per_read=256, align=align))
+    tasks = list(read_tasks(0, plan, per_read=256, window_rows=order.window_rows))
     for task in tasks[6:]:  # after the ramp, each read is whole blocks: contiguous runs of 1024
         fetched = np.sort(order.positions(0, task.samples))
         runs = np.split(fetched, np.flatnonzero(np.diff(fetched) != 1) + 1)

@@ -35,7 +35,7 @@ from lanceloader.distributed import resolve_rank_world
 from lanceloader.mixing import MixingReport, mixing_report
 from lanceloader.order import Order
 from lanceloader.placement import check_placement
-from lanceloader.plan import Plan, ReadTask, read_tasks, window_alignment
+from lanceloader.plan import Plan, ReadTask, read_tasks
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.processes import ProcessPool, check_picklable, start_forkserver
 from lanceloader.source import Source
@@ -200,16 +200,15 @@ class Loader:
             seed=seed,
         )
         self.num_workers = num_workers or os.cpu_count() or 1
-        self._small_reads = transform is not None or worker_type == "process"
+        self.worker_type = worker_type
         self.batches_per_read = (
             max(1, rows_per_read // batch_size)
             if rows_per_read
             else default_batches_per_read(self.order, batch_size, self._small_reads)
         )
         self._prefetch_given = prefetch
-        self.prefetch = prefetch or self.default_prefetch(self.num_workers)
+        self.prefetch = prefetch or self._default_prefetch(self.num_workers)
         self.log_every = log_every
-        self.worker_type = worker_type
         self.recorder = Recorder()
         if worker_type == "process":
             name = getattr(transform, "__qualname__", type(transform).__name__)
@@ -373,11 +372,22 @@ class Loader:
             f"rank={self.rank}/{self.world_size}, output={self.output!r})"
         )
 
-    def default_prefetch(self, workers: int) -> int:
+    @property
+    def _small_reads(self) -> bool:
+        """Whether workers transform what they read (so reads are kept small)."""
+        return self.transform is not None or self.worker_type == "process"
+
+    def _default_prefetch(self, workers: int) -> int:
         """Batches in flight by default with ``workers`` workers: two per worker, and with a
         transform or process workers two reads per worker (a worker that finishes early starts
         its next read instead of waiting)."""
         return 2 * workers * (self.batches_per_read if self._small_reads else 1)
+
+    def reads_in_flight(self, workers: int) -> int:
+        """Reads that ``workers`` workers keep in flight: ``prefetch`` batches (the given one,
+        or the default for that many workers) in whole reads, at least one per worker."""
+        prefetch = self._prefetch_given or self._default_prefetch(workers)
+        return max(workers, math.ceil(prefetch / self.batches_per_read))
 
     def _work(self, trace: bool = False) -> BatchWork:
         # Process workers return NumPy (through shared memory); the consumer makes tensors.
@@ -450,9 +460,9 @@ class EpochIterator(Iterator[Any]):
         self._tracing = self._recorder.tracing
         self._log_every = loader.log_every
         per_read = loader.batches_per_read
-        depth = max(loader.num_workers, math.ceil(loader.prefetch / per_read))
-        align = window_alignment(progress.plan, loader.order.window_rows)
-        tasks = read_tasks(progress.epoch, progress.plan, per_read, align=align)
+        depth = loader.reads_in_flight(loader.num_workers)
+        tasks = read_tasks(progress.epoch, progress.plan, per_read,
+                           window_rows=loader.order.window_rows)
         work = loader._work(trace=self._tracing)
         pool = ProcessPool if loader.worker_type == "process" else OrderedPrefetcher
         self._prefetcher: OrderedPrefetcher[ReadTask, TaskResult] | ProcessPool = pool(

@@ -121,13 +121,15 @@ class ReadTask:
 
 
 def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = None,
-               align: tuple[int, int] | None = None) -> Iterator[ReadTask]:
+               window_rows: int | None = None) -> Iterator[ReadTask]:
     """Tasks over ``batches`` (default: all of the plan; any step) of 1, 2, 4, ... batches, up
-    to ``per_read``: a fast first batch, then big reads; ``align`` as for :func:`read_ranges`.
+    to ``per_read``: a fast first batch, then big reads, cut on the boundaries of an order's
+    windows of ``window_rows`` samples (``Order.window_rows``) where they fall on batches.
 
     >>> [t.batches for t in read_tasks(0, Plan(100, 10), per_read=4)]
     [range(0, 1), range(1, 3), range(3, 7), range(7, 10)]
     """
+    align = window_alignment(plan, window_rows)
     for chosen in read_ranges(range(len(plan)) if batches is None else batches, per_read, align):
         samples, sizes = plan.samples(chosen)
         yield ReadTask(epoch, chosen, samples, tuple(sizes))

@@ -4,7 +4,6 @@ workers, resumable through torchdata's ``StatefulDataLoader``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,7 +17,7 @@ from lanceloader.integrations.torch.collation import pack_for_transfer
 from lanceloader.integrations.torch.map import _worker_slot
 from lanceloader.integrations.torch.samplers import _Cursor
 from lanceloader.loader import Loader, check_int
-from lanceloader.plan import Plan, read_tasks, window_alignment
+from lanceloader.plan import Plan, read_tasks
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.state import StateMismatchError, check_state
 
@@ -112,12 +111,9 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         in_worker = torch.utils.data.get_worker_info() is not None
         threads = self._threads or (1 if in_worker else loader.num_workers)
         per_read = loader.batches_per_read
-        # The loader's prefetch counts its own workers (all cores by default); here, this
-        # process's threads, unless the user set prefetch.
-        prefetch = loader._prefetch_given or loader.default_prefetch(threads)
-        depth = max(threads, math.ceil(prefetch / per_read))
+        depth = loader.reads_in_flight(threads)  # this process's threads, not all the cores
         tasks = read_tasks(epoch, plan, per_read, batches,
-                           align=window_alignment(plan, loader.order.window_rows))
+                           window_rows=loader.order.window_rows)
         prefetcher = OrderedPrefetcher(work, tasks, threads, depth)
         try:
             for result in prefetcher:

@@ -22,7 +22,7 @@ from lanceloader.convert import Conversion, check_output, check_schema, to_outpu
 from lanceloader.integrations.torch.collation import Rows
 from lanceloader.loader import default_batches_per_read
 from lanceloader.order import Order
-from lanceloader.plan import Plan, ReadTask, read_tasks, window_alignment
+from lanceloader.plan import Plan, ReadTask, read_tasks
 from lanceloader.prefetch import OrderedPrefetcher
 from lanceloader.source import Source
 from lanceloader.transforms import (
@@ -263,7 +263,7 @@ class _ReadAhead:
         per_read = default_batches_per_read(order, plan.batch_size, ds.transform is not None)
         batches = range(hint.batch, len(plan), self._stride)
         tasks = read_tasks(hint.epoch, plan, per_read, batches,
-                           align=window_alignment(plan, order.window_rows))
+                           window_rows=order.window_rows)
         self._stream = _read_ahead(work, tasks)
 
 
