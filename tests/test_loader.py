@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import pickle
 
@@ -130,16 +131,73 @@ def test_early_break_leaves_no_thread_behind(small_uri: str) -> None:
     assert lanceloader_threads() == []
 
 
-def test_new_iteration_closes_the_previous_one(small_uri: str) -> None:
-    loader = ll.Loader(small_uri, batch_size=10)
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_second_live_iterator_is_an_error_and_the_first_goes_on(small_uri, worker_type) -> None:
+    loader = ll.Loader(small_uri, batch_size=100, columns=["id"], num_workers=2,
+                       worker_type=worker_type)
+    expected = ids_of(ll.Loader(small_uri, batch_size=100, columns=["id"]))
     first = iter(loader)
-    next(first)
-    second = iter(loader)
-    next(second)
-    with pytest.raises(StopIteration):
-        next(first)
-    loader.close()
-    assert lanceloader_threads() == []
+    got = ids_of([next(first)])
+    misuses = [
+        lambda: iter(loader),
+        lambda: list(zip(loader, loader, strict=False)),
+        lambda: [b for _ in loader for b in loader],  # a nested loop over the same loader
+        lambda: [list(itertools.islice(loader, 2)) for _ in range(1)],
+        lambda: loader.set_epoch(0),
+        lambda: loader.load_state_dict(loader.state_dict()),
+    ]
+    for misuse in misuses:
+        with pytest.raises(ll.LoaderInUseError, match=r"delivering epoch 0, 1 of 10 batches.*"
+                                                      r"peek\(\).*close\(\).*second Loader"):
+            misuse()
+    got += ids_of(first)  # the first iterator was never disturbed
+    assert got == expected and loader.epoch == 1
+    assert loader.peek()["id"].tolist() == list(range(100))  # peek never moves the cursor
+    assert ids_of(loader) == expected
+
+
+def test_zip_and_nested_loops_inside_a_loop_raise(small_uri: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=100, columns=["id"])
+    with pytest.raises(ll.LoaderInUseError):
+        for _ in loader:
+            for _ in loader:
+                pass
+    with pytest.raises(ll.LoaderInUseError):
+        for _a, _b in zip(loader, loader, strict=False):
+            pass
+    # the outer loop died after its first batch (zip before any) and was collected: the epoch
+    # continues there
+    assert ids_of(loader) == list(range(100, 1000))
+
+
+def test_broken_closed_or_collected_iterators_leave_the_cursor_where_they_stopped(
+        small_uri: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=100, columns=["id"], shuffle=True, seed=1)
+    expected = ids_of(ll.Loader(small_uri, batch_size=100, columns=["id"], shuffle=True, seed=1))
+    got = ids_of([next(iter(loader))])  # logged a sample the wrong way: it is consumed
+    for _ in loader:  # break
+        break
+    got += expected[100:200]
+    it = iter(loader)
+    got += ids_of([next(it), next(it)])
+    it.close()
+    assert next(it, None) is None and len(it) == 0  # a closed iterator yields nothing more
+    with loader:
+        got += ids_of(itertools.islice(loader, 1))
+    rest = iter(loader)
+    assert len(loader) == 10 and len(rest) == 5
+    assert got + ids_of(rest) == expected and loader.epoch == 1
+
+
+def test_end_of_epoch_is_a_state_of_its_own(small_uri: str) -> None:
+    loader = ll.Loader(small_uri, batch_size=400, columns=["id"])
+    it = iter(loader)
+    for _ in range(len(loader)):
+        next(it)
+    del it  # the loop never saw StopIteration
+    assert loader.epoch == 0 and loader.state_dict()["sample"] == 1000
+    assert ids_of(loader) == [] and loader.epoch == 1  # the empty rest of epoch 0
+    assert len(ids_of(loader)) == 1000
 
 
 def test_loader_pickles_and_keeps_its_pinned_version(small_uri: str) -> None:

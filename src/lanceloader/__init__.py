@@ -8,7 +8,7 @@
 from lanceloader.convert import Conversion, ConversionError
 from lanceloader.images import decode_images, normalise
 from lanceloader.integrations.tensorflow import as_tf_dataset
-from lanceloader.loader import EpochIterator, Loader
+from lanceloader.loader import EpochIterator, Loader, LoaderInUseError
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.processes import WorkerDiedError
@@ -23,6 +23,7 @@ __all__ = [
     "ConversionError",
     "EpochIterator",
     "Loader",
+    "LoaderInUseError",
     "Order",
     "Plan",
     "Source",

@@ -1,66 +1,76 @@
 """Loader: the object users hold.
 
 ``Loader`` ties the stages together: a pinned :class:`~lanceloader.source.Source`, an
-:class:`~lanceloader.order.Order`, a :class:`~lanceloader.plan.Plan` per epoch, and a pool of
-workers behind an :class:`~lanceloader.prefetch.OrderedPrefetcher`. It is re-iterable: each
-``iter()`` is one epoch, and the epoch advances by itself (``set_epoch`` overrides it).
+:class:`~lanceloader.order.Order`, a :class:`~lanceloader.cursor.Cursor` that says where the
+stream stands, and the :class:`~lanceloader.engine.Stream` that reads each epoch.
+
+Iteration semantics (the guide's "Epochs and iterators"):
+
+* Each ``iter()`` delivers the rest of the cursor's epoch; the epoch advances only when its end is
+  reached (``StopIteration``). ``set_epoch`` moves the cursor to an epoch's start.
+* A loader has at most one live iterator: ``iter()`` while another is live and not exhausted
+  raises :class:`LoaderInUseError` (``peek()`` looks at a batch without consuming it).
+* An iterator that is closed, broken out of or garbage-collected leaves the cursor where it
+  stopped: the next ``iter()`` continues that epoch from there, exactly as a resume from
+  ``state_dict()`` would.
+* ``len(loader)`` is the number of batches of a full epoch on this rank; ``len(iterator)`` what
+  that iterator has still to deliver.
 
 Example::
 
-    >>> loader = Loader(uri, batch_size=256, shuffle=True, seed=0)      # doctest: +SKIP
-    >>> for epoch in range(3):                                          # doctest: +SKIP
-    ...     for batch in loader:
-    ...         train_step(batch)
+    >>> import tempfile
+    >>> from lanceloader.demo import write_demo_dataset
+    >>> uri = write_demo_dataset(tempfile.mkdtemp() + "/demo.lance", rows=10)
+    >>> loader = Loader(uri, batch_size=4, columns=["id"], shuffle=True, seed=0)
+    >>> for epoch in range(2):
+    ...     print(loader.epoch, [batch["id"].tolist() for batch in loader])
+    0 [[0, 1, 9, 5], [4, 2, 3, 7], [8, 6]]
+    1 [[2, 5, 1, 3], [8, 9, 4, 6], [0, 7]]
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
-import math
 import os
-import pickle
-import time
 import weakref
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import lance
 
-from lanceloader.convert import Conversion, check_output, check_schema, to_output
+from lanceloader.arguments import check_int, check_loader_numbers
+from lanceloader.convert import Conversion, check_output, check_schema
+from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
+from lanceloader.engine import (
+    EpochIterator,
+    Reading,
+    batches_per_read,
+    default_prefetch,
+    reads_in_flight,
+)
 from lanceloader.mixing import MixingReport, mixing_report
 from lanceloader.order import Order
 from lanceloader.placement import check_placement
-from lanceloader.plan import Plan, ReadTask, read_tasks
-from lanceloader.prefetch import OrderedPrefetcher
-from lanceloader.processes import ProcessPool, check_picklable, start_forkserver
+from lanceloader.plan import Plan, read_tasks
+from lanceloader.processes import check_picklable, start_forkserver
 from lanceloader.source import Source
-from lanceloader.state import FORMAT as STATE_FORMAT
-from lanceloader.state import StateMismatchError, check_state, fingerprint, order_settings
-from lanceloader.stats import Recorder, Stats, count_delivered
+from lanceloader.state import StreamSpec, order_settings
+from lanceloader.stats import Recorder, Stats
 from lanceloader.transforms import (
     DEFAULT_MAX_SKIP_FRACTION,
     OnError,
     as_transform,
     check_on_error,
 )
-from lanceloader.workers import BatchWork, TaskResult, Transform
+from lanceloader.workers import BatchWork, Transform
 
-_logger = logging.getLogger("lanceloader")
-
-DEFAULT_SHUFFLE_WINDOW = 8
 TENSOR_OUTPUTS = ("torch", "jax", "tf")
-# With a transform, a read of two batches is still in the CPU cache when the worker transforms
-# it: decoding 10 KB JPEGs ran 0.84x raw decode at 8 batches, 0.94x at 2 (benchmarks/transforms.py).
-TRANSFORM_BATCHES_PER_READ = 2
-# Rows read by one Lance call. Range reads keep getting cheaper per row up to ~64k rows; random
-# takes are slower per call, so fewer rows keep the time to the first batch low.
-ROWS_PER_READ_SEQUENTIAL = 65_536
-ROWS_PER_READ_RANDOM = 16_384
+
+
+class LoaderInUseError(RuntimeError):
+    """``iter()`` (or ``set_epoch``/``load_state_dict``) while an iterator of the loader is live."""
 
 
 def _no_iterator() -> None:
@@ -108,16 +118,18 @@ class Loader:
             ``"process"`` for pure-Python transforms: processes forked from a clean forkserver,
             batches returned through shared memory.
         prefetch: batches prepared ahead of the training loop; default ``2 * num_workers``, and
-            with a transform or process workers two reads per worker.
-            Work is done in whole reads of ``rows_per_read`` rows, at least one per worker, so
-            ``max(prefetch, num_workers * rows_per_read // batch_size)`` batches are in flight,
-            plus the rest of the read being consumed: that bounds the memory.
+            with a transform two reads per worker.
+            Work is done in whole reads of ``rows_per_read`` rows (at most 32 MiB each), at
+            least one per worker, so ``max(prefetch, num_workers * rows_per_read // batch_size)``
+            batches are in flight, plus the rest of the read being consumed: that bounds the
+            memory (see :mod:`lanceloader.engine`).
         rank, world_size: this process's slice of each global batch; default: detected from
             torch.distributed, Ray Train or the RANK/WORLD_SIZE environment variables.
         rows_per_read: rows fetched by one Lance call (several batches); default 65,536 rows,
-            16,384 for a full shuffle, 2 batches with a transform or process workers.
+            16,384 for a full shuffle, at most 32 MiB, and 2 batches with a transform.
         log_every: log a one-line summary (logger ``lanceloader``) every N batches.
     """
+
 
     def __init__(
         self,
@@ -150,19 +162,9 @@ class Loader:
         rows_per_read: int | None = None,
         log_every: int | None = None,
     ) -> None:
-        check_int("batch_size", batch_size, minimum=1)
-        check_int("shuffle_block_size", shuffle_block_size, minimum=1)
-        check_int("seed", seed, minimum=None)
-        if shuffle_window is not None:
-            check_int("shuffle_window", shuffle_window, minimum=1)
-        if num_workers is not None:
-            check_int("num_workers", num_workers, minimum=1)
-        if prefetch is not None:
-            check_int("prefetch", prefetch, minimum=1)
-        if rows_per_read is not None:
-            check_int("rows_per_read", rows_per_read, minimum=1)
-        if log_every is not None:
-            check_int("log_every", log_every, minimum=1)
+        check_loader_numbers(batch_size=batch_size, shuffle_block_size=shuffle_block_size,
+                             seed=seed, shuffle_window=shuffle_window, num_workers=num_workers,
+                             prefetch=prefetch, rows_per_read=rows_per_read, log_every=log_every)
         if worker_type not in ("thread", "process"):
             raise ValueError(f"worker_type must be 'thread' or 'process', got {worker_type!r}")
         transform = as_transform(transform)
@@ -171,16 +173,9 @@ class Loader:
         self.placement = check_placement(conversion.output, pin_memory, device)
         rank, world_size = resolve_rank_world(rank, world_size)
 
-        self.source = Source(
-            dataset,
-            columns=columns,
-            filter=filter,
-            version=version,
-            storage_options=storage_options,
-            splits=splits,
-            split=split,
-            split_key=split_key,
-        )
+        self.source = Source(dataset, columns=columns, filter=filter, version=version,
+                             storage_options=storage_options, splits=splits, split=split,
+                             split_key=split_key)
         if transform is None:
             check_schema(self.source.schema_table().schema, conversion)
         self.batch_size = batch_size
@@ -192,111 +187,108 @@ class Loader:
         self.on_error = on_error
         self.max_skip_fraction = max_skip_fraction
         self.transform = transform
-        self.order = Order(
-            num_rows=self.source.num_rows,
-            shuffle=bool(shuffle),
-            block_size=shuffle_block_size,
-            window=shuffle_window or (DEFAULT_SHUFFLE_WINDOW if shuffle_block_size > 1 else 1),
-            seed=seed,
-        )
+        self.order = Order.from_options(self.source.num_rows, shuffle, shuffle_block_size,
+                                        shuffle_window, seed)
         self.num_workers = num_workers or os.cpu_count() or 1
         self.worker_type = worker_type
         self.batches_per_read = (
-            max(1, rows_per_read // batch_size)
-            if rows_per_read
-            else default_batches_per_read(self.order, batch_size, self._small_reads)
+            max(1, rows_per_read // batch_size) if rows_per_read else
+            batches_per_read(self.order, batch_size, transform is not None,
+                             self.source.bytes_per_row)
         )
         self._prefetch_given = prefetch
-        self.prefetch = prefetch or self._default_prefetch(self.num_workers)
+        self.prefetch = prefetch or default_prefetch(self.num_workers, self.batches_per_read,
+                                                     transform is not None)
         self.log_every = log_every
         self.recorder = Recorder()
         if worker_type == "process":
             name = getattr(transform, "__qualname__", type(transform).__name__)
             check_picklable(self._work(), f"transform {name}")
             start_forkserver()
-        self._epoch = 0
-        self._start_sample = 0
-        self._order_settings = order_settings(self.source, self.order)
-        self._fingerprint = fingerprint(self._order_settings)
-        # The running epoch is held weakly, so a `break` out of a for loop lets it be collected
-        # (which stops its workers); its progress outlives it for state_dict().
+        src = self.source
+        self._cursor = Cursor(StreamSpec(
+            num_rows=src.num_rows, order=order_settings(src, self.order), batch_size=batch_size,
+            world_size=world_size, rank=rank, drop_last=drop_last, uri=src.uri,
+            version=src.version, dataset=src.identity, columns=tuple(src.columns)))
+        # The live iterator is held weakly, so a `break` out of a for loop lets it be collected
+        # (which stops its workers); the cursor outlives it.
         self._active: weakref.ref[EpochIterator] = _dead_ref
-        self._progress: EpochProgress | None = None
 
     # --- epochs -------------------------------------------------------------------------
 
     def plan(self, start: int = 0) -> Plan:
         """This rank's plan for an epoch that starts at global sample ``start``."""
-        return Plan(
-            num_samples=self.source.num_rows,
-            batch_size=self.batch_size,
-            world_size=self.world_size,
-            rank=self.rank,
-            drop_last=self.drop_last,
-            start=start,
-        )
+        return self._cursor.spec.plan(start)
 
     def __len__(self) -> int:
-        """Batches this rank gets in the next epoch (fewer when resuming mid-epoch)."""
-        return len(self.plan(self._start_sample))
+        """Batches of a full epoch on this rank (what schedules and progress bars need); an
+        iterator's ``len()`` is what it has still to deliver."""
+        return len(self.plan())
 
     @property
     def epoch(self) -> int:
-        """The epoch the next ``iter()`` will deliver."""
-        return self._epoch
+        """The cursor's epoch: the one being delivered, or the next one once an epoch ended."""
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` deliver ``epoch`` from its start."""
         check_int("epoch", epoch, minimum=0)
-        self._epoch = epoch
-        self._start_sample = 0
-        self._progress = None
+        self._check_idle("set_epoch()")
+        self._cursor.seek(epoch)
 
     def __iter__(self) -> EpochIterator:
-        self.close()
-        self._progress = EpochProgress(self._epoch, self.plan(self._start_sample))
-        it = EpochIterator(self, self._progress)
+        self._check_idle("iter()")
+        it = EpochIterator(self.reading(self.num_workers), self._cursor, self.recorder,
+                           self.log_every)
         self._active = weakref.ref(it)
-        self._epoch += 1
-        self._start_sample = 0
         return it
 
+    def _check_idle(self, what: str) -> None:
+        running = self._active()
+        if running is None or not running.live:
+            return
+        c = self._cursor
+        raise LoaderInUseError(
+            f"{what} on {self!r} while an iterator of it is live: it is delivering epoch "
+            f"{c.epoch}, {c.done} of {len(running.stream.plan)} batches so far. A loader has one "
+            "live iterator at a time, so that no epoch ends silently. Ways out: loader.peek() "
+            "looks at the next batch without consuming it; finish the first iterator, or call "
+            "its close() (or loader.close()), and the next iter() continues that epoch where it "
+            "stopped; or build a second Loader to read the data independently"
+        )
+
     def peek(self) -> Any:
-        """The first batch the next ``iter()`` will deliver, made as it will be (transform,
-        output, device), read in this process without starting an epoch: for shapes and dtypes,
-        e.g. to initialise a model or declare a ``tf.data`` signature.
+        """The next batch the loader will deliver, made as it will be (transform, output,
+        device), read in this process without moving the cursor: for shapes and dtypes, e.g. to
+        initialise a model or declare a ``tf.data`` signature, or to log a sample.
 
         >>> import tempfile
         >>> from lanceloader.demo import write_demo_dataset
         >>> uri = write_demo_dataset(tempfile.mkdtemp() + "/demo.lance", rows=10)
         >>> loader = Loader(uri, batch_size=4, columns=["x", "label"], output="numpy")
-        >>> loader.peek()["x"].shape, loader.epoch
-        ((4, 64), 0)
+        >>> loader.peek()["x"].shape, loader.epoch, len(list(loader))
+        ((4, 64), 0, 3)
         """
-        plan = self.plan(self._start_sample)
+        c = self._cursor
+        epoch, plan, batch = c.epoch, c.plan, c.done
+        if c.at_end:  # the next batch comes after this epoch's empty remainder
+            epoch, plan, batch = epoch + 1, self.plan(), 0
         if len(plan) == 0:
-            raise ValueError(f"the next epoch of {self!r} has no batches to peek at")
-        task = next(read_tasks(self._epoch, plan, per_read=1))
+            raise ValueError(f"{self!r} has no batches to peek at (an epoch has none)")
+        task = next(read_tasks(epoch, plan, per_read=1, batches=range(batch, batch + 1)))
         work = dataclasses.replace(self._work(), output=self.conversion)  # final output here
-        batch = work(task).batches[0]
-        return batch if self.placement is None else self.placement(batch)
+        out = work(task).batches[0]
+        return out if self.placement is None else self.placement(out)
 
     def mixing_report(self, batches: int = 200, places: int = 100) -> MixingReport:
-        """How well the next epoch's order mixes the dataset, and how many reads it costs,
-        computed from the order alone (no I/O): see :mod:`lanceloader.mixing`.
+        """How well the current epoch's order mixes the dataset, and how many reads it costs,
+        computed from the order alone (no I/O): see :mod:`lanceloader.mixing` and the guide.
 
-        >>> import tempfile
-        >>> from lanceloader.demo import write_demo_dataset
-        >>> uri = write_demo_dataset(tempfile.mkdtemp() + "/demo.lance", rows=100_000)
-        >>> block = Loader(uri, batch_size=256, shuffle=True, shuffle_block_size=1024, seed=0)
-        >>> print(block.mixing_report())  # doctest: +NORMALIZE_WHITESPACE
-        mixing over 200 batches of 256 rows:
-          places per batch        15.2 of 100 (a random batch: 92.3)
-          reads per 1000 rows     55.6 (reads of up to 256 batches)
-          order correlation      0.097 (1 = storage order, 0 = none)
+        >>> print(loader.mixing_report())                   # doctest: +SKIP
         """
-        return mixing_report(self.order, self.plan(self._start_sample), self._epoch,
-                             self.batches_per_read, batches, places)
+        c = self._cursor
+        return mixing_report(self.order, self.plan(c.sample), c.epoch, self.batches_per_read,
+                             batches, places)
 
     # --- checkpoints ----------------------------------------------------------------------
 
@@ -306,51 +298,28 @@ class Loader:
         Counts only batches handed to the training loop; prefetched batches are read again after
         a resume. On several ranks, every rank returns the same dict when all have taken the same
         number of batches (as in lock-step data-parallel training), so saving rank 0's suffices.
+        The state names the dataset by identity (``state.py``): it resumes on a copy of the
+        dataset (with ``allow_changes=("uri",)``), never on other data at the same URI.
 
         >>> state = loader.state_dict()                     # doctest: +SKIP
         >>> loader.load_state_dict(state)                   # doctest: +SKIP
         """
-        epoch, sample = self._epoch, self._start_sample
-        progress = self._progress
-        if progress is not None and not progress.exhausted:  # the last epoch, where it stopped
-            epoch, sample = progress.epoch, progress.samples_done
-        return {
-            "format": STATE_FORMAT,
-            "uri": self.source.uri,
-            "version": self.source.version,
-            "order": dict(self._order_settings),
-            "fingerprint": self._fingerprint,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
-            "drop_last": self.drop_last,
-            "columns": list(self.source.columns),
-            "epoch": epoch,
-            "sample": sample,
-        }
+        return self._cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
         """Continue at the state's epoch and sample: the next ``iter()`` starts there.
 
         The state may come from any number of ranks (elastic resume). ``allow_changes`` names
         settings that may differ from the saved ones without changing the order:
-        ``"batch_size"``, ``"drop_last"``, ``"columns"``. Anything else that differs (dataset
-        version, filter, split, shuffle settings, seed) raises :class:`StateMismatchError`.
+        ``"batch_size"``, ``"drop_last"``, ``"columns"``, and ``"uri"`` for a copied or moved
+        dataset. Anything else that differs (dataset identity or version, filter, split, shuffle
+        settings, seed), and a damaged state, raises :class:`StateMismatchError`.
         """
-        check_state(state, self.state_dict(), tuple(allow_changes))
-        check_int("state['epoch']", state["epoch"], minimum=0)
-        check_int("state['sample']", state["sample"], minimum=0)
-        if state["sample"] > self.source.num_rows:
-            raise StateMismatchError(
-                f"state sample {state['sample']} is beyond the {self.source.num_rows} rows of an epoch"
-            )
-        self.close()
-        self._progress = None
-        self._epoch, self._start_sample = state["epoch"], state["sample"]
-        if self._start_sample == self.source.num_rows:
-            self._epoch, self._start_sample = self._epoch + 1, 0
+        self._check_idle("load_state_dict()")
+        self._cursor.load_state_dict(state, allow_changes)
 
     def close(self) -> None:
-        """Stop the running epoch's workers (if any). The loader stays usable."""
+        """Stop the live iterator's workers (if any); the cursor stays where it stopped."""
         running = self._active()
         if running is not None:
             running.close()
@@ -372,29 +341,26 @@ class Loader:
             f"rank={self.rank}/{self.world_size}, output={self.output!r})"
         )
 
-    @property
-    def _small_reads(self) -> bool:
-        """Whether workers transform what they read (so reads are kept small)."""
-        return self.transform is not None or self.worker_type == "process"
+    def reading(self, workers: int) -> Reading:
+        """How this loader's streams read with ``workers`` workers: ``prefetch`` batches (the
+        given one, or the default for that many workers) in whole reads, at least one per
+        worker."""
+        prefetch = self._prefetch_given or default_prefetch(
+            workers, self.batches_per_read, self.transform is not None)
+        work = self._work()
+        return Reading(
+            work, workers, self.batches_per_read,
+            reads_in_flight(prefetch, self.batches_per_read, workers), self.worker_type,
+            finish=self.conversion if work.conversion.output != self.output else None,
+            placement=self.placement,
+        )
 
-    def _default_prefetch(self, workers: int) -> int:
-        """Batches in flight by default with ``workers`` workers: two per worker, and with a
-        transform or process workers two reads per worker (a worker that finishes early starts
-        its next read instead of waiting)."""
-        return 2 * workers * (self.batches_per_read if self._small_reads else 1)
-
-    def reads_in_flight(self, workers: int) -> int:
-        """Reads that ``workers`` workers keep in flight: ``prefetch`` batches (the given one,
-        or the default for that many workers) in whole reads, at least one per worker."""
-        prefetch = self._prefetch_given or self._default_prefetch(workers)
-        return max(workers, math.ceil(prefetch / self.batches_per_read))
-
-    def _work(self, trace: bool = False) -> BatchWork:
+    def _work(self) -> BatchWork:
         # Process workers return NumPy (through shared memory); the consumer makes tensors.
         conversion = self.conversion
         if self.worker_type == "process" and self.output in TENSOR_OUTPUTS:
             conversion = dataclasses.replace(conversion, output="numpy")
-        return BatchWork(self.source, self.order, self.transform, conversion, trace,
+        return BatchWork(self.source, self.order, self.transform, conversion, False,
                          self.on_error, self.max_skip_fraction)
 
     # --- stats and tracing --------------------------------------------------------------
@@ -430,123 +396,3 @@ class Loader:
             self.close()
             self.recorder.write_trace(path)
 
-
-@dataclass
-class EpochProgress:
-    """How far one rank has got through one epoch: what ``state_dict()`` needs."""
-
-    epoch: int
-    plan: Plan
-    batches_done: int = 0
-
-    @property
-    def samples_done(self) -> int:
-        """Global samples of this epoch consumed by all ranks so far."""
-        return self.plan.samples_done(self.batches_done)
-
-    @property
-    def exhausted(self) -> bool:
-        return self.batches_done >= len(self.plan)
-
-
-class EpochIterator(Iterator[Any]):
-    """One epoch of one rank: yields batches in plan order; ``close()`` stops its workers."""
-
-    def __init__(self, loader: Loader, progress: EpochProgress) -> None:
-        self.progress = progress
-        self._buffer: deque[tuple[Any, int, int]] = deque()
-        self._recorder = loader.recorder
-        self._counters = self._recorder.new_epoch()
-        self._tracing = self._recorder.tracing
-        self._log_every = loader.log_every
-        per_read = loader.batches_per_read
-        depth = loader.reads_in_flight(loader.num_workers)
-        tasks = read_tasks(progress.epoch, progress.plan, per_read,
-                           window_rows=loader.order.window_rows)
-        work = loader._work(trace=self._tracing)
-        pool = ProcessPool if loader.worker_type == "process" else OrderedPrefetcher
-        self._prefetcher: OrderedPrefetcher[ReadTask, TaskResult] | ProcessPool = pool(
-            work, tasks, loader.num_workers, depth
-        )
-        self._finish = loader.conversion if work.conversion.output != loader.output else None
-        self._placement = loader.placement
-        self._started = self._handed_out = time.perf_counter()
-
-    def __next__(self) -> Any:
-        asked = time.perf_counter()
-        if not self._buffer:
-            result: TaskResult = next(self._prefetcher)
-            if self._finish is not None:
-                result.batches = [to_output(b, self._finish) for b in result.batches]
-            if self._placement is not None:
-                result.batches = [self._placement(b) for b in result.batches]
-            self._record_task(result)
-            self._buffer.extend(zip(result.batches, result.rows, result.nbytes, strict=True))
-        batch, rows, nbytes = self._buffer.popleft()
-        now = time.perf_counter()
-        count_delivered(self._counters, rows, nbytes, now - asked, asked - self._handed_out,
-                        now - self._started)
-        if self._tracing:
-            index = self.progress.batches_done
-            self._recorder.event("training step", self._handed_out, asked, batch=index - 1)
-            self._recorder.event("wait for batch", asked, now, batch=index)
-        self._handed_out = now
-        self.progress.batches_done += 1
-        if self._log_every and self.progress.batches_done % self._log_every == 0:
-            _log_progress(self)
-        return batch
-
-    def _record_task(self, result: TaskResult) -> None:
-        rows_read = sum(result.rows) + result.rows_skipped
-        self._recorder.task(result.seconds, rows_read, result.io_bytes, result.io_iops,
-                            result.rows_skipped, self._prefetcher.in_flight + 1)
-        for name, start, end, args in result.spans:
-            self._recorder.event(name, start, end, lane=result.lane, **args)
-
-    def __len__(self) -> int:
-        return len(self.progress.plan) - self.progress.batches_done
-
-    def close(self) -> None:
-        """Stop the workers of this epoch. Idempotent."""
-        self._prefetcher.close()
-        self._buffer.clear()
-
-    def __enter__(self) -> EpochIterator:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __reduce__(self) -> Any:
-        raise pickle.PicklingError("a running epoch cannot be pickled; pickle the Loader instead")
-
-
-def _log_progress(it: EpochIterator) -> None:
-    stats = it._recorder.snapshot(epoch=-1)
-    _logger.info(
-        "epoch %d: %d/%d batches, %.0f rows/s, %.1f MB/s, loop waited %.0f%%; %s",
-        it.progress.epoch, it.progress.batches_done, len(it.progress.plan), stats.rows_per_s,
-        stats.bytes_per_s / 1e6, 100 * stats.wait_s / max(stats.wall_s, 1e-9),
-        stats.bottleneck.stage,
-    )
-
-
-def default_batches_per_read(order: Order, batch_size: int, small_reads: bool) -> int:
-    """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
-    cost more per call), and with a transform (``small_reads``) at most two batches, which are
-    still in the CPU cache when they are transformed.
-
-    >>> default_batches_per_read(Order(10**6), 256, small_reads=False)
-    256
-    """
-    random_reads = order.shuffle and order.block_size < 64
-    rows = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
-    per_read = max(1, rows // batch_size)
-    return min(per_read, TRANSFORM_BATCHES_PER_READ) if small_reads else per_read
-
-
-def check_int(name: str, value: object, minimum: int | None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")

@@ -107,6 +107,9 @@ def _round_keys(key: int | np.ndarray, shape: tuple[int, ...]) -> list[np.ndarra
     return [base ^ salt for salt in salts]
 
 
+DEFAULT_SHUFFLE_WINDOW = 8
+
+
 @dataclass(frozen=True)
 class Order:
     """The order of one epoch over ``num_rows`` source positions.
@@ -133,6 +136,18 @@ class Order:
             )
         if self.window < 1:
             raise ValueError(f"shuffle_window must be >= 1 block, got {self.window}")
+
+    @classmethod
+    def from_options(cls, num_rows: int, shuffle: bool, shuffle_block_size: int,
+                     shuffle_window: int | None, seed: int) -> Order:
+        """The order that the user-facing options name (``Loader``, the samplers): a block
+        shuffle mixes :data:`DEFAULT_SHUFFLE_WINDOW` blocks unless ``shuffle_window`` says.
+
+        >>> Order.from_options(100, True, 10, None, seed=0).window
+        8
+        """
+        window = shuffle_window or (DEFAULT_SHUFFLE_WINDOW if shuffle_block_size > 1 else 1)
+        return cls(num_rows, bool(shuffle), shuffle_block_size, window, seed)
 
     @property
     def window_rows(self) -> int | None:

@@ -22,6 +22,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -78,10 +80,12 @@ class Source:
         self._reader: forksafe.CleanReader | None = None
         self._reader_pid = 0
         self._fragments = ds.get_fragments()
+        self.identity: str = dataset_identity(ds.schema, self._fragments)
         self._fragment_starts = np.cumsum(
             [0] + [f.count_rows() for f in self._fragments], dtype=np.int64
         )
         self._rows: np.ndarray | None = self._select_rows(ds)
+        self.bytes_per_row: float = _bytes_per_row(self._fragments, self.columns)
 
     # --- construction -------------------------------------------------------------------
 
@@ -223,6 +227,36 @@ class Source:
             f"Source({self.uri!r}, version={self.version}, rows={self.num_rows}, "
             f"columns={self.columns}, filter={self.filter!r}, split={self.split!r})"
         )
+
+
+def _bytes_per_row(fragments: list[Any], columns: list[str], sample_rows: int = 256) -> float:
+    """Arrow bytes per row of ``columns``, estimated from the first rows of the first non-empty
+    fragment (0.0 for an empty dataset): what reads are sized by (``engine.py``). Taken at
+    construction, where Lance may be used, so that no process forked later needs to."""
+    for fragment in fragments:
+        table = fragment.to_table(columns=columns, limit=sample_rows)
+        if table.num_rows:
+            return table.nbytes / table.num_rows
+    return 0.0
+
+
+def dataset_identity(schema: pa.Schema, fragments: list[Any]) -> str:
+    """A short hash that names the data of one dataset version wherever it is stored.
+
+    Made of each fragment's id, row count, data file names and deletion file, and the schema.
+    Lance gives every file it writes a unique name and never rewrites one, so the identity
+    survives copying or moving the dataset (another path, another bucket) and differs for a
+    dataset re-created or overwritten at the same URI, even with the same version number and row
+    count. It costs one pass over the manifest's fragment list, no I/O.
+    """
+    parts: list[Any] = [schema.to_string(show_schema_metadata=False)]
+    for fragment in fragments:
+        meta = fragment.metadata
+        deletion = meta.deletion_file
+        parts.append([meta.id, meta.physical_rows, [f.path for f in meta.files],
+                      None if deletion is None else [deletion.id, deletion.num_deleted_rows]])
+    blob = json.dumps(parts, separators=(",", ":"), default=str).encode()
+    return hashlib.blake2b(blob, digest_size=8).hexdigest()
 
 
 def _open(

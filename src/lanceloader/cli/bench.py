@@ -104,14 +104,15 @@ def describe_order(loader: Loader) -> str:
     return f"block shuffle ({order.block_size} rows x {order.window} blocks, seed {order.seed})"
 
 
-def series_point(loader: Loader, start: float, previous: dict[str, float]) -> dict[str, float]:
+def series_point(loader: Loader, start: float, previous: dict[str, float], epoch: int
+                 ) -> dict[str, float]:
     """One point of the throughput series: seconds since ``start``, rows so far, rows/s since
     ``previous``. Rows come from the loader's recorder, so they reconcile with its stats."""
     t = time.perf_counter() - start
     rows = int(loader.recorder.total_counters()["rows"])
     dt = t - previous["t"]
     rate = (rows - previous["rows"]) / dt if dt > 0 else 0.0
-    return {"t": round(t, 4), "epoch": loader.epoch - 1, "rows": rows, "rows_per_s": rate}
+    return {"t": round(t, 4), "epoch": epoch, "rows": rows, "rows_per_s": rate}
 
 
 @dataclass
@@ -120,6 +121,7 @@ class BenchRun:
 
     series: list[dict[str, float]]
     interrupted: bool = False
+    epochs: int = 0  # epochs started, the last one perhaps cut short
 
 
 def run_bench(
@@ -144,10 +146,11 @@ def run_bench(
     run = BenchRun([{"t": 0.0, "epoch": loader.epoch, "rows": 0, "rows_per_s": 0.0}])
     try:
         for _ in range(epochs):
+            run.epochs += 1
             run_epoch_with_series(loader, max_batches, start, every_s, run.series)
     except KeyboardInterrupt:
         run.interrupted = True
-        run.series.append(series_point(loader, start, run.series[-1]))
+        run.series.append(series_point(loader, start, run.series[-1], loader.epoch))
     return run
 
 
@@ -158,18 +161,22 @@ def run_epoch_with_series(
     every_s: float,
     series: list[dict[str, float]],
 ) -> None:
-    """One epoch of :func:`run_bench`, appending to ``series``."""
+    """One epoch of :func:`run_bench`, appending to ``series``; an epoch cut short at
+    ``max_batches`` is ended there (the next one starts at its beginning)."""
+    epoch = loader.epoch
     total = len(loader) if max_batches is None else min(len(loader), max_batches)
-    desc = f"epoch {loader.epoch}"
+    desc = f"epoch {epoch}"
     with tqdm(total=total, desc=desc, unit="batch", file=sys.stderr) as bar, iter(loader) as it:
         for done, _batch in enumerate(it, 1):
             bar.update()
             if time.perf_counter() - start - series[-1]["t"] >= every_s:
-                series.append(series_point(loader, start, series[-1]))
+                series.append(series_point(loader, start, series[-1], epoch))
                 bar.set_postfix_str(f"{series[-1]['rows_per_s']:,.0f} rows/s", refresh=False)
             if done >= total:
                 break
-        series.append(series_point(loader, start, series[-1]))  # before close() joins workers
+        series.append(series_point(loader, start, series[-1], epoch))  # before close() joins
+    if loader.epoch == epoch:  # cut short: the cursor stays mid-epoch until told otherwise
+        loader.set_epoch(epoch + 1)
 
 
 def bench_report(
@@ -284,7 +291,7 @@ def bench(args: argparse.Namespace) -> int:
         run = run_bench(loader, args.epochs, args.max_batches)
     if run.interrupted:
         print("interrupted: the stats cover what ran until Ctrl-C")
-    epochs = loader.epoch  # epochs started, the last one perhaps cut short
+    epochs = run.epochs
     print_stats(loader, epochs)
     print(mixing)
     report = {**bench_report(loader, args, run.series, epochs), "mixing": mixing.to_dict()}

@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import lance
 import torch
 import torch.utils.data
 
+from lanceloader.arguments import check_int
+from lanceloader.cursor import Cursor
+from lanceloader.engine import Stream
 from lanceloader.integrations.torch.collation import pack_for_transfer
 from lanceloader.integrations.torch.map import _worker_slot
-from lanceloader.integrations.torch.samplers import _Cursor
-from lanceloader.loader import Loader, check_int
-from lanceloader.plan import Plan, read_tasks
-from lanceloader.prefetch import OrderedPrefetcher
-from lanceloader.state import StateMismatchError, check_state
+from lanceloader.loader import Loader
+from lanceloader.state import StateMismatchError, check_keys
 
 
 class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
@@ -72,104 +71,99 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
             )
         self.loader = Loader(dataset, batch_size, **loader_kwargs)
         self._threads: int | None = loader_kwargs.get("num_workers")
-        self._cursor = _Cursor()
+        # The cursor counts this process's batches: plan batches without DataLoader workers,
+        # this worker's own batches inside one. ``_fresh``: the next iteration continues exactly
+        # at the cursor (after construction, set_epoch, load_state_dict or an epoch's end);
+        # otherwise it starts the next epoch (torch calls iter() once per epoch and worker).
+        # ``_token`` names the newest iteration, the only one that moves the cursor.
+        self._cursor = Cursor(self.loader._cursor.spec)
+        self._fresh, self._token = True, 0
 
     def __len__(self) -> int:
         """Batches of this rank in the next epoch (fewer when resuming mid-epoch)."""
-        c = self._cursor
-        start, done = (c.start, c.done) if c.fresh else (0, 0)
-        return len(self.loader.plan(start)) - done
+        return self._cursor.remaining if self._fresh else len(self.loader)
 
     @property
     def epoch(self) -> int:
         """The epoch the next iteration delivers."""
-        return self._cursor.epoch if self._cursor.fresh else self._cursor.epoch + 1
+        return self._cursor.epoch if self._fresh else self._cursor.epoch + 1
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration deliver ``epoch`` from its start."""
         check_int("epoch", epoch, minimum=0)
-        self._cursor = replace(self._cursor, epoch=epoch, start=0, done=0, fresh=True)
+        self._cursor.seek(epoch)
+        self._fresh = True
 
     def __iter__(self) -> Iterator[Any]:
         # Every iter() is an iteration (DataLoaders call it once per epoch and worker); the first
         # after construction, set_epoch or load_state_dict continues where that put the cursor,
         # even when nothing is left (a worker restored after it had finished delivers nothing).
         c = self._cursor
-        if not c.fresh:
-            c.next_epoch()
-        c.fresh, c.token = False, c.token + 1
+        if not self._fresh:
+            c.end_epoch()
+        self._fresh, self._token = False, self._token + 1
         worker, workers = _worker_slot()
-        plan = self.loader.plan(c.start)
-        batches = range(worker + c.done * workers, len(plan), workers)
-        return self._run(c, c.token, c.epoch, plan, batches)
+        batches = range(worker + c.done * workers, len(c.plan), workers)
+        return self._run(self._token, batches)
 
-    def _run(self, c: _Cursor, token: int, epoch: int, plan: Plan, batches: range) -> Iterator[Any]:
+    def _run(self, token: int, batches: range) -> Iterator[Any]:
+        c, loader = self._cursor, self.loader
+        in_worker = torch.utils.data.get_worker_info() is not None
         if not batches:
             return
-        loader = self.loader
-        work = loader._work()  # conversion options and the error policy included
-        in_worker = torch.utils.data.get_worker_info() is not None
         threads = self._threads or (1 if in_worker else loader.num_workers)
-        per_read = loader.batches_per_read
-        depth = loader.reads_in_flight(threads)  # this process's threads, not all the cores
-        tasks = read_tasks(epoch, plan, per_read, batches,
-                           window_rows=loader.order.window_rows)
-        prefetcher = OrderedPrefetcher(work, tasks, threads, depth)
+        stream = Stream(loader.reading(threads), c.epoch, c.plan, batches, loader.recorder,
+                        loader.log_every)
         try:
-            for result in prefetcher:
-                for batch in result.batches:
-                    if c.token == token:
-                        c.done += 1
-                    yield pack_for_transfer(batch)
+            for batch in stream:
+                if self._token == token:
+                    c.advance()
+                yield pack_for_transfer(batch)
         finally:
-            prefetcher.close()
+            stream.close()
+        # The cursor stays at the end of the epoch when it ends, as torchdata's
+        # StatefulDataLoader expects: it marks the end itself and starts the next iteration.
+
+    def stats(self, epoch: int | None = None) -> Any:
+        """What this process's reads did (``Loader.stats``); inside DataLoader workers each
+        worker process records its own."""
+        return self.loader.stats(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this copy is: a ``Loader`` state, plus this worker's place inside a DataLoader
-        worker (``"worker": {"id", "count", "start", "batches"}``). JSON-safe, ``format`` 1."""
+        worker (``"worker": {"id", "count", "start", "batches"}``). JSON-safe, ``format`` 2."""
         c = self._cursor
         worker, workers = _worker_slot()
-        state = self.loader.state_dict()
-        state["epoch"] = c.epoch
         if workers == 1:
-            state["sample"] = self.loader.plan(c.start).samples_done(c.done)
-        else:
-            state["sample"] = c.start
-            state["worker"] = {"id": worker, "count": workers, "start": c.start, "batches": c.done}
-        return state
+            return c.state_dict()
+        place = {"id": worker, "count": workers, "start": c.start, "batches": c.done}
+        return c.spec.state(c.epoch, c.start, worker=place)
 
     def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
         """Continue at the state: the next iteration starts there (see :meth:`state_dict`)."""
-        check_state(state, self.loader.state_dict(), tuple(allow_changes))
-        check_int("state['epoch']", state["epoch"], minimum=0)
-        start, done = self._start_of(state)
-        self._cursor = replace(
-            self._cursor, epoch=state["epoch"], start=start, done=done, fresh=True
-        )
+        check_keys(state)
+        place = state.get("worker")
+        cursor = Cursor(self._cursor.spec)
+        cursor.load_state_dict({k: v for k, v in state.items() if k != "worker"}, allow_changes)
+        if place is not None:
+            self._check_worker(state, place)
+            cursor.start, cursor.done = place["start"], place["batches"]
+        self._cursor, self._fresh = cursor, True
 
-    def _start_of(self, state: dict[str, Any]) -> tuple[int, int]:
-        saved = state.get("worker")
+    def _check_worker(self, state: dict[str, Any], saved: dict[str, Any]) -> None:
         slot = _worker_slot()
-        if saved is None:
-            check_int("state['sample']", state["sample"], minimum=0)
-            if state["sample"] > self.loader.source.num_rows:
-                raise StateMismatchError(
-                    f"state sample {state['sample']} is beyond the "
-                    f"{self.loader.source.num_rows} rows of an epoch"
-                )
-            return state["sample"], 0
+        spec = self._cursor.spec
         same = (saved["id"], saved["count"]) == slot and (
             state["batch_size"], state["world_size"], state["drop_last"]
-        ) == (self.loader.batch_size, self.loader.world_size, self.loader.drop_last)
+        ) == (spec.batch_size, spec.world_size, spec.drop_last)
         if not same:
             raise StateMismatchError(
                 f"this state was saved by DataLoader worker {saved['id']} of {saved['count']} "
                 f"(batch_size={state['batch_size']}, world_size={state['world_size']}); it resumes "
                 f"only there, but this is worker {slot[0]} of {slot[1]} (batch_size="
-                f"{self.loader.batch_size}, world_size={self.loader.world_size}). Load the "
+                f"{spec.batch_size}, world_size={spec.world_size}). Load the "
                 "StatefulDataLoader's state into a StatefulDataLoader with the same num_workers"
             )
-        return saved["start"], saved["batches"]
 
     def __repr__(self) -> str:
         return f"IterableDataset({self.loader!r})"

@@ -8,8 +8,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import lance
@@ -19,12 +18,12 @@ import torch
 import torch.utils.data
 
 from lanceloader.convert import Conversion, check_output, check_schema, to_output
+from lanceloader.engine import Reading, Stream, batches_per_read
 from lanceloader.integrations.torch.collation import Rows
-from lanceloader.loader import default_batches_per_read
 from lanceloader.order import Order
-from lanceloader.plan import Plan, ReadTask, read_tasks
-from lanceloader.prefetch import OrderedPrefetcher
+from lanceloader.plan import Plan
 from lanceloader.source import Source
+from lanceloader.stats import Recorder, Stats
 from lanceloader.transforms import (
     DEFAULT_MAX_SKIP_FRACTION,
     OnError,
@@ -118,7 +117,13 @@ class MapDataset(torch.utils.data.Dataset):
         if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)
         self.read_ahead = bool(read_ahead)
+        self.recorder = Recorder()
         self._ahead: _ReadAhead | None = None
+
+    def stats(self, epoch: int | None = None) -> Stats:
+        """What this process's read-ahead did (``Loader.stats``); each DataLoader worker
+        process records its own."""
+        return self.recorder.snapshot(epoch=epoch)
 
     def __len__(self) -> int:
         return self.source.num_rows
@@ -225,7 +230,7 @@ class _ReadAhead:
         self._failed: tuple[Any, ...] | None = None
         self._next = -1
         self._stride = 1
-        self._stream: Iterator[tuple[int, Any]] | None = None
+        self._stream: Stream | None = None
 
     def take(self, hint: BatchIndices, positions: np.ndarray) -> Any | None:
         """The converted batch for ``hint``, or None to read it directly."""
@@ -238,8 +243,9 @@ class _ReadAhead:
             if key != self._key or hint.batch != self._next or self._stream is None:
                 self._restart(key, hint)
             assert self._stream is not None
+            batch = self._stream.next_batch
             try:
-                batch, out = next(self._stream)
+                out = next(self._stream)
             except StopIteration:
                 self._key = None
                 return None
@@ -254,37 +260,17 @@ class _ReadAhead:
 
     def _restart(self, key: tuple[Any, ...], hint: BatchIndices) -> None:
         if self._stream is not None:
-            self._stream.close()  # type: ignore[attr-defined]
+            self._stream.close()
         ds, order, plan = self._dataset, hint.order, hint.plan
         self._key, self._next, self._stride = key, hint.batch, _worker_slot()[1]
         output: Any = ds.conversion  # BatchWork converts with to_output, which takes either
         work = BatchWork(ds.source, order, ds.transform, output, on_error=ds.on_error,
                          max_skip_fraction=ds.max_skip_fraction)
-        per_read = default_batches_per_read(order, plan.batch_size, ds.transform is not None)
+        per_read = batches_per_read(order, plan.batch_size, ds.transform is not None,
+                                    ds.source.bytes_per_row)
+        reading = Reading(work, num_workers=1, batches_per_read=per_read, reads_in_flight=1)
         batches = range(hint.batch, len(plan), self._stride)
-        tasks = read_tasks(hint.epoch, plan, per_read, batches,
-                           window_rows=order.window_rows)
-        self._stream = _read_ahead(work, tasks)
-
-
-def _read_ahead(work: BatchWork, tasks: Iterator[ReadTask]) -> Iterator[tuple[int, Any]]:
-    """``(batch number, converted batch)`` of each task's batches, one read ahead."""
-    prefetcher = OrderedPrefetcher(_WithTask(work), tasks, num_workers=1, depth=1)
-    try:
-        for task, result in prefetcher:
-            yield from zip(task.batches, result.batches, strict=True)
-    finally:
-        prefetcher.close()
-
-
-@dataclass(frozen=True)
-class _WithTask:
-    """Run ``work`` and hand back the task with its result."""
-
-    work: BatchWork
-
-    def __call__(self, task: ReadTask) -> tuple[ReadTask, Any]:
-        return task, self.work(task)
+        self._stream = Stream(reading, hint.epoch, plan, batches, ds.recorder)
 
 
 def _worker_slot() -> tuple[int, int]:

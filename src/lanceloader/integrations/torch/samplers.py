@@ -5,45 +5,24 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
 
+from lanceloader.arguments import check_int
+from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
 from lanceloader.integrations.torch.map import BatchIndices, MapDataset
-from lanceloader.loader import DEFAULT_SHUFFLE_WINDOW, Loader, check_int
+from lanceloader.loader import Loader
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.source import Source
-from lanceloader.state import FORMAT as STATE_FORMAT
-from lanceloader.state import StateMismatchError, check_state, fingerprint, order_settings
+from lanceloader.state import StreamSpec, order_settings
 
 # Samplers compute the order this many samples at a time (one vectorised Order call).
 _SAMPLES_PER_STEP = 16_384
-
-
-@dataclass
-class _Cursor:
-    """Where the next iteration starts: ``epoch``, the global ``start`` sample of its plan, and
-    ``done`` units (batches, or this worker's batches) of that plan already delivered.
-
-    ``fresh``: the next iteration continues exactly here (after construction, ``set_epoch`` or
-    ``load_state_dict``). ``token`` identifies the iterator allowed to move the cursor; older
-    iterators still run but no longer move it. ``consumed``: that iterator was advanced.
-    """
-
-    epoch: int = 0
-    start: int = 0
-    done: int = 0
-    fresh: bool = True
-    token: int = 0
-    consumed: bool = False
-
-    def next_epoch(self) -> None:
-        self.epoch, self.start, self.done = self.epoch + 1, 0, 0
 
 
 def _describe(data_source_or_len: Any) -> tuple[int, Source | None]:
@@ -89,123 +68,111 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         check_int("seed", seed, minimum=None)
         if shuffle_window is not None:
             check_int("shuffle_window", shuffle_window, minimum=1)
-        self.num_rows, self._source = _describe(data_source_or_len)
-        self.rank, self.world_size = resolve_rank_world(rank, world_size)
-        self.batch_size = batch_size
-        self.drop_last = bool(drop_last)
-        self.order = Order(
-            num_rows=self.num_rows,
-            shuffle=bool(shuffle),
-            block_size=shuffle_block_size,
-            window=shuffle_window or (DEFAULT_SHUFFLE_WINDOW if shuffle_block_size > 1 else 1),
-            seed=seed,
-        )
-        self._order_settings = order_settings(self._source, self.order, self.num_rows)
-        self._fingerprint = fingerprint(self._order_settings)
-        self._cursor = _Cursor()
+        self.num_rows, source = _describe(data_source_or_len)
+        rank, world_size = resolve_rank_world(rank, world_size)
+        self.order = Order.from_options(self.num_rows, shuffle, shuffle_block_size,
+                                        shuffle_window, seed)
+        self._cursor = Cursor(StreamSpec(
+            num_rows=self.num_rows, order=order_settings(source, self.order, self.num_rows),
+            batch_size=batch_size, world_size=world_size, rank=rank, drop_last=bool(drop_last),
+            uri=source.uri if source else None, version=source.version if source else None,
+            dataset=source.identity if source else None))
+        # torch makes iterators it never advances (a DataLoader calls iter(sampler) twice when
+        # it starts), so the newest iterator moves the cursor (``_token``) and replaces the
+        # previous one at the same place unless that one was advanced (``_consumed``), in which
+        # case it starts the next epoch. ``_fresh``: the next iteration continues exactly at the
+        # cursor (after construction, set_epoch, load_state_dict, or the end of an epoch).
+        self._fresh, self._consumed, self._token = True, False, 0
+
+    @property
+    def rank(self) -> int:
+        return self._cursor.spec.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._cursor.spec.world_size
+
+    @property
+    def batch_size(self) -> int:
+        return self._cursor.spec.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._cursor.spec.drop_last
 
     def plan(self, start: int = 0) -> Plan:
         """This rank's plan for an epoch that starts at global sample ``start``."""
-        return Plan(
-            self.num_rows, self.batch_size, self.world_size, self.rank, self.drop_last, start
-        )
+        return self._cursor.spec.plan(start)
+
+    @property
+    def _moves_on(self) -> bool:
+        """Whether the next iteration starts the next epoch (the previous one was advanced)."""
+        return not self._fresh and self._consumed
 
     @property
     def epoch(self) -> int:
         """The epoch the next iteration delivers."""
-        c = self._cursor
-        return c.epoch + 1 if (not c.fresh and c.consumed) else c.epoch
+        return self._cursor.epoch + 1 if self._moves_on else self._cursor.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration deliver ``epoch`` from its start."""
         check_int("epoch", epoch, minimum=0)
-        self._cursor = replace(self._cursor, epoch=epoch, start=0, done=0, fresh=True)
-
-    def _next_position(self) -> tuple[int, int]:
-        """``(start, done)`` of the iteration that the next ``iter()`` runs."""
-        c = self._cursor
-        return (0, 0) if (not c.fresh and c.consumed) else (c.start, c.done)
+        self._cursor.seek(epoch)
+        self._fresh = True
 
     def _units(self) -> int:
         """Batches the next iteration yields (fewer when resuming mid-epoch)."""
-        start, done = self._next_position()
-        return len(self.plan(start)) - done
+        return len(self.plan()) if self._moves_on else self._cursor.remaining
 
     def _batches(self) -> Iterator[Any]:
-        # Bind now, run lazily. torch makes iterators it never advances (DataLoader iterators call
-        # iter(sampler) twice when they start): an iterator replaces the previous one at the same
-        # place unless that one was advanced, in which case this is the next epoch.
         c = self._cursor
-        if not c.fresh and c.consumed:
-            c.next_epoch()
-        c.fresh, c.consumed, c.token = False, False, c.token + 1
-        return self._run(c, c.token, c.epoch, self.plan(c.start), c.done)
+        if self._moves_on:
+            c.end_epoch()
+        c.rebase()
+        self._fresh, self._consumed, self._token = False, False, self._token + 1
+        return self._run(self._token, c.epoch, c.plan)
 
-    def _run(self, c: _Cursor, token: int, epoch: int, plan: Plan, first: int) -> Iterator[Any]:
-        if c.token == token:
-            c.consumed = True
+    def _run(self, token: int, epoch: int, plan: Plan) -> Iterator[Any]:
+        c = self._cursor
+        if self._token == token:
+            self._consumed = True
         step = max(1, _SAMPLES_PER_STEP // self.batch_size)
-        for lo in range(first, len(plan), step):
-            batches = range(lo, min(lo + step, len(plan)))
-            samples, sizes = plan.samples(batches)
-            positions = self.order.positions(epoch, samples)
-            offset = 0
-            for b, size in zip(batches, sizes, strict=True):
-                if c.token == token:  # count it before handing it out: torchdata snapshots then
-                    c.done = b + 1
-                yield self._wrap(positions[offset : offset + size], plan, epoch, b)
-                offset += size
-        if c.token == token:  # finished: a state taken now points at the next epoch
-            c.next_epoch()
-            c.fresh = True
-
-    def _wrap(self, positions: np.ndarray, plan: Plan, epoch: int, batch: int) -> Any:
-        raise NotImplementedError
+        try:
+            for lo in range(0, len(plan), step):
+                batches = range(lo, min(lo + step, len(plan)))
+                samples, sizes = plan.samples(batches)
+                positions = self.order.positions(epoch, samples)
+                offset = 0
+                for b, size in zip(batches, sizes, strict=True):
+                    if self._token == token:  # count it before handing it out: torchdata
+                        c.advance()           # snapshots then
+                    yield self._wrap(positions[offset : offset + size], plan, epoch, b)
+                    offset += size
+        finally:  # finished, or broken out of (torch's rule: the rest of that epoch is dropped):
+            if self._token == token:  # a state taken now points at the next epoch
+                c.end_epoch()
+                self._fresh = True
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the sampler is, in the Loader's state format (JSON-safe, ``format`` 1).
+        """Where the sampler is, in the Loader's state format (JSON-safe, ``format`` 2).
 
         ``sample`` counts global samples of ``epoch`` handed out by all ranks together, so the
         state resumes on any number of ranks. Inside a ``DataLoader`` with workers the sampler
         runs ahead of the training loop: save ``StatefulDataLoader.state_dict()`` instead, which
         snapshots this at the batch the loop has reached.
         """
-        c = self._cursor
-        source = self._source
-        return {
-            "format": STATE_FORMAT,
-            "uri": source.uri if source else None,
-            "version": source.version if source else None,
-            "order": dict(self._order_settings),
-            "fingerprint": self._fingerprint,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
-            "drop_last": self.drop_last,
-            "columns": list(source.columns) if source else None,
-            "epoch": c.epoch,
-            "sample": self.plan(c.start).samples_done(c.done),
-        }
+        return self._cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
         """Continue at the state's epoch and sample: the next iteration starts there.
 
         Takes states of any sampler or ``Loader`` with the same order settings, from any number
-        of ranks; ``allow_changes`` may name ``"batch_size"`` and ``"drop_last"`` (``columns``
-        never matter to a sampler). A sampler built from a length does not check the dataset.
+        of ranks; ``allow_changes`` may name ``"batch_size"``, ``"drop_last"`` and ``"uri"``
+        (``columns`` never matter to a sampler). A sampler built from a length does not check
+        the dataset.
         """
-        current = self.state_dict()
-        if self._source is None and isinstance(state, dict):
-            current["uri"], current["version"] = state.get("uri"), state.get("version")
-        check_state(state, current, (*allow_changes, "columns"))
-        check_int("state['epoch']", state["epoch"], minimum=0)
-        check_int("state['sample']", state["sample"], minimum=0)
-        if state["sample"] > self.num_rows:
-            raise StateMismatchError(
-                f"state sample {state['sample']} is beyond the {self.num_rows} rows of an epoch"
-            )
-        self._cursor = replace(
-            self._cursor, epoch=state["epoch"], start=state["sample"], done=0, fresh=True
-        )
+        self._cursor.load_state_dict(state, allow_changes)
+        self._fresh = True
 
     def _describe_settings(self) -> str:
         return (
@@ -213,6 +180,8 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
             f"drop_last={self.drop_last}"
         )
 
+    def _wrap(self, positions: np.ndarray, plan: Plan, epoch: int, batch: int) -> Any:
+        raise NotImplementedError
 
 class Sampler(_PlanSampler):
     """Dataset indices of one rank, in our orders, one epoch per iteration.

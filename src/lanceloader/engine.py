@@ -1,0 +1,263 @@
+"""Engine: the one place that turns (order, plan, epoch, batches) into an ordered stream of
+batches, read and prepared by a pool of workers.
+
+``Loader``, the torch ``IterableDataset`` and ``MapDataset``'s read-ahead are faces over
+:class:`Stream`; none of them assembles ``read_tasks → BatchWork → pool`` itself.
+
+Contract of a :class:`Stream`:
+
+* It yields the batches of ``batches`` (numbers in the plan; any step) in that order, each made
+  by :class:`~lanceloader.workers.BatchWork` in a worker (a thread, or a forkserver process),
+  finished in the consumer (tensors from a process worker's NumPy, device placement).
+* Reads group consecutive batches (:func:`batches_per_read`: up to 65,536 rows and
+  :data:`READ_BYTES` bytes per Lance call, two batches with a transform); at most
+  ``reads_in_flight`` reads are submitted and not yet consumed, plus the one being consumed. The
+  memory bound is therefore ``(reads_in_flight + 1) × READ_BYTES`` of Arrow data (and what the
+  transform makes of it), whatever the dataset's size.
+* Every task's cost and every delivered batch are recorded in the ``Recorder`` (``stats()``).
+* ``close()`` (idempotent; also on exhaustion, on error and on garbage collection) stops the pool;
+  queued reads are cancelled, nothing outlives the stream.
+
+Example::
+
+    >>> import tempfile
+    >>> from lanceloader.demo import write_demo_dataset
+    >>> from lanceloader.order import Order
+    >>> from lanceloader.plan import Plan
+    >>> from lanceloader.source import Source
+    >>> from lanceloader.stats import Recorder
+    >>> from lanceloader.workers import BatchWork
+    >>> source = Source(write_demo_dataset(tempfile.mkdtemp() + "/d.lance", rows=10), ["id"])
+    >>> work = BatchWork(source, Order(10), None, "numpy")
+    >>> reading = Reading(work, num_workers=2, batches_per_read=2, reads_in_flight=2)
+    >>> stream = Stream(reading, epoch=0, plan=Plan(10, 4), batches=range(3), recorder=Recorder())
+    >>> [b["id"].tolist() for b in stream]
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import pickle
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from lanceloader.convert import Conversion, to_output
+from lanceloader.cursor import Cursor
+from lanceloader.order import Order
+from lanceloader.plan import Plan, read_tasks
+from lanceloader.prefetch import OrderedPrefetcher
+from lanceloader.processes import ProcessPool
+from lanceloader.stats import Recorder, count_delivered
+from lanceloader.workers import BatchWork, TaskResult
+
+_logger = logging.getLogger("lanceloader")
+
+# With a transform, a read of two batches is still in the CPU cache when the worker transforms
+# it: decoding 10 KB JPEGs ran 0.84x raw decode at 8 batches, 0.94x at 2 (benchmarks/transforms.py).
+TRANSFORM_BATCHES_PER_READ = 2
+# Rows read by one Lance call. Range reads keep getting cheaper per row up to ~64k rows; random
+# takes are slower per call, so fewer rows keep the time to the first batch low.
+ROWS_PER_READ_SEQUENTIAL = 65_536
+ROWS_PER_READ_RANDOM = 16_384
+# Bytes read by one Lance call at most (rows of 11 KB images: ~3,000 rows, not 65,536): reads
+# stay in the cache-friendly range and the memory in flight stays small.
+READ_BYTES = 32 << 20
+
+
+def batches_per_read(order: Order, batch_size: int, transform: bool,
+                     bytes_per_row: float = 0.0) -> int:
+    """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
+    cost more per call), at most :data:`READ_BYTES` of data, and with a transform at most two
+    batches (still in the CPU cache when they are transformed). Never less than one batch.
+
+    >>> batches_per_read(Order(10**6), 256, transform=False)
+    256
+    >>> batches_per_read(Order(10**6), 256, transform=False, bytes_per_row=11_000)
+    11
+    """
+    random_reads = order.shuffle and order.block_size < 64
+    rows = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
+    if bytes_per_row > 0:
+        rows = min(rows, int(READ_BYTES // bytes_per_row))
+    per_read = max(1, rows // batch_size)
+    return min(per_read, TRANSFORM_BATCHES_PER_READ) if transform else per_read
+
+
+def default_prefetch(workers: int, per_read: int, transform: bool) -> int:
+    """Batches in flight by default: two per worker, and with a transform two reads per worker
+    (a worker that finishes early starts its next read instead of waiting)."""
+    return 2 * workers * (per_read if transform else 1)
+
+
+def reads_in_flight(prefetch: int, per_read: int, workers: int) -> int:
+    """Reads that ``workers`` workers keep in flight for ``prefetch`` batches: whole reads, at
+    least one per worker."""
+    return max(workers, math.ceil(prefetch / per_read))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a stream reads: the work of one task, the pool, and how much is in flight.
+
+    ``finish`` converts in the consumer what a process worker returned as NumPy; ``placement``
+    copies batches to pinned memory or a device, in the consumer.
+    """
+
+    work: BatchWork
+    num_workers: int
+    batches_per_read: int
+    reads_in_flight: int
+    worker_type: str = "thread"
+    finish: Conversion | None = None
+    placement: Callable[[Any], Any] | None = None
+
+
+class Stream(Iterator[Any]):
+    """The batches ``batches`` of ``plan`` in epoch ``epoch``, in order, from a pool of workers.
+
+    ``next_batch`` is the plan number of the batch the next ``next()`` returns.
+    """
+
+    def __init__(self, reading: Reading, epoch: int, plan: Plan, batches: range,
+                 recorder: Recorder, log_every: int | None = None) -> None:
+        self.epoch, self.plan, self.batches = epoch, plan, batches
+        self._delivered = 0
+        self._buffer: deque[tuple[Any, int, int]] = deque()
+        self._recorder = recorder
+        self._counters = recorder.new_epoch()
+        self._tracing = recorder.tracing
+        self._log_every = log_every
+        work = reading.work
+        if self._tracing:
+            work = dataclasses.replace(work, trace=True)
+        tasks = read_tasks(epoch, plan, reading.batches_per_read, batches,
+                           window_rows=work.order.window_rows)
+        pool = ProcessPool if reading.worker_type == "process" else OrderedPrefetcher
+        self._pool: OrderedPrefetcher[Any, TaskResult] | ProcessPool = pool(
+            work, tasks, reading.num_workers, reading.reads_in_flight)
+        self._finish = reading.finish
+        self._placement = reading.placement
+        self._started = self._handed_out = time.perf_counter()
+
+    @property
+    def next_batch(self) -> int:
+        """The plan number of the next batch (past the end when the stream is done)."""
+        return self.batches.start + self._delivered * self.batches.step
+
+    def __len__(self) -> int:
+        """Batches still to come."""
+        return len(self.batches) - self._delivered
+
+    def __next__(self) -> Any:
+        asked = time.perf_counter()
+        if not self._buffer:
+            result: TaskResult = next(self._pool)  # StopIteration at the end (pool closed)
+            if self._finish is not None:
+                result.batches = [to_output(b, self._finish) for b in result.batches]
+            if self._placement is not None:
+                result.batches = [self._placement(b) for b in result.batches]
+            self._record_task(result)
+            self._buffer.extend(zip(result.batches, result.rows, result.nbytes, strict=True))
+        batch, rows, nbytes = self._buffer.popleft()
+        now = time.perf_counter()
+        count_delivered(self._counters, rows, nbytes, now - asked, asked - self._handed_out,
+                        now - self._started)
+        if self._tracing:
+            index = self.next_batch
+            self._recorder.event("training step", self._handed_out, asked, batch=index - 1)
+            self._recorder.event("wait for batch", asked, now, batch=index)
+        self._handed_out = now
+        self._delivered += 1
+        if self._log_every and self._delivered % self._log_every == 0:
+            self._log_progress()
+        return batch
+
+    def _record_task(self, result: TaskResult) -> None:
+        rows_read = sum(result.rows) + result.rows_skipped
+        self._recorder.task(result.seconds, rows_read, result.io_bytes, result.io_iops,
+                            result.rows_skipped, self._pool.in_flight + 1)
+        for name, start, end, args in result.spans:
+            self._recorder.event(name, start, end, lane=result.lane, **args)
+
+    def _log_progress(self) -> None:
+        stats = self._recorder.snapshot(epoch=-1)
+        _logger.info(
+            "epoch %d: %d/%d batches, %.0f rows/s, %.1f MB/s, loop waited %.0f%%; %s",
+            self.epoch, self.next_batch, len(self.plan), stats.rows_per_s,
+            stats.bytes_per_s / 1e6, 100 * stats.wait_s / max(stats.wall_s, 1e-9),
+            stats.bottleneck.stage,
+        )
+
+    def close(self) -> None:
+        """Stop the pool (idempotent); the batches not yet delivered are dropped."""
+        self._pool.close()
+        self._buffer.clear()
+
+    def __del__(self) -> None:
+        if hasattr(self, "_pool"):
+            self.close()
+
+    def __reduce__(self) -> Any:
+        raise pickle.PicklingError("a running stream cannot be pickled; pickle its Loader")
+
+
+class EpochIterator(Iterator[Any]):
+    """The rest of the cursor's epoch (a ``Loader``'s iterator): a :class:`Stream` from the
+    cursor's place to the epoch's end that moves the cursor with each batch it hands out, and to
+    the next epoch at ``StopIteration``. ``close()`` stops its workers (idempotent) and leaves
+    the cursor where it stopped.
+
+    Live from creation until exhausted or closed; a closed iterator yields nothing more.
+    """
+
+    def __init__(self, reading: Reading, cursor: Cursor, recorder: Recorder,
+                 log_every: int | None = None) -> None:
+        cursor.rebase()
+        if cursor.at_end and len(cursor.spec.plan()):
+            _logger.info("epoch %d has no batches left (its last batch was delivered already): "
+                         "this iteration ends it, the next one starts epoch %d",
+                         cursor.epoch, cursor.epoch + 1)
+        self._cursor = cursor
+        self.epoch = cursor.epoch
+        plan = cursor.plan
+        self.stream = Stream(reading, cursor.epoch, plan, range(len(plan)), recorder, log_every)
+        self.live = True
+
+    def __next__(self) -> Any:
+        if not self.live:
+            raise StopIteration
+        try:
+            batch = next(self.stream)
+        except StopIteration:
+            self.live = False
+            self._cursor.end_epoch()
+            raise
+        except BaseException:
+            self.close()
+            raise
+        self._cursor.advance()
+        return batch
+
+    def __len__(self) -> int:
+        """Batches this iterator has still to deliver."""
+        return len(self.stream) if self.live else 0
+
+    def close(self) -> None:
+        """Stop the workers of this epoch; the loader's cursor stays where it stopped."""
+        self.live = False
+        self.stream.close()
+
+    def __enter__(self) -> EpochIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        raise pickle.PicklingError("a running epoch cannot be pickled; pickle the Loader instead")
