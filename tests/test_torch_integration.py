@@ -792,3 +792,17 @@ def test_importing_lanceloader_does_not_import_torch() -> None:
     code = "import sys, lanceloader, lanceloader.integrations; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_iterable_dataset_and_read_ahead_record_stats(small_uri: str) -> None:
+    """Every path through the engine records what it did (the IterableDataset used to record
+    nothing)."""
+    ds = IterableDataset(small_uri, 100, **ITER_ARGS)
+    assert sum(len(b["id"]) for b in DataLoader(ds, batch_size=None)) == 1000
+    stats = ds.stats()
+    assert (stats.batches, stats.rows, stats.rows_read) == (10, 1000, 1000)
+    mapped = MapDataset(small_uri, columns=["id"])
+    loader = DataLoader(mapped, batch_sampler=BatchSampler(mapped, batch_size=100),
+                        collate_fn=collate)
+    assert sum(len(b["id"]) for b in loader) == 1000
+    assert mapped.stats().rows == 1000
