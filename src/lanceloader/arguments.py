@@ -18,10 +18,10 @@ def check_int(name: str, value: object, minimum: int | None) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
-def check_loader_numbers(*, batch_size: int, shuffle_block_size: int, seed: int,
-                         **optional: int | None) -> None:
-    """The Loader's integer options: ``batch_size`` and ``shuffle_block_size`` >= 1, ``seed``
-    any int, and each of ``optional`` either None (its default) or >= 1."""
+def check_numbers(*, batch_size: int, shuffle_block_size: int, seed: int,
+                  **optional: int | None) -> None:
+    """The integer options of a ``Loader`` or sampler: ``batch_size`` and ``shuffle_block_size``
+    >= 1, ``seed`` any int, and each of ``optional`` either None (its default) or >= 1."""
     check_int("batch_size", batch_size, minimum=1)
     check_int("shuffle_block_size", shuffle_block_size, minimum=1)
     check_int("seed", seed, minimum=None)

@@ -224,10 +224,14 @@ class EpochIterator(Iterator[Any]):
                          "this iteration ends it, the next one starts epoch %d",
                          cursor.epoch, cursor.epoch + 1)
         self._cursor = cursor
-        self.epoch = cursor.epoch
         plan = cursor.plan
         self.stream = Stream(reading, cursor.epoch, plan, range(len(plan)), recorder, log_every)
         self.live = True
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this iterator delivers."""
+        return self.stream.epoch
 
     def __next__(self) -> Any:
         if not self.live:

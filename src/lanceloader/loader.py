@@ -39,7 +39,7 @@ from typing import Any
 
 import lance
 
-from lanceloader.arguments import check_int, check_loader_numbers
+from lanceloader.arguments import check_int, check_numbers
 from lanceloader.convert import Conversion, check_output, check_schema
 from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
@@ -130,7 +130,6 @@ class Loader:
         log_every: log a one-line summary (logger ``lanceloader``) every N batches.
     """
 
-
     def __init__(
         self,
         dataset: str | os.PathLike[str] | lance.LanceDataset,
@@ -162,9 +161,9 @@ class Loader:
         rows_per_read: int | None = None,
         log_every: int | None = None,
     ) -> None:
-        check_loader_numbers(batch_size=batch_size, shuffle_block_size=shuffle_block_size,
-                             seed=seed, shuffle_window=shuffle_window, num_workers=num_workers,
-                             prefetch=prefetch, rows_per_read=rows_per_read, log_every=log_every)
+        check_numbers(batch_size=batch_size, shuffle_block_size=shuffle_block_size, seed=seed,
+                      shuffle_window=shuffle_window, num_workers=num_workers, prefetch=prefetch,
+                      rows_per_read=rows_per_read, log_every=log_every)
         if worker_type not in ("thread", "process"):
             raise ValueError(f"worker_type must be 'thread' or 'process', got {worker_type!r}")
         transform = as_transform(transform)

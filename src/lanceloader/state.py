@@ -217,6 +217,10 @@ def resume_point(saved: Any, spec: StreamSpec, allow_changes: tuple[str, ...] | 
             f"state position (epoch {epoch}, sample {sample}) is outside the stream: epochs "
             f"count from 0 and an epoch has samples 0 to {spec.num_rows}"
         )
+    if saved["format"] == 1:
+        _logger.warning(
+            "loaded a format-1 loader state: it carries no dataset identity, so it was checked "
+            "by URI, version and order only; state_dict() now writes format %d", FORMAT)
     return epoch, sample
 
 
@@ -278,9 +282,6 @@ def _dataset_problems(saved: dict[str, Any], spec: StreamSpec, allow: tuple[str,
         return []
     uri, version, identity = saved["uri"], saved["version"], saved.get("dataset")
     if saved["format"] == 1:
-        _logger.warning(
-            "loading a format-1 loader state: it carries no dataset identity, so it is checked "
-            "by URI, version and order only; state_dict() now writes format %d", FORMAT)
         if (uri, version) != (spec.uri, spec.version):
             return [f"dataset: state has {uri!r} version {version}, this loader reads "
                     f"{spec.uri!r} version {spec.version}" + _version_hint(version)]

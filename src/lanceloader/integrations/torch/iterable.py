@@ -18,7 +18,7 @@ from lanceloader.engine import Stream
 from lanceloader.integrations.torch.collation import pack_for_transfer
 from lanceloader.integrations.torch.map import _worker_slot
 from lanceloader.loader import Loader
-from lanceloader.state import StateMismatchError, check_keys
+from lanceloader.state import StateMismatchError
 
 
 class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
@@ -141,10 +141,9 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
 
     def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
         """Continue at the state: the next iteration starts there (see :meth:`state_dict`)."""
-        check_keys(state)
-        place = state.get("worker")
         cursor = Cursor(self._cursor.spec)
-        cursor.load_state_dict({k: v for k, v in state.items() if k != "worker"}, allow_changes)
+        cursor.load_state_dict(state, allow_changes)  # checks the "worker" entry too
+        place = state.get("worker")
         if place is not None:
             self._check_worker(state, place)
             cursor.start, cursor.done = place["start"], place["batches"]

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from lanceloader.arguments import check_int
+from lanceloader.arguments import check_int, check_numbers
 from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
 from lanceloader.integrations.torch.map import BatchIndices, MapDataset
@@ -63,11 +63,8 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         world_size: int | None,
         drop_last: bool,
     ) -> None:
-        check_int("batch_size", batch_size, minimum=1)
-        check_int("shuffle_block_size", shuffle_block_size, minimum=1)
-        check_int("seed", seed, minimum=None)
-        if shuffle_window is not None:
-            check_int("shuffle_window", shuffle_window, minimum=1)
+        check_numbers(batch_size=batch_size, shuffle_block_size=shuffle_block_size, seed=seed,
+                      shuffle_window=shuffle_window)
         self.num_rows, source = _describe(data_source_or_len)
         rank, world_size = resolve_rank_world(rank, world_size)
         self.order = Order.from_options(self.num_rows, shuffle, shuffle_block_size,
@@ -182,6 +179,7 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
 
     def _wrap(self, positions: np.ndarray, plan: Plan, epoch: int, batch: int) -> Any:
         raise NotImplementedError
+
 
 class Sampler(_PlanSampler):
     """Dataset indices of one rank, in our orders, one epoch per iteration.
