@@ -276,3 +276,23 @@ def test_converting_whole_reads_equals_converting_each_batch(small_uri: str, mod
             a = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in a.items()}
             b = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in b.items()}
         assert _same(a, b)
+
+
+def test_reads_of_large_rows_stay_under_the_byte_cap(tmp_path) -> None:
+    """Reads are sized in bytes as well as rows: 100 KB rows give reads of at most 32 MiB, so
+    the memory in flight stays bounded whatever the row size."""
+    import lance
+
+    from lanceloader.engine import READ_BYTES
+
+    blobs = [bytes([i % 256]) * 100_000 for i in range(600)]
+    uri = str(tmp_path / "blobs.lance")
+    lance.write_dataset(pa.table({"id": np.arange(600), "blob": pa.array(blobs, pa.binary())}),
+                        uri)
+    loader = ll.Loader(uri, batch_size=16, num_workers=2)
+    assert 95_000 < loader.source.bytes_per_row < 110_000
+    rows_per_read = loader.batches_per_read * loader.batch_size
+    assert rows_per_read * loader.source.bytes_per_row <= READ_BYTES
+    # as many batches as fit (one more would not), not 65,536 rows' worth
+    assert (rows_per_read + loader.batch_size) * loader.source.bytes_per_row > READ_BYTES
+    assert ids_of(loader) == list(range(600))
