@@ -18,7 +18,7 @@ from lanceloader.processes import ProcessPool, WorkerDiedError, check_picklable
 
 def shm_files() -> set[str]:
     """Shared-memory files of the process pools this process ran (named by its pid)."""
-    return {p.name for p in Path("/dev/shm").glob(f"lanceloader-{os.getpid()}-*")}
+    return {p.name for p in Path("/dev/shm").glob(f"lanceloader-pool-{os.getpid()}-*")}
 
 
 def open_fds() -> int:

@@ -53,3 +53,42 @@ def kill_self_on_third_batch(batch):
     if 200 in batch.column("id").to_pylist():
         os.kill(os.getpid(), signal.SIGKILL)
     return batch
+
+
+# --- faults (tests/test_faults.py) ---------------------------------------------------------
+
+# Released by a test once it has measured what it measures, so that thread workers left to
+# finish their task detached end it then (process workers are killed instead).
+gate = __import__("threading").Event()
+
+
+def slow_after_first(batch):
+    """Instant for the batch holding id 0, then 20 s (or until ``gate`` opens): every worker is
+    busy when the training loop stops after its first batch."""
+    if 0 not in batch.column("id").to_pylist():
+        gate.wait(20)
+    return batch
+
+
+def stuck(batch):
+    """Never returns (a transform waiting on a lock that is never released)."""
+    gate.wait(600)
+    return batch
+
+
+def first_row_only(batch):
+    return batch.slice(0, 1)
+
+
+def unequal_columns(batch):
+    return {"id": batch.column("id").to_numpy(), "label": batch.column("label").to_numpy()[:1]}
+
+
+def returns_none(batch):
+    return None
+
+
+def fail_on_odd_id(row):
+    if row["id"] % 2:
+        raise ValueError(f"odd id {row['id']}")
+    return row

@@ -6,17 +6,18 @@
 """
 
 from lanceloader.convert import Conversion, ConversionError
+from lanceloader.engine import StallError
 from lanceloader.images import decode_images, normalise
 from lanceloader.integrations.tensorflow import as_tf_dataset
 from lanceloader.loader import EpochIterator, Loader, LoaderInUseError
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.processes import WorkerDiedError
-from lanceloader.source import Source
+from lanceloader.source import ReadError, Source
 from lanceloader.state import StateMismatchError, load_state, save_state
 from lanceloader.stats import Stats
 from lanceloader.text import tokenize
-from lanceloader.transforms import TooManyRowErrors, compose, map_rows
+from lanceloader.transforms import TooManyRowErrors, TransformOutputError, compose, map_rows
 
 __all__ = [
     "Conversion",
@@ -26,10 +27,13 @@ __all__ = [
     "LoaderInUseError",
     "Order",
     "Plan",
+    "ReadError",
     "Source",
+    "StallError",
     "StateMismatchError",
     "Stats",
     "TooManyRowErrors",
+    "TransformOutputError",
     "WorkerDiedError",
     "as_tf_dataset",
     "compose",

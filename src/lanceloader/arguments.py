@@ -5,9 +5,16 @@ the value and the fix.
 Traceback (most recent call last):
 ...
 ValueError: batch_size must be >= 1, got 0
+>>> check_bool("shuffle", "False")
+Traceback (most recent call last):
+...
+TypeError: shuffle must be True or False, got the str 'False' (a non-empty string is truthy, so 'False' would mean True)
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
 
 
 def check_int(name: str, value: object, minimum: int | None) -> None:
@@ -16,6 +23,49 @@ def check_int(name: str, value: object, minimum: int | None) -> None:
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_bool(name: str, value: object) -> None:
+    """``value`` must be ``True`` or ``False`` (NumPy's bool too): ``"False"`` and ``"no"`` are
+    truthy strings, and ``1``/``0`` hide mistakes of argument order."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return
+    hint = ""
+    if isinstance(value, str):
+        hint = f" (a non-empty string is truthy, so {value!r} would mean True)"
+    raise TypeError(f"{name} must be True or False, got the {type(value).__name__} {value!r}{hint}")
+
+
+def check_optional_str(name: str, value: object, example: str) -> None:
+    """``value`` must be None or a string; ``example`` shows a valid one."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string such as {example}, or None; got the "
+                        f"{type(value).__name__} {value!r}")
+
+
+def check_storage_options(value: object) -> None:
+    """``storage_options`` must be None or a mapping of str to str (what Lance accepts)."""
+    example = "{'aws_region': 'us-east-1'}"
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise TypeError(f"storage_options must be a dict of str to str such as {example}, or "
+                        f"None; got the {type(value).__name__} {value!r}")
+    bad = {k: v for k, v in value.items() if not isinstance(k, str) or not isinstance(v, str)}
+    if bad:
+        raise TypeError(f"storage_options must map str to str (write numbers and booleans as "
+                        f"strings, e.g. {{'allow_http': 'true'}}); these entries are not: {bad!r}")
+
+
+def check_seconds(name: str, value: object) -> None:
+    """``value`` must be None (no limit) or a positive, finite number of seconds."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds or None (no limit), got the "
+                        f"{type(value).__name__} {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be > 0 seconds (or None for no limit), got {value}")
 
 
 def check_numbers(*, batch_size: int, shuffle_block_size: int, seed: int,

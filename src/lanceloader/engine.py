@@ -15,8 +15,12 @@ Contract of a :class:`Stream`:
   memory bound is therefore ``(reads_in_flight + 1) × READ_BYTES`` of Arrow data (and what the
   transform makes of it), whatever the dataset's size.
 * Every task's cost and every delivered batch are recorded in the ``Recorder`` (``stats()``).
-* ``close()`` (idempotent; also on exhaustion, on error and on garbage collection) stops the pool;
-  queued reads are cancelled, nothing outlives the stream.
+* ``close()`` (idempotent; also on exhaustion, on error and on garbage collection) stops the pool
+  at once, whatever the workers are doing: queued reads are cancelled, busy process workers are
+  killed, busy threads finish their task detached and drop it. ``break``, an exception and Ctrl-C
+  in the training loop therefore return control within a fraction of a second.
+* No batch for ``stall_timeout`` seconds raises :class:`StallError`, naming the batch, the stage,
+  the worker and showing the worker's stack; ``None`` waits forever.
 
 Example::
 
@@ -51,10 +55,10 @@ from lanceloader.convert import Conversion, to_output
 from lanceloader.cursor import Cursor
 from lanceloader.order import Order
 from lanceloader.plan import Plan, read_tasks
-from lanceloader.prefetch import OrderedPrefetcher
+from lanceloader.prefetch import OrderedPrefetcher, Stalled
 from lanceloader.processes import ProcessPool
 from lanceloader.stats import Recorder, count_delivered
-from lanceloader.workers import BatchWork, TaskResult
+from lanceloader.workers import BatchWork, TaskResult, stage_of
 
 _logger = logging.getLogger("lanceloader")
 
@@ -68,6 +72,43 @@ ROWS_PER_READ_RANDOM = 16_384
 # Bytes read by one Lance call at most (rows of 11 KB images: ~3,000 rows, not 65,536): reads
 # stay in the cache-friendly range and the memory in flight stays small.
 READ_BYTES = 32 << 20
+# Seconds without a batch before StallError. Healthy reads take milliseconds to seconds, and
+# Lance's object-store requests give up well before this (source.OBJECT_STORE_TIMEOUTS), so it
+# only fires for a stuck worker: a transform waiting forever, a stopped process.
+DEFAULT_STALL_TIMEOUT = 300.0
+
+
+class StallError(TimeoutError):
+    """No batch came for ``stall_timeout`` seconds. The message names the batch, the stage
+    (read, transform, convert, ...) and the worker, and shows the worker's stack; attributes
+    ``batch``, ``epoch``, ``stage``, ``worker`` and ``stack`` hold the same."""
+
+    def __init__(self, message: str, *, batch: int, epoch: int, stage: str, worker: str,
+                 stack: str) -> None:
+        super().__init__(message)
+        self.batch, self.epoch, self.stage, self.worker, self.stack = (
+            batch, epoch, stage, worker, stack)
+
+
+def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
+    """The user's error for a pool's :class:`~lanceloader.prefetch.Stalled`."""
+    task = stalled.task
+    batch, epoch = task.batches[0], task.epoch
+    stage = stage_of(stalled.functions)
+    reads = f"batches {task.batches.start}-{task.batches[-1]}" if len(task.batches) > 1 else \
+        f"batch {batch}"
+    message = (
+        f"no batch for {stalled.seconds:g} s (stall_timeout={stalled.seconds:g}): batch {batch} "
+        f"of epoch {epoch} is stuck in stage '{stage}' of {stalled.worker} (one of {workers} "
+        f"{worker_type} workers, reading {reads}). The loader stopped its workers. Its stack, "
+        f"most recent call {'first' if worker_type == 'process' else 'last'}:\n{stalled.stack}"
+        "Usual causes: a transform waiting on a lock, a queue or the network; an object store "
+        "that stopped answering; a worker process stopped by a signal or a debugger. Raise "
+        "stall_timeout= for steps that are slow but healthy, or pass stall_timeout=None to "
+        "wait forever."
+    )
+    return StallError(message, batch=batch, epoch=epoch, stage=stage, worker=stalled.worker,
+                      stack=stalled.stack)
 
 
 def batches_per_read(order: Order, batch_size: int, transform: bool,
@@ -106,7 +147,8 @@ class Reading:
     """How a stream reads: the work of one task, the pool, and how much is in flight.
 
     ``finish`` converts in the consumer what a process worker returned as NumPy; ``placement``
-    copies batches to pinned memory or a device, in the consumer.
+    copies batches to pinned memory or a device, in the consumer. ``stall_timeout``: see
+    :class:`StallError`.
     """
 
     work: BatchWork
@@ -116,6 +158,7 @@ class Reading:
     worker_type: str = "thread"
     finish: Conversion | None = None
     placement: Callable[[Any], Any] | None = None
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
 
 
 class Stream(Iterator[Any]):
@@ -140,7 +183,8 @@ class Stream(Iterator[Any]):
                            window_rows=work.order.window_rows)
         pool = ProcessPool if reading.worker_type == "process" else OrderedPrefetcher
         self._pool: OrderedPrefetcher[Any, TaskResult] | ProcessPool = pool(
-            work, tasks, reading.num_workers, reading.reads_in_flight)
+            work, tasks, reading.num_workers, reading.reads_in_flight, reading.stall_timeout)
+        self._workers = (reading.num_workers, reading.worker_type)
         self._finish = reading.finish
         self._placement = reading.placement
         self._started = self._handed_out = time.perf_counter()
@@ -157,7 +201,10 @@ class Stream(Iterator[Any]):
     def __next__(self) -> Any:
         asked = time.perf_counter()
         if not self._buffer:
-            result: TaskResult = next(self._pool)  # StopIteration at the end (pool closed)
+            try:
+                result: TaskResult = next(self._pool)  # StopIteration at the end (pool closed)
+            except Stalled as stalled:
+                raise stall_error(stalled, *self._workers) from None
             if self._finish is not None:
                 result.batches = [to_output(b, self._finish) for b in result.batches]
             if self._placement is not None:

@@ -39,8 +39,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from lanceloader import lifetime
+
 LANCE_THREAD_PREFIXES = ("lance_backgroun", "lance-cpu")  # thread names, cut to 15 characters
-SHM_DIR = Path("/dev/shm")
+SHM_DIR = lifetime.SHM_DIR
 
 _threads_at_fork = 0
 _tainted = False
@@ -107,7 +109,7 @@ class CleanReader:
             stacklevel=3,
         )
         self._lock = threading.Lock()  # one request at a time on the pipe
-        self._prefix = f"lanceloader-reader-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._prefix = lifetime.shm_name("reader", os.getpid(), uuid.uuid4().hex[:8])
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "lanceloader._reader", self._prefix],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
@@ -154,7 +156,9 @@ class CleanReader:
 
 
 def serve(prefix: str) -> None:
-    """The clean reader's loop: a Source, then positions until stdin closes."""
+    """The clean reader's loop: a Source, then positions until stdin closes, or until the
+    process it serves dies (then it removes that process's files and exits)."""
+    lifetime.watch_owner(os.getppid())
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     source = pickle.load(stdin)
     for n in range(1 << 62):
@@ -174,6 +178,11 @@ def serve(prefix: str) -> None:
             except Exception:
                 exc = RuntimeError(f"{type(exc).__name__}: {exc}")
             answer = ("error", exc, 0, 0)
-        pickle.dump(answer, stdout, protocol=pickle.HIGHEST_PROTOCOL)
-        stdout.flush()
+        try:
+            pickle.dump(answer, stdout, protocol=pickle.HIGHEST_PROTOCOL)
+            stdout.flush()
+        except OSError:  # BrokenPipeError: the process it serves is gone
+            if answer[0] == "ok":
+                Path(answer[1]).unlink(missing_ok=True)
+            return
 

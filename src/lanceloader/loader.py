@@ -39,11 +39,12 @@ from typing import Any
 
 import lance
 
-from lanceloader.arguments import check_int, check_numbers
+from lanceloader.arguments import check_bool, check_int, check_numbers, check_seconds
 from lanceloader.convert import Conversion, check_output, check_schema
 from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
 from lanceloader.engine import (
+    DEFAULT_STALL_TIMEOUT,
     EpochIterator,
     Reading,
     batches_per_read,
@@ -128,6 +129,9 @@ class Loader:
         rows_per_read: rows fetched by one Lance call (several batches); default 65,536 rows,
             16,384 for a full shuffle, at most 32 MiB, and 2 batches with a transform.
         log_every: log a one-line summary (logger ``lanceloader``) every N batches.
+        stall_timeout: seconds the training loop may wait for one batch before
+            :class:`~lanceloader.StallError` names the stuck batch, stage and worker and shows
+            its stack; default 300 (never reached by healthy reads); ``None`` waits forever.
     """
 
     def __init__(
@@ -160,7 +164,12 @@ class Loader:
         world_size: int | None = None,
         rows_per_read: int | None = None,
         log_every: int | None = None,
+        stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
     ) -> None:
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last),
+                           ("pin_memory", pin_memory)):
+            check_bool(name, flag)
+        check_seconds("stall_timeout", stall_timeout)
         check_numbers(batch_size=batch_size, shuffle_block_size=shuffle_block_size, seed=seed,
                       shuffle_window=shuffle_window, num_workers=num_workers, prefetch=prefetch,
                       rows_per_read=rows_per_read, log_every=log_every)
@@ -199,6 +208,7 @@ class Loader:
         self.prefetch = prefetch or default_prefetch(self.num_workers, self.batches_per_read,
                                                      transform is not None)
         self.log_every = log_every
+        self.stall_timeout = stall_timeout
         self.recorder = Recorder()
         if worker_type == "process":
             name = getattr(transform, "__qualname__", type(transform).__name__)
@@ -351,7 +361,7 @@ class Loader:
             work, workers, self.batches_per_read,
             reads_in_flight(prefetch, self.batches_per_read, workers), self.worker_type,
             finish=self.conversion if work.conversion.output != self.output else None,
-            placement=self.placement,
+            placement=self.placement, stall_timeout=self.stall_timeout,
         )
 
     def _work(self) -> BatchWork:

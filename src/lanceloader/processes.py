@@ -17,21 +17,31 @@ Contract:
 * A worker that dies (SIGKILL, ``os._exit``, a crash) is reported in the consumer at once, with
   its index, PID and exit status; an exception in a worker is re-raised in the consumer with the
   worker's traceback as a note.
-* ``close()`` stops and joins every worker (terminating those that do not exit within a second),
-  removes this pool's leftover shared memory files, and is idempotent. Workers ignore SIGINT (the
-  consumer handles Ctrl-C and closes them) and exit by themselves when the consumer dies.
+* The consumer's wait for a result wakes for signals and lasts at most ``stall_timeout``
+  seconds; then :class:`~lanceloader.prefetch.Stalled` is raised with the stuck worker's stack
+  (written by ``faulthandler`` on SIGUSR1; a stopped process is reported as stopped).
+* ``close()`` returns within a fraction of a second whatever the workers are doing: idle workers
+  are told to exit, busy ones are SIGKILLed (all at once), every worker is joined, and this pool's
+  shared-memory files are removed. It is idempotent. Workers ignore SIGINT (the consumer handles
+  Ctrl-C and closes them).
+* Nothing outlives the consumer (:mod:`lanceloader.lifetime`): each worker watches the consumer
+  and, when it dies (even by SIGKILL), removes its shared-memory files and exits; a pool that
+  starts removes the files of consumers that died earlier.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import itertools
 import mmap
 import multiprocessing as mp
 import os
 import pickle
+import re
 import signal
+import time
 import traceback
 import uuid
 from collections import deque
@@ -42,9 +52,14 @@ from typing import Any
 
 import numpy as np
 
-from lanceloader.prefetch import check_same_process
+from lanceloader import lifetime
+from lanceloader.lifetime import SHM_DIR
+from lanceloader.prefetch import Stalled, check_same_process
 
-SHM_DIR = Path("/dev/shm")
+# close(): how long idle workers get to exit after being told to, before every worker left is
+# SIGKILLed (busy ones hold nothing that needs a clean exit: their files are removed after).
+EXIT_S = 0.1
+STACK_SIGNAL = signal.SIGUSR1  # a worker's faulthandler writes its stack on this signal
 # The forkserver imports these once; its children start with them loaded. The first one silences
 # Lance's "not fork-safe" warning in the server only: forking it is safe, it never used Lance.
 PRELOAD = ["lanceloader._forkserver", "numpy", "pyarrow", "lance", "lanceloader.workers"]
@@ -182,16 +197,21 @@ def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path
 # --- the worker process --------------------------------------------------------------------
 
 
-def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix: str) -> None:
-    """Run tasks until told to stop or the consumer goes away."""
+def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix: str,
+                 owner: int) -> None:
+    """Run tasks until told to stop, or until the consumer (``owner``) goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lifetime.watch_owner(owner)
+    stack_file = open(SHM_DIR / f"{prefix}-{os.getpid()}-stack", "w")  # noqa: SIM115
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
     fn = pickle.loads(fn_bytes)
     counter = itertools.count()
     while True:
         try:
             message = tasks.recv()
-        except (EOFError, OSError):
-            return  # the consumer is gone
+        except (EOFError, OSError):  # the consumer is gone: nobody will map what was sent
+            _remove_files(prefix)
+            return
         if message is None:
             return
         index, task = message
@@ -204,8 +224,13 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
         try:
             results.send(payload)
         except (BrokenPipeError, OSError):
-            path.unlink(missing_ok=True)  # nobody will map it
+            _remove_files(prefix)
             return
+
+
+def _remove_files(prefix: str) -> None:
+    for leftover in SHM_DIR.glob(f"{prefix}-*"):
+        leftover.unlink(missing_ok=True)
 
 
 def _picklable_error(exc: BaseException) -> BaseException:
@@ -223,16 +248,18 @@ class ProcessPool:
     """Ordered results of ``fn`` over ``tasks`` from ``num_workers`` forkserver processes."""
 
     def __init__(self, fn: Callable[[Any], Any], tasks: Iterator[Any], num_workers: int,
-                 depth: int) -> None:
+                 depth: int, stall_timeout: float | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self._tasks = tasks
         self._depth = max(depth, num_workers)
+        self._stall_timeout = stall_timeout
         self._pid = os.getpid()
         self._closed = False
-        self._prefix = f"lanceloader-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        lifetime.remove_orphans()
+        self._prefix = lifetime.shm_name("pool", os.getpid(), uuid.uuid4().hex[:8])
         self._submitted = 0
-        self._pending: deque[int] = deque()
+        self._pending: deque[tuple[int, Any]] = deque()  # (worker, task)
         ctx = forkserver_context()
         fn_bytes = pickle.dumps(fn)
         self._workers: list[tuple[mp.process.BaseProcess, Connection, Connection]] = []
@@ -241,7 +268,8 @@ class ProcessPool:
                 task_recv, task_send = ctx.Pipe(duplex=False)
                 result_recv, result_send = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_worker_main, name=f"lanceloader-process-{i}",
-                                   args=(fn_bytes, task_recv, result_send, self._prefix),
+                                   args=(fn_bytes, task_recv, result_send, self._prefix,
+                                         self._pid),
                                    daemon=True)
                 proc.start()
                 task_recv.close()
@@ -272,7 +300,7 @@ class ProcessPool:
             except OSError:  # BrokenPipeError: the worker is gone
                 proc.join(1.0)
                 raise WorkerDiedError(_death_message(worker, proc)) from None
-            self._pending.append(worker)
+            self._pending.append((worker, task))
             self._submitted += 1
 
     def __iter__(self) -> ProcessPool:
@@ -283,25 +311,22 @@ class ProcessPool:
         if self._closed or not self._pending:
             self.close()
             raise StopIteration
-        worker = self._pending.popleft()
+        worker, task = self._pending.popleft()
         try:
-            result = self._receive(worker)
+            result = self._receive(worker, task)
             self._fill()
         except BaseException:
             self.close()
             raise
         return result
 
-    def _receive(self, worker: int) -> Any:
+    def _receive(self, worker: int, task: Any) -> Any:
         proc, _, conn = self._workers[worker]
-        while True:
-            ready = wait([conn, proc.sentinel], timeout=1.0)
-            if conn in ready:
-                break
-            if proc.sentinel in ready:
-                if conn.poll():  # the answer arrived just before the worker exited
-                    break
-                raise WorkerDiedError(_death_message(worker, proc))
+        ready = wait([conn, proc.sentinel], timeout=self._stall_timeout)
+        if not ready:
+            raise self._stalled(worker, task)
+        if conn not in ready and not conn.poll():  # not an answer just before the exit
+            raise WorkerDiedError(_death_message(worker, proc))
         try:
             kind, _, a, b, path = conn.recv()
         except EOFError:
@@ -314,8 +339,16 @@ class ProcessPool:
             raise exc
         return unpack(a, b, Path(path))
 
+    def _stalled(self, worker: int, task: Any) -> Stalled:
+        assert self._stall_timeout is not None
+        proc = self._workers[worker][0]
+        assert proc.pid is not None
+        stack = _task_thread(worker_stack(proc.pid, SHM_DIR / f"{self._prefix}-{proc.pid}-stack"))
+        return Stalled(self._stall_timeout, task, f"worker process {worker} (pid {proc.pid})",
+                       stack, _FRAME.findall(stack))
+
     def close(self) -> None:
-        """Stop and join every worker; remove leftover shared memory. Idempotent."""
+        """Stop every worker at once and join them; remove this pool's files. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -325,19 +358,20 @@ class ProcessPool:
             with contextlib.suppress(OSError, ValueError):
                 if proc.is_alive():
                     send.send(None)
-        for proc, send, recv in self._workers:
-            proc.join(1.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
+        running = [p for p, _, _ in self._workers if p.exitcode is None]
+        deadline = time.monotonic() + EXIT_S
+        while running and time.monotonic() < deadline:
+            wait([p.sentinel for p in running], timeout=max(0.0, deadline - time.monotonic()))
+            running = [p for p in running if p.exitcode is None]
+        for proc in running:  # busy: a read or a transform that would keep us waiting
+            with contextlib.suppress(OSError):
                 proc.kill()
-                proc.join()
+        for proc, send, recv in self._workers:
+            proc.join()  # at once: exited or SIGKILLed
             proc.close()  # releases its sentinel file descriptor
             send.close()
             recv.close()
-        for leftover in SHM_DIR.glob(f"{self._prefix}-*"):
-            leftover.unlink(missing_ok=True)
+        _remove_files(self._prefix)
         self._pending.clear()
 
     def __enter__(self) -> ProcessPool:
@@ -373,3 +407,47 @@ def _death_message(worker: int, proc: mp.process.BaseProcess) -> str:
         f"worker process {worker} (pid {proc.pid}) {status} before returning its batch; "
         f"the loader stopped all workers. {cause}"
     )
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of process ``pid`` (``R``, ``S``, ``T`` for stopped, ...),
+    or ``?`` where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return "?"
+
+
+def worker_stack(pid: int, stack_file: Path, wait_s: float = 1.0) -> str:
+    """The Python stack of every thread of worker ``pid``, as its ``faulthandler`` writes it to
+    ``stack_file`` on :data:`STACK_SIGNAL`; or why it cannot be had (a stopped process runs no
+    handler)."""
+    state = process_state(pid)
+    if state in ("T", "t"):
+        return (f"(no stack: process {pid} is stopped (state {state}), e.g. by SIGSTOP, Ctrl-Z or "
+                "a debugger; SIGCONT continues it)\n")
+    try:
+        os.truncate(stack_file, 0)
+        os.kill(pid, STACK_SIGNAL)
+    except OSError as exc:
+        return f"(no stack: {exc})\n"
+    deadline, text = time.monotonic() + wait_s, ""
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        fresh = stack_file.read_text(errors="replace")
+        if fresh and fresh == text:  # written completely
+            break
+        text = fresh
+    return text or f"(no stack: process {pid} (state {state}) did not answer within {wait_s} s)\n"
+
+
+_FRAME = re.compile(r'File ".*", line \d+ in (\S+)')
+
+
+def _task_thread(stack: str) -> str:
+    """The thread of a faulthandler dump that runs tasks (the whole dump if none does)."""
+    for section in stack.split("\n\n"):
+        if "in _worker_main" in section:
+            return section.rstrip("\n") + "\n"
+    return stack

@@ -9,6 +9,12 @@ Reads coalesce: the requested rows are sorted and deduplicated, contiguous runs 
 of one fragment (Lance's fastest path, measured in ``benchmarks/``), the scattered rest becomes
 one ``take``, and the result is put back into the requested order with one Arrow ``take``.
 
+Errors: every failure of a read is raised as :class:`ReadError` (an ``OSError``), which names the
+URI, the pinned version, the fragments and rows read and, from a worker, the batches; the
+original error (a Lance ``OSError``, ``ValueError``, or a Rust panic, which Python sees as a
+``BaseException``) is its ``__cause__``. Lance's messages are quoted without its Rust source
+paths.
+
 Fork-safety: a ``Source`` pickles as plain parameters (URI, version, storage options, columns and
 the computed row list) and opens Lance lazily, once per process (keyed by PID). It never carries a
 live Lance handle into a child process.
@@ -24,7 +30,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
+from pathlib import Path
 from typing import Any
 
 import lance
@@ -32,11 +41,119 @@ import numpy as np
 import pyarrow as pa
 
 from lanceloader import forksafe
+from lanceloader.arguments import check_optional_str, check_storage_options
 from lanceloader.splits import split_mask
+
+_logger = logging.getLogger("lanceloader")
 
 # Runs of at least this many contiguous rows are read as fragment ranges; shorter runs join one
 # `take`, which beats many small range reads (measured: 1024-row blocks 3.0M vs 1.5M rows/s).
 MIN_RANGE_ROWS = 4096
+# Object-store requests Lance makes give up after these (given as storage_options where the user
+# set none of them): a request may take 30 s, its retries 30 s more. Without them, opening a
+# dataset on a server that accepts connections but never answers had not ended after 400 s
+# (pylance 14); Lance repeats a failed request several times itself, so with them it ends in an
+# error after a few minutes, as the loop's stall_timeout would.
+OBJECT_STORE_TIMEOUTS = {"connect_timeout": "5s", "timeout": "30s", "client_retry_timeout": "30"}
+
+
+class ReadError(OSError):
+    """Reading rows of the pinned dataset failed (a damaged or missing data file, a storage
+    error, a Lance panic). The message names the URI, version, fragments and rows, and, when a
+    worker read them, the batches; the original error is ``__cause__``. The same type with thread
+    and process workers.
+
+    Attributes: ``uri``, ``version``, ``fragments`` (ids), ``rows`` (``(first, last, count)`` of
+    the Lance row offsets read), ``batches`` and ``epoch`` (None outside a worker).
+    """
+
+    def __init__(self, detail: str, uri: str, version: int, fragments: tuple[int, ...],
+                 rows: tuple[int, int, int], where: str, batches: range | None = None,
+                 epoch: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail, self.uri, self.version, self.fragments = detail, uri, version, fragments
+        self.rows, self.where, self.batches, self.epoch = rows, where, batches, epoch
+
+    def __str__(self) -> str:
+        first, last, count = self.rows
+        batches = ""
+        if self.batches is not None:
+            b = self.batches
+            batches = (f" for batch {b.start}" if len(b) == 1 else
+                       f" for batches {b.start}-{b[-1]}") + f" of epoch {self.epoch}"
+        return (
+            f"reading {count} rows of Lance dataset {self.uri!r} (version {self.version}) "
+            f"failed{batches}: {self.where}: {self.detail}. A data file of the dataset may be "
+            "truncated, overwritten or missing, or the storage unreachable; check it with "
+            f"lance.dataset({self.uri!r}, version={self.version}).take([{first}, {last}]), "
+            "and restore the file or the dataset from a copy"
+        )
+
+    def __reduce__(self) -> Any:
+        cause = self.__cause__
+        if cause is not None and not _pickles(cause):
+            cause = RuntimeError(f"{type(cause).__name__}: {cause}")
+        return (ReadError, (self.detail, self.uri, self.version, self.fragments, self.rows,
+                            self.where, self.batches, self.epoch),
+                {"cause": cause, "notes": getattr(self, "__notes__", None)})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__cause__ = state["cause"]
+        if state["notes"]:
+            self.__notes__ = state["notes"]
+
+
+def _pickles(obj: object) -> bool:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(obj))
+        return True
+    except Exception:
+        return False
+
+
+_RUST_SOURCE = re.compile(r",?\s*(?:[\w.~-]*/)+[\w.-]+\.rs:\d+(?::\d+)?")
+
+
+def strip_rust_paths(text: str) -> str:
+    """``text`` without the Rust source locations Lance appends to its errors.
+
+    >>> strip_rust_paths("no field 'y', /home/ci/lance/rust/src/scanner.rs:839:33)")
+    "no field 'y')"
+    """
+    return _RUST_SOURCE.sub("", text)
+
+
+def clean_message(exc: BaseException, uri: str | None = None) -> str:
+    """``exc``'s message without Lance's Rust source paths (``.../commit.rs:653:31``), and with
+    the leading ``/`` that Lance drops from local paths put back.
+
+    >>> clean_message(OSError("Not found: tmp/x.lance/_versions, /home/runner/work/lance/"
+    ...                       "rust/lance-io/src/local.rs:118:31"), "/tmp/x.lance")
+    'Not found: /tmp/x.lance/_versions'
+    """
+    text = strip_rust_paths(str(exc)).strip()
+    if uri and uri.startswith("/"):
+        text = re.sub(r"(?<![\w/.])" + re.escape(uri.lstrip("/")), uri, text)
+    return text or type(exc).__name__
+
+
+def object_store_options(uri: str, storage_options: dict[str, str] | None
+                         ) -> dict[str, str] | None:
+    """``storage_options`` with :data:`OBJECT_STORE_TIMEOUTS` added for an object-store URI when
+    the user gave no timeout of their own.
+
+    >>> object_store_options("s3://bucket/data.lance", None)
+    {'connect_timeout': '5s', 'timeout': '30s', 'client_retry_timeout': '30'}
+    >>> object_store_options("/data/local.lance", None) is None
+    True
+    """
+    remote = "://" in uri and not uri.startswith("file://")
+    given = storage_options or {}
+    if not remote or any(k.lower() in OBJECT_STORE_TIMEOUTS for k in given):
+        return storage_options
+    return {**OBJECT_STORE_TIMEOUTS, **given}
 
 
 class Source:
@@ -65,6 +182,13 @@ class Source:
         split: str | None = None,
         split_key: str | None = None,
     ) -> None:
+        check_storage_options(storage_options)
+        check_optional_str("filter", filter, "'label = 3'")
+        check_optional_str("split", split, "'train'")
+        check_optional_str("split_key", split_key, "'id'")
+        if isinstance(version, bool) or not isinstance(version, int | str | None):
+            raise TypeError(f"version must be a version number, a tag or None (the latest); got "
+                            f"the {type(version).__name__} {version!r}")
         self.storage_options = dict(storage_options) if storage_options else None
         ds = _open(dataset, version, self.storage_options)
         self.uri: str = ds.uri
@@ -80,12 +204,28 @@ class Source:
         self._reader: forksafe.CleanReader | None = None
         self._reader_pid = 0
         self._fragments = ds.get_fragments()
+        self._fragment_ids = [f.fragment_id for f in self._fragments]
         self.identity: str = dataset_identity(ds.schema, self._fragments)
         self._fragment_starts = np.cumsum(
             [0] + [f.count_rows() for f in self._fragments], dtype=np.int64
         )
         self._rows: np.ndarray | None = self._select_rows(ds)
-        self.bytes_per_row: float = _bytes_per_row(self._fragments, self.columns)
+        self.bytes_per_row: float = self._bytes_per_row()
+        if self.num_rows == 0:
+            self._warn_empty()
+
+    def _warn_empty(self) -> None:
+        """An empty epoch is legal (a filter for a class not yet in the data), but rarely meant."""
+        total = int(self._fragment_starts[-1])
+        if total == 0:
+            why = "the dataset has no rows"
+        elif self.filter is not None and self.split is None:
+            why = f"filter {self.filter!r} matches none of its {total} rows"
+        else:
+            why = (f"filter {self.filter!r} and split {self.split!r} keep none of its {total} "
+                   "rows")
+        _logger.warning("Lance dataset %r (version %d): %s, so every epoch is empty (0 batches)",
+                        self.uri, self.version, why)
 
     # --- construction -------------------------------------------------------------------
 
@@ -106,7 +246,7 @@ class Source:
         except Exception as exc:  # Lance raises ValueError/OSError/RuntimeError for bad SQL
             raise ValueError(
                 f"filter {self.filter!r} is not a valid Lance SQL predicate for columns "
-                f"{ds.schema.names}: {exc}"
+                f"{ds.schema.names}: {clean_message(exc, self.uri)}"
             ) from exc
         rows = table.column("_rowoffset").to_numpy().astype(np.int64)
         if self.splits is not None:
@@ -114,6 +254,26 @@ class Source:
             keys = table.column(self.split_key) if self.split_key is not None else rows
             rows = rows[split_mask(keys, self.splits, self.split)]
         return rows
+
+    def _bytes_per_row(self, sample_rows: int = 256) -> float:
+        """Arrow bytes per row of the columns, estimated from the first rows of the first
+        non-empty fragment (0.0 for an empty dataset): what reads are sized by (``engine.py``).
+        Taken at construction, where Lance may be used, so that no process forked later needs
+        to. A damaged first fragment raises :class:`ReadError` here."""
+        for i, fragment in enumerate(self._fragments):
+            start = int(self._fragment_starts[i])
+            rows = min(sample_rows, int(self._fragment_starts[i + 1]) - start)
+            if rows == 0:
+                continue
+            try:
+                table = fragment.to_table(columns=self.columns, limit=sample_rows)
+            except (KeyboardInterrupt, SystemExit, MemoryError):
+                raise
+            except BaseException as exc:  # a Rust panic is a BaseException
+                raise self.read_error(exc, offsets=np.arange(start, start + rows)) from exc
+            if table.num_rows:
+                return table.nbytes / table.num_rows
+        return 0.0
 
     # --- pickling and per-process reopening ---------------------------------------------
 
@@ -139,7 +299,8 @@ class Source:
             )
         if self._ds is None or self._pid != os.getpid():
             self._ds = lance.dataset(
-                self.uri, version=self.version, storage_options=self.storage_options
+                self.uri, version=self.version,
+                storage_options=object_store_options(self.uri, self.storage_options),
             )
             self._fragments = self._ds.get_fragments()
             self._pid = os.getpid()
@@ -171,14 +332,57 @@ class Source:
         """:meth:`read_table`, plus the bytes and IOPS Lance spent on it (since its last read).
 
         In a process forked after Lance ran (see ``forksafe.py``), a clean helper process reads.
+        Any failure raises :class:`ReadError`.
         """
-        if forksafe.tainted():
-            if self._reader is None or self._reader_pid != os.getpid():
-                self._reader, self._reader_pid = forksafe.CleanReader(self), os.getpid()
-            return self._reader.read_table(positions)
-        table = self._read_local(positions)
-        io = self.dataset.io_stats_incremental()
-        return table, io.read_bytes, io.read_iops
+        try:
+            if forksafe.tainted():
+                if self._reader is None or self._reader_pid != os.getpid():
+                    self._reader, self._reader_pid = forksafe.CleanReader(self), os.getpid()
+                return self._reader.read_table(positions)
+            table = self._read_local(positions)
+            io = self.dataset.io_stats_incremental()
+            return table, io.read_bytes, io.read_iops
+        except (ReadError, KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
+            raise
+        except BaseException as exc:  # a Rust panic is a BaseException (pyo3's PanicException)
+            raise self.read_error(exc, positions) from exc
+
+    def read_error(self, exc: BaseException, positions: np.ndarray | None = None, *,
+                   offsets: np.ndarray | None = None) -> ReadError:
+        """The :class:`ReadError` for ``exc``, raised while reading ``positions`` (or the Lance
+        row ``offsets``)."""
+        if offsets is None:
+            offsets = self.row_offsets(positions) if positions is not None and len(positions) \
+                else np.zeros(0, np.int64)
+        first, last = (int(offsets.min()), int(offsets.max())) if len(offsets) else (0, 0)
+        fragments = np.unique(np.searchsorted(self._fragment_starts, offsets, side="right") - 1)
+        ids = tuple(self._fragment_ids[int(i)] for i in fragments)
+        return ReadError(f"{clean_message(exc, self.uri)} ({type(exc).__name__})", self.uri,
+                         self.version, ids, (first, last, len(offsets)),
+                         self.describe_offsets(offsets), None, None)
+
+    def describe_rows(self, positions: np.ndarray) -> str:
+        """Where ``positions`` lie in the pinned version: fragments and their rows, e.g.
+        ``'fragment 3 rows 0-511'``, for error messages."""
+        return self.describe_offsets(self.row_offsets(positions) if len(positions) else
+                                     np.zeros(0, np.int64))
+
+    def describe_offsets(self, offsets: np.ndarray, limit: int = 4) -> str:
+        """:meth:`describe_rows` of Lance row offsets."""
+        offsets = np.sort(offsets)
+        if not len(offsets):
+            return "no rows"
+        index = np.searchsorted(self._fragment_starts, offsets, side="right") - 1
+        parts = []
+        for i in np.unique(index)[:limit].tolist():
+            local = offsets[index == i] - self._fragment_starts[i]
+            rows = (f"row {local[0]}" if len(local) == 1 else
+                    f"rows {local[0]}-{local[-1]}" + (f" ({len(local)} of them)"
+                                                       if local[-1] - local[0] + 1 != len(local)
+                                                       else ""))
+            parts.append(f"fragment {self._fragment_ids[i]} {rows}")
+        more = len(np.unique(index)) - limit
+        return ", ".join(parts) + (f" and {more} more fragments" if more > 0 else "")
 
     def _read_local(self, positions: np.ndarray) -> pa.Table:
         offsets = self.row_offsets(positions)
@@ -229,17 +433,6 @@ class Source:
         )
 
 
-def _bytes_per_row(fragments: list[Any], columns: list[str], sample_rows: int = 256) -> float:
-    """Arrow bytes per row of ``columns``, estimated from the first rows of the first non-empty
-    fragment (0.0 for an empty dataset): what reads are sized by (``engine.py``). Taken at
-    construction, where Lance may be used, so that no process forked later needs to."""
-    for fragment in fragments:
-        table = fragment.to_table(columns=columns, limit=sample_rows)
-        if table.num_rows:
-            return table.nbytes / table.num_rows
-    return 0.0
-
-
 def dataset_identity(schema: pa.Schema, fragments: list[Any]) -> str:
     """A short hash that names the data of one dataset version wherever it is stored.
 
@@ -276,18 +469,13 @@ def _open(
         if version is None or version == dataset.version:
             return dataset
         dataset = dataset.uri
-    if not isinstance(dataset, (str, os.PathLike)):
-        raise TypeError(
-            f"dataset must be a URI string, a path or a lance.LanceDataset, got {type(dataset).__name__}"
-        )
+    if not isinstance(dataset, str | os.PathLike):
+        raise TypeError(not_a_dataset(dataset))
     uri = os.fspath(dataset)
     try:
-        ds = lance.dataset(uri, storage_options=storage_options)
+        ds = lance.dataset(uri, storage_options=object_store_options(uri, storage_options))
     except Exception as exc:
-        raise FileNotFoundError(
-            f"no Lance dataset at {uri!r} ({exc}); check the path, or write one with "
-            f"lance.write_dataset(table, {uri!r})"
-        ) from exc
+        raise FileNotFoundError(not_a_dataset(uri, exc)) from exc
     if version is None:
         return ds
     try:
@@ -298,6 +486,56 @@ def _open(
             f"dataset {uri!r} has no version {version!r}; available versions: {known} "
             f"(and tags {sorted(ds.tags.list())})"
         ) from exc
+
+
+_FORMATS = {".parquet": "Parquet", ".pq": "Parquet", ".csv": "CSV", ".tsv": "CSV",
+            ".json": "JSON", ".jsonl": "JSON", ".ndjson": "JSON", ".arrow": "Arrow IPC",
+            ".feather": "Arrow IPC", ".ipc": "Arrow IPC"}
+_READERS = {"Parquet": "pyarrow.dataset.dataset({path!r})",
+            "CSV": "pyarrow.dataset.dataset({path!r}, format='csv')",
+            "JSON": "pyarrow.dataset.dataset({path!r}, format='json')",
+            "Arrow IPC": "pyarrow.dataset.dataset({path!r}, format='ipc')"}
+
+
+def not_a_dataset(dataset: object, exc: BaseException | None = None) -> str:
+    """Why ``dataset`` (a value, or a URI Lance could not open with ``exc``) is not a Lance
+    dataset, and how to make one from it.
+
+    >>> print(not_a_dataset({"x": [1, 2]}))
+    dataset must be a URI, a path or a lance.LanceDataset; got a dict. Write it to Lance once with lance.write_dataset(pyarrow.table(data), 'data.lance') and pass 'data.lance'
+    """
+    if not isinstance(dataset, str):
+        kind = type(dataset)
+        name = f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+        data = {"pandas.DataFrame": "df", "polars.DataFrame": "df.to_arrow()",
+                "pyarrow.Table": "table", "pyarrow.RecordBatch": "batch",
+                "builtins.dict": "pyarrow.table(data)"}.get(name, "data")
+        what = "a dict" if name == "builtins.dict" else f"a {name}"
+        return (f"dataset must be a URI, a path or a lance.LanceDataset; got {what}. Write it to "
+                f"Lance once with lance.write_dataset({data}, 'data.lance') and pass 'data.lance'")
+    path = Path(dataset)
+    local = "://" not in dataset or dataset.startswith("file://")
+    fmt = _FORMATS.get(path.suffix.lower()) if local and path.is_file() else None
+    if local and path.is_dir() and not (path / "_versions").is_dir():
+        found = {_FORMATS[p.suffix.lower()] for p in path.iterdir()
+                 if p.suffix.lower() in _FORMATS}
+        fmt = sorted(found)[0] if len(found) == 1 else None
+        if fmt is not None:
+            target = dataset.rstrip("/") + ".lance"
+            return (f"{dataset!r} is a directory of {fmt} files, not a Lance dataset (which has "
+                    "a _versions/ directory). Convert it once: lance.write_dataset("
+                    f"{_READERS[fmt].format(path=dataset)}, {target!r}), then pass {target!r}")
+    if fmt is not None:
+        target = str(path.with_suffix(".lance"))
+        return (f"{dataset!r} is a {fmt} file, not a Lance dataset (a directory with "
+                f"_versions/). Convert it once: lance.write_dataset("
+                f"{_READERS[fmt].format(path=dataset)}, {target!r}), then pass {target!r}")
+    if local and path.is_file():
+        return (f"{dataset!r} is a file; a Lance dataset is a directory (with _versions/). "
+                "Pass the dataset's directory")
+    detail = f" ({clean_message(exc, dataset)})" if exc is not None else ""
+    return (f"no Lance dataset at {dataset!r}{detail}; check the path (and storage_options for "
+            f"object stores), or write one with lance.write_dataset(table, {dataset!r})")
 
 
 def _check_columns(columns: list[str] | None, schema: pa.Schema, what: str = "columns") -> list[str]:

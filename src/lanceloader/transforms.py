@@ -46,6 +46,12 @@ class TooManyRowErrors(RuntimeError):
     """More rows of one batch failed than the skip budget allows."""
 
 
+class TransformOutputError(ValueError):
+    """A transform returned something that is not a whole batch: ``None``, another number of
+    rows than it was given (rows are dropped with ``on_error="skip"``, which keeps the counts
+    exact), or columns of unequal length."""
+
+
 @dataclass
 class ErrorPolicy:
     """What a row-aware transform does with a row that failed; counts the rows it skips.
@@ -145,8 +151,68 @@ def apply_transform(
         return Applied(batch, 0)
     errors = ErrorPolicy(on_error, rows=_num_rows(batch), max_skip_fraction=max_skip_fraction)
     if isinstance(transform, BatchTransform):
-        return Applied(transform.apply(batch, errors), errors.skipped)
-    return Applied(transform(batch), 0)
+        result = Applied(transform.apply(batch, errors), errors.skipped)
+    else:
+        result = Applied(transform(batch), 0)
+    if isinstance(batch, pa.RecordBatch | pa.Table):
+        check_output_rows(transform, result.batch, batch.num_rows - result.skipped)
+    return result
+
+
+def check_output_rows(transform: Transform, result: Any, expected: int) -> None:
+    """Raise :class:`TransformOutputError` unless ``result`` has ``expected`` rows: a
+    RecordBatch or Table by ``num_rows``; a dict by its columns' lengths (arrays, tensors, lists;
+    all must agree; scalars and strings are not counted); an array or tensor by its first
+    dimension. Other results (the user's own format) pass unchecked.
+
+    >>> check_output_rows(len, {"x": [1, 2], "y": [3]}, 2)
+    Traceback (most recent call last):
+    ...
+    lanceloader.transforms.TransformOutputError: transform len returned columns of unequal length: {'x': 2, 'y': 1}; every column needs one value per row
+    """
+    name = _name_of(transform)
+    if result is None:
+        raise TransformOutputError(
+            f"transform {name} returned None instead of a batch; return the batch it was given "
+            "(or a new one) from the function"
+        )
+    if isinstance(result, Mapping):
+        lengths = {k: n for k, v in result.items() if (n := _length(v)) is not None}
+        if len(set(lengths.values())) > 1:
+            raise TransformOutputError(
+                f"transform {name} returned columns of unequal length: {lengths}; every column "
+                "needs one value per row"
+            )
+        rows = next(iter(lengths.values()), None)
+    elif isinstance(result, pa.RecordBatch | pa.Table):
+        rows = result.num_rows
+    else:
+        rows = _length(result) if hasattr(result, "shape") else None
+    if rows is not None and rows != expected:
+        raise TransformOutputError(
+            f"transform {name} returned {rows} rows for a batch of {expected}; a transform must "
+            "keep every row (so that batch sizes and stats stay exact): to drop rows that fail, "
+            "raise in a row-aware transform (ll.map_rows, ...) with on_error='skip'"
+        )
+
+
+def _length(value: Any) -> int | None:
+    """Rows of a column: the first dimension of an array or tensor, the length of a list or an
+    Arrow array; None for scalars and strings."""
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    if isinstance(value, list | tuple | pa.Array | pa.ChunkedArray):
+        return len(value)
+    return None
+
+
+def _name_of(transform: Transform) -> str:
+    if isinstance(transform, Compose):
+        return "compose(" + ", ".join(_name_of(t) for t in transform.stages) + ")"
+    if isinstance(transform, MapRows):
+        return f"map_rows({_name_of(transform.fn)})"
+    return getattr(transform, "__qualname__", None) or type(transform).__name__
 
 
 def as_transform(transform: Transform | Sequence[Any] | None) -> Transform | None:

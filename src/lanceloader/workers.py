@@ -28,10 +28,28 @@ import pyarrow as pa
 from lanceloader.convert import Conversion, as_conversion, to_output
 from lanceloader.order import Order
 from lanceloader.plan import ReadTask
-from lanceloader.source import Source, to_record_batch
+from lanceloader.source import ReadError, Source, to_record_batch
 from lanceloader.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError, apply_transform
 
 Transform = Callable[[Any], Any]
+
+# The functions of a task that name its stage, for reports of a stalled worker (engine.py).
+STAGES = {"read_table_with_io": "read", "apply_transform": "transform", "to_output": "convert",
+          "_convert_chunks": "convert", "pack": "transfer to the training process",
+          "positions": "order"}
+
+
+def stage_of(functions: list[str]) -> str:
+    """The stage of a worker whose stack has ``functions`` (innermost first): the innermost
+    that names one, or ``'idle'`` when no task runs.
+
+    >>> stage_of(["sleep_forever", "apply_transform", "__call__", "run"])
+    'transform'
+    """
+    for name in functions:
+        if name in STAGES:
+            return STAGES[name]
+    return "idle (between tasks)"
 
 
 @dataclass
@@ -96,7 +114,11 @@ class BatchWork:
         sizes = task.sizes
         positions = self.order.positions(task.epoch, task.samples)
         with _annotate("lanceloader.read"):
-            table, io_bytes, io_iops = self.source.read_table_with_io(positions)
+            try:
+                table, io_bytes, io_iops = self.source.read_table_with_io(positions)
+            except ReadError as exc:
+                exc.batches, exc.epoch = task.batches, task.epoch
+                raise
         t1 = clock()
         seconds["read"] = t1 - t0
         if self.trace:
@@ -148,10 +170,13 @@ class BatchWork:
                         spans.append(("convert", t0, t1, {"batch": task.batches[i]}))
                 result.batches.append(batch)
             except Exception as exc:
+                rows = positions[offset:offset + size]
                 _add_note(
                     exc,
                     f"lanceloader: raised while preparing batch {task.batches[i]} of epoch "
-                    f"{task.epoch} (source positions {_preview(positions[offset:offset + size])})",
+                    f"{task.epoch} from Lance dataset {self.source.uri!r} (version "
+                    f"{self.source.version}), {self.source.describe_rows(rows)} (source "
+                    f"positions {_preview(rows)})",
                 )
                 raise
             offset += size

@@ -5,12 +5,12 @@ stderr with exit code 2, and the helpers that make such errors.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 
+from lanceloader.source import ReadError, strip_rust_paths
+
 # Errors of the library that mean "bad input": reported as one line, exit code 2.
-INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError)
-_RUST_LOCATION = re.compile(r",?\s*/\S+\.rs:\d+:\d+")
+INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, ReadError)
 
 
 class CommandError(Exception):
@@ -24,7 +24,7 @@ def one_line(message: object) -> str:
     >>> one_line("no field 'y'.\\n  Valid: x, /home/ci/lance/rust/src/scanner.rs:839:33)")
     "no field 'y'. Valid: x)"
     """
-    return " ".join(_RUST_LOCATION.sub("", str(message)).split())
+    return " ".join(strip_rust_paths(str(message)).split())
 
 
 @contextlib.contextmanager

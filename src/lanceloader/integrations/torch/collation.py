@@ -23,6 +23,7 @@ import pyarrow as pa
 import torch
 import torch.utils.data
 
+from lanceloader import lifetime
 from lanceloader.processes import SHM_DIR, take_mapping, write_arrays
 
 
@@ -273,17 +274,32 @@ _prefix: tuple[int, str] | None = None  # (pid, prefix) of this worker
 
 def _new_path() -> Path:
     """A fresh name ``lanceloader-batch-<training pid>-<worker pid>-<random>-<n>``. The first
-    in a worker arranges for its leftovers to be deleted when it exits."""
+    in a worker arranges for its leftovers to be deleted when it exits, and removes what killed
+    training processes left (``lifetime.py``)."""
     global _prefix
     if _prefix is None or _prefix[0] != os.getpid():
         parent = multiprocessing.parent_process()  # the training process, whatever started us
-        training = parent.pid if parent is not None else os.getpid()
-        _prefix = (os.getpid(),
-                   f"{FILE_PREFIX}-{training}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        training = parent.pid if parent is not None and parent.pid else os.getpid()
+        _prefix = (os.getpid(), lifetime.shm_name("batch", training, os.getpid(),
+                                                  uuid.uuid4().hex[:8]))
+        lifetime.remove_orphans()
+        watch_training_process()
         # multiprocessing runs these finalizers when a worker exits (it skips atexit).
         multiprocessing.util.Finalize(None, _remove_worker_files, args=(_prefix[1],),
                                       exitpriority=10)
     return SHM_DIR / f"{_prefix[1]}-{next(_counter)}"
+
+
+def watch_training_process() -> None:
+    """In a DataLoader worker: end this worker, removing its files, when the training process
+    dies, even by SIGKILL (``lifetime.watch_owner``). torch's own check watches the worker's
+    parent, which under ``forkserver`` is the forkserver: it outlives a killed training process,
+    and so would the workers. A no-op in the training process; cheap to call again."""
+    if torch.utils.data.get_worker_info() is None:
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid:
+        lifetime.watch_owner(parent.pid)
 
 
 def _remove_worker_files(prefix: str) -> None:
@@ -304,7 +320,7 @@ def _remove_files_of_my_workers(pid: int) -> None:
     """At the training process's exit, after multiprocessing has stopped its workers: what a
     killed worker left behind."""
     if os.getpid() == pid:
-        _remove_files(f"{FILE_PREFIX}-{pid}")
+        _remove_files(lifetime.shm_name("batch", pid))
 
 
 # Priority below 0: runs after multiprocessing has terminated and joined the daemon workers.

@@ -15,7 +15,7 @@ import torch.utils.data
 from lanceloader.arguments import check_int
 from lanceloader.cursor import Cursor
 from lanceloader.engine import Stream
-from lanceloader.integrations.torch.collation import pack_for_transfer
+from lanceloader.integrations.torch.collation import pack_for_transfer, watch_training_process
 from lanceloader.integrations.torch.map import _worker_slot
 from lanceloader.loader import Loader
 from lanceloader.state import StateMismatchError
@@ -111,6 +111,7 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         in_worker = torch.utils.data.get_worker_info() is not None
         if not batches:
             return
+        watch_training_process()
         threads = self._threads or (1 if in_worker else loader.num_workers)
         stream = Stream(loader.reading(threads), c.epoch, c.plan, batches, loader.recorder,
                         loader.log_every)

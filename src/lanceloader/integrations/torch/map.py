@@ -17,9 +17,10 @@ import pyarrow as pa
 import torch
 import torch.utils.data
 
+from lanceloader.arguments import check_bool
 from lanceloader.convert import Conversion, check_output, check_schema, to_output
 from lanceloader.engine import Reading, Stream, batches_per_read
-from lanceloader.integrations.torch.collation import Rows
+from lanceloader.integrations.torch.collation import Rows, watch_training_process
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.source import Source
@@ -116,7 +117,8 @@ class MapDataset(torch.utils.data.Dataset):
         )
         if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)
-        self.read_ahead = bool(read_ahead)
+        check_bool("read_ahead", read_ahead)
+        self.read_ahead = read_ahead
         self.recorder = Recorder()
         self._ahead: _ReadAhead | None = None
 
@@ -151,6 +153,7 @@ class MapDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices: Any) -> Rows:
         """The rows at ``indices`` (in that order, duplicates allowed), read with one Lance call."""
         positions = self._positions(indices)
+        watch_training_process()
         hinted = isinstance(indices, BatchIndices) and indices.plan.num_samples == len(self)
         if self.read_ahead and hinted:
             ahead = self._ahead
@@ -166,7 +169,9 @@ class MapDataset(torch.utils.data.Dataset):
             if isinstance(batch, pa.RecordBatch):
                 batch = to_output(batch, self.conversion)
         except Exception as exc:
-            _add_note(exc, f"lanceloader: raised while preparing rows {_preview(positions)}")
+            _add_note(exc, f"lanceloader: raised while preparing rows {_preview(positions)} of "
+                           f"Lance dataset {self.source.uri!r} (version {self.source.version}), "
+                           f"{self.source.describe_rows(positions)}")
             raise
         return Rows(batch)
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from lanceloader.arguments import check_int, check_numbers
+from lanceloader.arguments import check_bool, check_int, check_numbers
 from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
 from lanceloader.integrations.torch.map import BatchIndices, MapDataset
@@ -65,6 +65,8 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
     ) -> None:
         check_numbers(batch_size=batch_size, shuffle_block_size=shuffle_block_size, seed=seed,
                       shuffle_window=shuffle_window)
+        check_bool("shuffle", shuffle)
+        check_bool("drop_last", drop_last)
         self.num_rows, source = _describe(data_source_or_len)
         rank, world_size = resolve_rank_world(rank, world_size)
         self.order = Order.from_options(self.num_rows, shuffle, shuffle_block_size,
