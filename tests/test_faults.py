@@ -234,8 +234,9 @@ DATALOADER_TRAINER = textwrap.dedent(
     from lanceloader.torch import BatchSampler, IterableDataset, MapDataset, collate
 
     if __name__ == "__main__":
-        ctx = multiprocessing.get_context("forkserver")  # the recipe of docs/fork-safety.md
-        ctx.set_forkserver_preload(["numpy", "pyarrow", "lance", "lanceloader.torch"])
+        ctx = multiprocessing.get_context(sys.argv[3])
+        if sys.argv[3] == "forkserver":  # the recipe of docs/fork-safety.md
+            ctx.set_forkserver_preload(["numpy", "pyarrow", "lance", "lanceloader.torch"])
         if sys.argv[2] == "iterable":
             ds = IterableDataset(sys.argv[1], batch_size=10, columns=["id", "x"], output="torch")
             loader = DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=4,
@@ -251,9 +252,31 @@ DATALOADER_TRAINER = textwrap.dedent(
         print(json.dumps({"pid": os.getpid(), "workers": [w.pid for w in it._workers],
                           "forkserver": forkserver._forkserver._forkserver_pid,
                           "tracker": resource_tracker._resource_tracker._pid}), flush=True)
+        sys.stdout.close()  # (a tainted worker's clean reader must not hold the test's pipe)
         time.sleep(600)
     """
 )
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process started, directly or not, by ``pid`` (a forkserver's children included: the
+    forkserver is a child of the process that started it)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def kill_trainer_and_check(script: str, *args: str) -> dict:
@@ -263,9 +286,10 @@ def kill_trainer_and_check(script: str, *args: str) -> dict:
         line = trainer.stdout.readline()
         assert line, trainer.stderr.read()[-3000:]
         info = json.loads(line)
-        processes = [*info["workers"], info["forkserver"], info["tracker"]]
-        processes = [p for p in processes if p]
-        assert all(alive(p) for p in processes)
+        processes = {*info["workers"], info["forkserver"], info["tracker"]} - {None}
+        processes |= descendants(trainer.pid)  # and the clean readers of tainted workers
+        assert processes >= set(info["workers"]) and all(alive(p) for p in processes)
+        info["processes"] = sorted(processes)
         left_before = shm_files(info["pid"])
         trainer.kill()  # SIGKILL: no finally, no atexit, no finalizer runs in the trainer
         killed = time.monotonic()
@@ -288,12 +312,17 @@ def test_nothing_outlives_a_killed_trainer_with_process_workers(medium_uri: str,
         assert info["files_before"], "the test needs batches in flight, as files"
 
 
-@pytest.mark.parametrize("dataset", ["iterable", "map"])
-def test_nothing_outlives_a_killed_trainer_with_dataloader_forkserver_workers(
-        medium_uri: str, dataset: str) -> None:
+@pytest.mark.parametrize("dataset, context", [("iterable", "forkserver"),
+                                              ("map", "forkserver"), ("map", "fork")])
+def test_nothing_outlives_a_killed_trainer_with_dataloader_workers(
+        medium_uri: str, dataset: str, context: str) -> None:
+    """The forkserver recipe, and ``fork``: there the workers are tainted and read through
+    clean reader processes of their own, which must go too."""
     pytest.importorskip("torch")
-    info = kill_trainer_and_check(DATALOADER_TRAINER, medium_uri, dataset)
+    info = kill_trainer_and_check(DATALOADER_TRAINER, medium_uri, dataset, context)
     assert info["files_before"], "the test needs batches in flight, as files"
+    if context == "fork":
+        assert len(info["processes"]) > len(info["workers"])  # the clean readers
 
 
 def test_the_next_pool_removes_files_a_killed_trainer_left(small_uri: str) -> None:

@@ -54,22 +54,31 @@ def owner_of(name: str) -> int | None:
     return int(parts[2])
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie counts as exited)."""
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of process ``pid`` (``R``, ``S``, ``T`` for stopped, ``Z``
+    for exited but not yet reaped), ``-`` when there is no such process, or ``?`` where it cannot
+    be read (no ``/proc``)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
     except FileNotFoundError:
+        return "-"
+    except (OSError, IndexError):
+        return "?"
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie counts as exited)."""
+    state = process_state(pid)
+    if state != "?":
+        return state not in ("-", "Z", "X")
+    try:  # no /proc: ask the kernel
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    except (OSError, IndexError):  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+    except PermissionError:
         return True
+    return True
 
 
 def remove_files_of(owner: int) -> int:

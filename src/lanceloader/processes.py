@@ -409,21 +409,11 @@ def _death_message(worker: int, proc: mp.process.BaseProcess) -> str:
     )
 
 
-def process_state(pid: int) -> str:
-    """The kernel's one-letter state of process ``pid`` (``R``, ``S``, ``T`` for stopped, ...),
-    or ``?`` where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return "?"
-
-
 def worker_stack(pid: int, stack_file: Path, wait_s: float = 1.0) -> str:
     """The Python stack of every thread of worker ``pid``, as its ``faulthandler`` writes it to
     ``stack_file`` on :data:`STACK_SIGNAL`; or why it cannot be had (a stopped process runs no
     handler)."""
-    state = process_state(pid)
+    state = lifetime.process_state(pid)
     if state in ("T", "t"):
         return (f"(no stack: process {pid} is stopped (state {state}), e.g. by SIGSTOP, Ctrl-Z or "
                 "a debugger; SIGCONT continues it)\n")
