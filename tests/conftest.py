@@ -45,3 +45,67 @@ def ids_of(batches) -> list[int]:
         col = b["id"] if not isinstance(b, pa.RecordBatch) else b.column("id")
         out.extend(col.tolist() if hasattr(col, "tolist") else col.to_pylist())
     return out
+
+
+class S3:
+    """A real S3 server (moto, ``tests/s3server.py``) on 127.0.0.1 and what Lance needs to use
+    it: ``storage_options``, a fresh bucket per ``uri()``, and the server's request counts."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        self._process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).parent / "s3server.py")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        port = self._process.stdout.readline().strip()
+        if not port:
+            raise RuntimeError("the S3 server did not start (is moto[server] installed?)")
+        self.endpoint = f"http://127.0.0.1:{int(port)}"
+        self.storage_options = {"endpoint": self.endpoint, "allow_http": "true",
+                                "region": "us-east-1", "access_key_id": "AKIDLANCELOADERTEST",
+                                "secret_access_key": "lanceloader-test-SECRET-key"}
+        self._buckets = 0
+
+    def bucket(self) -> str:
+        """A new, empty bucket's name."""
+        import urllib.request
+
+        self._buckets += 1
+        name = f"bucket{self._buckets}"
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"),
+                               timeout=30).read()
+        return name
+
+    def write(self, table: pa.Table, name: str = "data.lance", **kwargs) -> str:
+        """``table`` written as a Lance dataset in a new bucket; returns its ``s3://`` URI."""
+        uri = f"s3://{self.bucket()}/{name}"
+        lance.write_dataset(table, uri, storage_options=self.storage_options, **kwargs)
+        return uri
+
+    def requests(self, reset: bool = False) -> dict[str, int]:
+        """Requests the server answered (by HTTP method) since the last reset."""
+        import json
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.endpoint}/__requests__",
+                                         method="DELETE" if reset else "GET")
+        return json.loads(urllib.request.urlopen(request, timeout=30).read())
+
+    def stop(self) -> None:
+        self._process.stdin.close()  # the server exits when its stdin closes
+        try:
+            self._process.wait(10)
+        except Exception:
+            self._process.kill()
+            self._process.wait()
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """The S3 server of this test session, stopped when the session ends."""
+    pytest.importorskip("moto")
+    server = S3()
+    yield server
+    server.stop()

@@ -1,6 +1,7 @@
 """The fork matrix: Lance used in the parent (scan, take, a scan still running on another
 thread), then a torch DataLoader with 2 workers over our MapDataset, for each start method,
-30 runs each. Every run has its own timeout; zero hangs and zero crashes allowed.
+30 runs each on local disk, 10 on a real S3 server (the parent's object-store runtime started).
+Every run has its own timeout; zero hangs and zero crashes allowed.
 
 Without lanceloader's fork guard, `fork` fails in about two runs out of three here
 (docs/fork-safety.md); with it, forked workers read through a clean reader process.
@@ -17,15 +18,18 @@ import pytest
 from torch.utils.data import DataLoader
 
 import lanceloader as ll
+from lanceloader.demo import demo_table
 from lanceloader.processes import PRELOAD
 from lanceloader.torch import BatchSampler, MapDataset, collate
 
 RUNS = 30
+RUNS_S3 = 10  # each run on S3 costs several seconds more (moto answers every read)
 ACTIVITIES = ("scan", "take", "scan running in another thread")
 
 
-def use_lance_in_parent(uri: str, activity: str) -> threading.Event | None:
-    source = ll.Source(uri, columns=["id", "x"])
+def use_lance_in_parent(uri: str, activity: str, storage_options: dict | None
+                        ) -> threading.Event | None:
+    source = ll.Source(uri, columns=["id", "x"], storage_options=storage_options)
     if activity == "scan":
         for _ in source.dataset.to_batches(batch_size=128):
             pass
@@ -45,17 +49,29 @@ def use_lance_in_parent(uri: str, activity: str) -> threading.Event | None:
     return stop
 
 
+@pytest.fixture(scope="module", params=["local", "s3"])
+def dataset_at(request: pytest.FixtureRequest, small_uri: str) -> tuple[str, dict | None]:
+    """The 1,000 rows of ``small_uri``, on local disk or on the test S3 server."""
+    if request.param == "local":
+        return small_uri, None
+    s3 = request.getfixturevalue("s3")
+    return s3.write(demo_table(1000), max_rows_per_file=334), s3.storage_options
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
-def test_dataloader_workers_never_hang_after_lance_ran_in_the_parent(small_uri: str, method: str) -> None:
+def test_dataloader_workers_never_hang_after_lance_ran_in_the_parent(
+        dataset_at: tuple[str, dict | None], method: str) -> None:
+    uri, storage_options = dataset_at
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
-    dataset = MapDataset(small_uri, columns=["id"])
+    dataset = MapDataset(uri, columns=["id"], storage_options=storage_options)
     expected = sorted(range(1000))
     outcomes = []
-    for run in range(RUNS):
-        stop = use_lance_in_parent(small_uri, ACTIVITIES[run % len(ACTIVITIES)])
+    runs = RUNS if storage_options is None else RUNS_S3
+    for run in range(runs):
+        stop = use_lance_in_parent(uri, ACTIVITIES[run % len(ACTIVITIES)], storage_options)
         sampler = BatchSampler(dataset, batch_size=100, shuffle=True, seed=run)
         loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=2,
                             multiprocessing_context=ctx, timeout=60)
@@ -69,4 +85,4 @@ def test_dataloader_workers_never_hang_after_lance_ran_in_the_parent(small_uri: 
         finally:
             if stop is not None:
                 stop.set()
-    assert outcomes == ["ok"] * RUNS, [o for o in outcomes if o != "ok"][:3]
+    assert outcomes == ["ok"] * runs, [o for o in outcomes if o != "ok"][:3]

@@ -125,9 +125,11 @@ def strip_rust_paths(text: str) -> str:
     return _RUST_SOURCE.sub("", text)
 
 
-def clean_message(exc: BaseException, uri: str | None = None) -> str:
-    """``exc``'s message without Lance's Rust source paths (``.../commit.rs:653:31``), and with
-    the leading ``/`` that Lance drops from local paths put back.
+def clean_message(exc: BaseException, uri: str | None = None,
+                  storage_options: dict[str, str] | None = None) -> str:
+    """``exc``'s message without Lance's Rust source paths (``.../commit.rs:653:31``), with
+    the leading ``/`` that Lance drops from local paths put back, and with the credentials of
+    ``storage_options`` masked (:func:`redact`).
 
     >>> clean_message(OSError("Not found: tmp/x.lance/_versions, /home/runner/work/lance/"
     ...                       "rust/lance-io/src/local.rs:118:31"), "/tmp/x.lance")
@@ -136,7 +138,58 @@ def clean_message(exc: BaseException, uri: str | None = None) -> str:
     text = strip_rust_paths(str(exc)).strip()
     if uri and uri.startswith("/"):
         text = re.sub(r"(?<![\w/.])" + re.escape(uri.lstrip("/")), uri, text)
-    return text or type(exc).__name__
+    return redact(text, storage_options) or type(exc).__name__
+
+
+# storage_options whose names contain one of these hold credentials (access_key_id,
+# secret_access_key, session_token, account_key, sas_token, google_service_account_key, ...).
+_SECRET_NAMES = ("key", "secret", "token", "password", "credential", "sas", "signature")
+
+
+def redact(text: str, storage_options: dict[str, str] | None) -> str:
+    """``text`` with the values of credential ``storage_options`` replaced by ``***``: errors,
+    logs and reprs never show them.
+
+    >>> redact("InvalidAccessKeyId: AKID123 is unknown", {"access_key_id": "AKID123"})
+    'InvalidAccessKeyId: *** is unknown'
+    """
+    for name, value in (storage_options or {}).items():
+        if any(word in name.lower() for word in _SECRET_NAMES) and len(value) >= 4:
+            text = text.replace(value, "***")
+    return text
+
+
+def object_store_hint(message: str, uri: str, storage_options: dict[str, str] | None) -> str:
+    """The likely cause of an object-store error ``message`` (Lance's), or ``''``.
+
+    >>> object_store_hint("... 404 Not Found: <Code>NoSuchBucket</Code> ...", "s3://b/d.lance",
+    ...                   {"endpoint": "http://127.0.0.1:9000"})
+    "the bucket 'b' does not exist at http://127.0.0.1:9000: check the bucket's name (and the account or region it belongs to)"
+    """
+    if "://" not in uri or uri.startswith("file://"):
+        return ""
+    options = {k.lower(): v for k, v in (storage_options or {}).items()}
+    endpoint = (options.get("endpoint") or options.get("aws_endpoint")
+                or "the store's default endpoint")
+    bucket = uri.split("://", 1)[1].split("/", 1)[0]
+    if "NoSuchBucket" in message:
+        return (f"the bucket {bucket!r} does not exist at {endpoint}: check the bucket's name "
+                "(and the account or region it belongs to)")
+    if any(s in message for s in ("PermanentRedirect", "AuthorizationHeaderMalformed",
+                                  "IllegalLocationConstraint", "301 Moved")):
+        return (f"the bucket {bucket!r} is in another region than "
+                f"{options.get('region') or options.get('aws_region') or 'the default one'}: "
+                "set storage_options region= to the bucket's region")
+    if any(s in message for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                                  "403 Forbidden", "ExpiredToken", "InvalidToken")):
+        return ("the store refused the credentials: check access_key_id / secret_access_key "
+                "(or session_token) in storage_options, or the environment's AWS_* variables "
+                "and the machine's role")
+    if any(s in message for s in ("error sending request", "Connection refused", "dns error",
+                                  "connect error", "timed out", "operation timed out")):
+        return (f"could not reach {endpoint}: check endpoint= (with allow_http='true' for an "
+                "http:// endpoint), the network or proxy, and that the server is running")
+    return ""
 
 
 def object_store_options(uri: str, storage_options: dict[str, str] | None
@@ -211,6 +264,7 @@ class Source:
         )
         self._rows: np.ndarray | None = self._select_rows(ds)
         self.bytes_per_row: float = self._bytes_per_row()
+        ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
         if self.num_rows == 0:
             self._warn_empty()
 
@@ -246,7 +300,7 @@ class Source:
         except Exception as exc:  # Lance raises ValueError/OSError/RuntimeError for bad SQL
             raise ValueError(
                 f"filter {self.filter!r} is not a valid Lance SQL predicate for columns "
-                f"{ds.schema.names}: {clean_message(exc, self.uri)}"
+                f"{ds.schema.names}: {clean_message(exc, self.uri, self.storage_options)}"
             ) from exc
         rows = table.column("_rowoffset").to_numpy().astype(np.int64)
         if self.splits is not None:
@@ -357,7 +411,10 @@ class Source:
         first, last = (int(offsets.min()), int(offsets.max())) if len(offsets) else (0, 0)
         fragments = np.unique(np.searchsorted(self._fragment_starts, offsets, side="right") - 1)
         ids = tuple(self._fragment_ids[int(i)] for i in fragments)
-        return ReadError(f"{clean_message(exc, self.uri)} ({type(exc).__name__})", self.uri,
+        detail = clean_message(exc, self.uri, self.storage_options)
+        hint = object_store_hint(detail, self.uri, self.storage_options)
+        detail = f"{detail} ({type(exc).__name__})" + (f"; likely cause: {hint}" if hint else "")
+        return ReadError(detail, self.uri,
                          self.version, ids, (first, last, len(offsets)),
                          self.describe_offsets(offsets), None, None)
 
@@ -475,7 +532,7 @@ def _open(
     try:
         ds = lance.dataset(uri, storage_options=object_store_options(uri, storage_options))
     except Exception as exc:
-        raise FileNotFoundError(not_a_dataset(uri, exc)) from exc
+        raise FileNotFoundError(not_a_dataset(uri, exc, storage_options)) from exc
     if version is None:
         return ds
     try:
@@ -497,7 +554,8 @@ _READERS = {"Parquet": "pyarrow.dataset.dataset({path!r})",
             "Arrow IPC": "pyarrow.dataset.dataset({path!r}, format='ipc')"}
 
 
-def not_a_dataset(dataset: object, exc: BaseException | None = None) -> str:
+def not_a_dataset(dataset: object, exc: BaseException | None = None,
+                  storage_options: dict[str, str] | None = None) -> str:
     """Why ``dataset`` (a value, or a URI Lance could not open with ``exc``) is not a Lance
     dataset, and how to make one from it.
 
@@ -533,7 +591,11 @@ def not_a_dataset(dataset: object, exc: BaseException | None = None) -> str:
     if local and path.is_file():
         return (f"{dataset!r} is a file; a Lance dataset is a directory (with _versions/). "
                 "Pass the dataset's directory")
-    detail = f" ({clean_message(exc, dataset)})" if exc is not None else ""
+    detail = clean_message(exc, dataset, storage_options) if exc is not None else ""
+    hint = object_store_hint(detail, dataset, storage_options)
+    if hint:
+        return f"cannot open the Lance dataset at {dataset!r}: {hint} ({detail})"
+    detail = f" ({detail})" if detail else ""
     return (f"no Lance dataset at {dataset!r}{detail}; check the path (and storage_options for "
             f"object stores), or write one with lance.write_dataset(table, {dataset!r})")
 

@@ -82,6 +82,12 @@ class Stats:
         return self.nbytes / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
+    def requests_per_1000_rows(self) -> float:
+        """Storage requests (Lance's IOPS: on object storage, one request each) per 1,000 rows
+        read: what an order costs on object storage, where every request pays the latency."""
+        return 1000 * self.io_iops / self.rows_read if self.rows_read else 0.0
+
+    @property
     def io_bandwidth(self) -> float:
         """Bytes/s that Lance read from storage while workers were reading."""
         busy = self.read_s / max(1, self.workers)
@@ -91,7 +97,8 @@ class Stats:
         d = asdict(self)
         d["bottleneck"] = asdict(self.bottleneck)
         d.update(rows_per_s=self.rows_per_s, bytes_per_s=self.bytes_per_s,
-                 io_bandwidth=self.io_bandwidth)
+                 io_bandwidth=self.io_bandwidth,
+                 requests_per_1000_rows=self.requests_per_1000_rows)
         return d
 
     def __str__(self) -> str:
@@ -102,7 +109,8 @@ class Stats:
         rows = [
             ("delivered", f"{self.rows:,} rows in {self.batches:,} batches, {self.wall_s:.2f} s"),
             ("throughput", f"{self.rows_per_s:,.0f} rows/s, {self.bytes_per_s / 1e6:,.1f} MB/s"),
-            ("storage I/O", f"{self.io_bytes / 1e6:,.1f} MB, {self.io_iops:,} IOPS, "
+            ("storage I/O", f"{self.io_bytes / 1e6:,.1f} MB, {self.io_iops:,} IOPS "
+                            f"({self.requests_per_1000_rows:,.1f} requests per 1,000 rows), "
                             f"{self.io_bandwidth / 1e6:,.1f} MB/s while reading"),
             ("read", f"{self.read_s:.2f} s ({100 * self.read_s / cap:.0f}% of {self.workers} "
                      f"worker{'s' if self.workers != 1 else ''})" if cap else "-"),
