@@ -6,6 +6,10 @@ middle of a body, stall a body forever, or refuse connections for a while (a res
 server). Faults are set on the live proxy (``proxy.set(...)``) and apply to the requests that
 come after; ``proxy.requests`` counts what it saw.
 
+In a process of its own (``python tests/faultproxy.py UPSTREAM`` prints its port and serves
+until its stdin closes; :class:`ProxyProcess` drives it), it takes no GIL from the process it
+measures: what benchmarks need. ``PUT /__faults__?latency_s=0.02`` sets its faults.
+
 >>> proxy = FaultProxy("http://127.0.0.1:1")          # doctest: +SKIP
 >>> proxy.set(latency_s=0.02, fail_every=5)            # doctest: +SKIP
 """
@@ -15,11 +19,16 @@ from __future__ import annotations
 import http.client
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlencode, urlparse
+
+CONTROL_PATH = "/__faults__"
 
 SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
              b"<Message>Please reduce your request rate.</Message></Error>")
@@ -54,6 +63,13 @@ class FaultProxy:
                 pass
 
             def _forward(self) -> None:
+                if self.path.startswith(CONTROL_PATH):
+                    proxy.set(**{k: float(v) for k, v in
+                                 parse_qsl(urlparse(self.path).query)})
+                    self.send_response(200)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 with proxy._lock:
                     proxy.requests += 1
                     n, f = proxy.requests, proxy.faults
@@ -135,6 +151,9 @@ class FaultProxy:
     def set(self, **faults: float) -> None:
         """Replace the faults (unnamed ones off); ``down_s`` refuses connections that long."""
         down_s = faults.pop("down_s", 0.0)
+        for name in ("fail_every", "fail_status", "reset_every", "stall_every"):
+            if name in faults:
+                faults[name] = int(faults[name])
         with self._lock:
             self.faults = Faults(**faults)
             if down_s:
@@ -144,3 +163,28 @@ class FaultProxy:
         self._stop.set()
         self._server.shutdown()
         self._server.server_close()
+
+
+class ProxyProcess:
+    """A :class:`FaultProxy` in a process of its own, driven over HTTP."""
+
+    def __init__(self, upstream: str) -> None:
+        self._process = subprocess.Popen([sys.executable, __file__, upstream],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True)
+        self.endpoint = f"http://127.0.0.1:{int(self._process.stdout.readline())}"
+
+    def set(self, **faults: float) -> None:
+        url = f"{self.endpoint}{CONTROL_PATH}?{urlencode(faults)}"
+        urllib.request.urlopen(urllib.request.Request(url, method="PUT"), timeout=30).read()
+
+    def stop(self) -> None:
+        self._process.stdin.close()
+        self._process.wait(10)
+
+
+if __name__ == "__main__":
+    served = FaultProxy(sys.argv[1])
+    print(served.endpoint.rsplit(":", 1)[1], flush=True)
+    sys.stdin.read()
+    served.stop()

@@ -206,3 +206,16 @@ def test_store_faults_never_lose_duplicate_or_hang(s3, remote: str, proxy, fault
     finally:
         proxy.set()
     assert sorted(ids) == list(range(ROWS))
+
+
+def test_the_verdict_names_storage_latency(s3, remote: str, local: str, proxy) -> None:
+    proxy.set(latency_s=0.03)
+    slow = ll.Loader(remote, batch_size=100, columns=["id"], shuffle=True, num_workers=2,
+                     storage_options={**s3.storage_options, "endpoint": proxy.endpoint})
+    assert sum(len(b["id"]) for b in slow) == ROWS
+    verdict = slow.stats().bottleneck
+    assert verdict.stage == "storage latency", verdict
+    assert "ms of read time" in verdict.evidence and "block shuffle" in verdict.suggestion
+    fast = ll.Loader(local, batch_size=100, columns=["id"], shuffle=True, num_workers=2)
+    assert sum(len(b["id"]) for b in fast) == ROWS
+    assert fast.stats().bottleneck.stage != "storage latency"

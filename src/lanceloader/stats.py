@@ -15,12 +15,22 @@ Example::
 
     >>> rec = Recorder()
     >>> counters = rec.new_epoch()
-    >>> rec.task({"read": 0.5}, rows_read=1000, io_bytes=268_000, io_iops=3, rows_skipped=0,
+    >>> rec.task({"read": 0.5}, rows_read=1000, io_bytes=268_000, io_iops=300, rows_skipped=0,
     ...          in_flight=1)
     >>> count_delivered(counters, 1000, 268_000, 0.4, 0.1, 0.5)
     >>> s = rec.snapshot(workers=1)
     >>> s.bottleneck.stage
     'storage I/O'
+
+With 3 requests for the same 0.5 s of reading (167 ms each), the verdict is latency:
+
+    >>> latency = Recorder()
+    >>> c = latency.new_epoch()
+    >>> latency.task({"read": 0.5}, rows_read=1000, io_bytes=268_000, io_iops=3, rows_skipped=0,
+    ...              in_flight=1)
+    >>> count_delivered(c, 1000, 268_000, 0.4, 0.1, 0.5)
+    >>> latency.snapshot(workers=1).bottleneck.stage
+    'storage latency'
 """
 
 from __future__ import annotations
@@ -127,6 +137,15 @@ class Stats:
         return "\n".join([*lines, str(self.bottleneck)])
 
 
+# Read time per storage request above which reading is latency-bound: local disks answer in
+# well under a millisecond, object stores in tens of milliseconds.
+LATENCY_BOUND_S = 0.005
+
+
+def _seconds_per_request(s: dict[str, float]) -> float:
+    return s["read_s"] / s["io_iops"] if s.get("io_iops") else 0.0
+
+
 def verdict(s: dict[str, float], workers: int, shuffle_random: bool) -> Verdict:
     """Name the limiting stage from stage times (seconds) over ``wall_s`` of wall time."""
     wall = s["wall_s"]
@@ -144,6 +163,16 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool) -> Verdict:
     share = busy[stage] / max(sum(busy.values()), 1e-12)
     evidence = (f"the loop waited {100 * waited:.0f}% of the time; workers spent "
                 f"{100 * share:.0f}% of their busy time in {stage}")
+    if stage == "read" and _seconds_per_request(s) > LATENCY_BOUND_S:
+        return Verdict(
+            "storage latency",
+            f"{evidence}; each storage request took {1000 * _seconds_per_request(s):.0f} ms of "
+            f"read time ({s['io_bytes'] / max(1, s['io_iops']) / 1e3:,.0f} KB on average)",
+            "make each request carry more rows: a block shuffle (shuffle_block_size=1024) "
+            "instead of a full shuffle, bigger reads (rows_per_read); keep more requests in "
+            "flight (num_workers); or copy the dataset to local disk (lance.write_dataset of "
+            "its rows) when it fits",
+        )
     if stage == "read":
         hint = ("use a block shuffle (shuffle_block_size=1024) instead of a full shuffle, or "
                 "materialise a shuffled copy" if shuffle_random else
