@@ -25,7 +25,7 @@ import pytest
 
 import lanceloader as ll
 import workerfns
-from lanceloader.lifetime import SHM_DIR, alive, owner_of
+from lanceloader.lifetime import NAMESPACE, SHM_DIR, alive, owner_of, shm_name
 
 TESTS = str(Path(__file__).parent)
 STOP_BOUND_S = 1.0  # control is back this soon after break / an error / Ctrl-C (target 0.5 s)
@@ -329,17 +329,20 @@ def test_the_next_pool_removes_files_a_killed_trainer_left(small_uri: str) -> No
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
     pid = int(dead.stdout)
-    orphan = SHM_DIR / f"lanceloader-pool-{pid}-abcd1234-{pid}-0"
-    orphan.write_bytes(b"x")
-    live = SHM_DIR / f"lanceloader-pool-{os.getppid()}-abcd1234-1-0"  # a live owner's file
-    live.write_bytes(b"x")
+    orphan = SHM_DIR / shm_name("pool", pid, "abcd1234", pid, 0)
+    live = SHM_DIR / shm_name("pool", os.getppid(), "abcd1234", 1, 0)  # a live owner's file
+    # The same dead pid in another PID namespace (a container sharing /dev/shm) is not ours to
+    # judge: there it may be alive.
+    foreign = SHM_DIR / f"lanceloader-pool-{pid}-1{NAMESPACE}-abcd1234-{pid}-0"
+    for path in (orphan, live, foreign):
+        path.write_bytes(b"x")
     try:
         loader = ll.Loader(small_uri, batch_size=100, num_workers=1, worker_type="process")
         assert len(list(loader)) == 10
-        assert not orphan.exists() and live.exists()
+        assert not orphan.exists() and live.exists() and foreign.exists()
     finally:
-        orphan.unlink(missing_ok=True)
-        live.unlink(missing_ok=True)
+        for path in (orphan, live, foreign):
+            path.unlink(missing_ok=True)
 
 
 # --- damaged data files -------------------------------------------------------------------------

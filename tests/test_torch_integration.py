@@ -29,6 +29,7 @@ import lanceloader as ll
 import lanceloader.integrations.torch as integration
 from lanceloader.integrations.torch import collation
 from lanceloader.integrations.torch.collation import SHM_DIR, SharedBatch, pack_for_transfer
+from lanceloader.lifetime import shm_name
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.processes import PRELOAD
@@ -450,8 +451,9 @@ def test_training_process_deletes_its_workers_leftovers_at_exit() -> None:
         import os
         from pathlib import Path
         import lanceloader.integrations.torch.collation  # registers the exit clean-up
-        for name in (f"{os.getpid()}-999-abc-0", f"{os.getppid()}-999-abc-0"):
-            Path(f"/dev/shm/lanceloader-batch-{name}").write_bytes(b"x")  # left by killed workers
+        from lanceloader.lifetime import shm_name
+        for owner in (os.getpid(), os.getppid()):  # left by killed workers
+            Path("/dev/shm", shm_name("batch", owner, 999, "abc", 0)).write_bytes(b"x")
         print(os.getpid())
         """
     )
@@ -459,8 +461,8 @@ def test_training_process_deletes_its_workers_leftovers_at_exit() -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     pid = int(done.stdout.split()[-1])
-    assert not (SHM_DIR / f"lanceloader-batch-{pid}-999-abc-0").exists()
-    other = SHM_DIR / f"lanceloader-batch-{os.getpid()}-999-abc-0"  # the script's parent
+    assert not (SHM_DIR / shm_name("batch", pid, 999, "abc", 0)).exists()
+    other = SHM_DIR / shm_name("batch", os.getpid(), 999, "abc", 0)  # the script's parent
     assert other.exists()  # another (live) training process's files are not ours to delete
     other.unlink()
 

@@ -3,11 +3,13 @@
 The OOM killer sends SIGKILL: no ``finally``, no ``atexit``, no finalizer runs in the training
 process. What it started must notice and clean up by itself:
 
-* **Shared-memory files** are named ``lanceloader-<kind>-<owner pid>-<...>``, where the owner is
-  the training process (the one whose pool or DataLoader reads them). :func:`remove_files_of`
-  removes an owner's files; :func:`remove_orphans` removes every file whose owner no longer
-  exists, and runs whenever a process pool or a DataLoader transport starts, so a survivor or
-  the next start removes what a crash left.
+* **Shared-memory files** are named ``lanceloader-<kind>-<owner pid>-<pid namespace>-<...>``,
+  where the owner is the training process (the one whose pool or DataLoader reads them).
+  :func:`remove_files_of` removes an owner's files; :func:`remove_orphans` removes every file
+  whose owner no longer exists, and runs whenever a process pool or a DataLoader transport
+  starts, so a survivor or the next start removes what a crash left. Only files of this PID
+  namespace are judged: containers that share ``/dev/shm`` but not PIDs never remove each
+  other's files.
 * **Helper processes** (process workers, DataLoader workers running our datasets, the clean
   reader) call :func:`watch_owner` once: a daemon thread waits for the owner to exit (a Linux
   ``pidfd``, which also wakes for an owner that is dead but not yet reaped; elsewhere a poll every
@@ -20,8 +22,8 @@ continued; and files whose owner died while no helper was alive stay until the n
 DataLoader starts on the machine (or a reboot: ``/dev/shm`` is RAM).
 
 >>> name = shm_name("pool", 123, "ab12", 0)
->>> name, owner_of(name)
-('lanceloader-pool-123-ab12-0', 123)
+>>> name == f"lanceloader-pool-123-{NAMESPACE}-ab12-0", owner_of(name), namespace_of(name)
+(True, 123, True)
 """
 
 from __future__ import annotations
@@ -41,17 +43,34 @@ _watching: set[tuple[int, int]] = set()  # (this pid, owner pid): one watcher pe
 _lock = threading.Lock()
 
 
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+NAMESPACE = _pid_namespace()  # PIDs name processes only within one PID namespace
+
+
 def shm_name(kind: str, owner: int, *rest: object) -> str:
-    """The name of a shared-memory file of ``kind`` owned by process ``owner``."""
-    return "-".join([PREFIX, kind, str(owner), *map(str, rest)])
+    """The name of a shared-memory file of ``kind`` owned by process ``owner`` (of this PID
+    namespace)."""
+    return "-".join([PREFIX, kind, str(owner), NAMESPACE, *map(str, rest)])
 
 
 def owner_of(name: str) -> int | None:
     """The owner pid in a name made by :func:`shm_name`, or None for a name of another form."""
     parts = name.split("-")
-    if len(parts) < 3 or parts[0] != PREFIX or not parts[2].isdigit():
+    if len(parts) < 4 or parts[0] != PREFIX or not parts[2].isdigit():
         return None
     return int(parts[2])
+
+
+def namespace_of(name: str) -> bool:
+    """Whether a name made by :func:`shm_name` comes from this PID namespace."""
+    parts = name.split("-")
+    return len(parts) >= 4 and parts[3] == NAMESPACE
 
 
 def process_state(pid: int) -> str:
@@ -84,8 +103,8 @@ def alive(pid: int) -> bool:
 def remove_files_of(owner: int) -> int:
     """Remove the shared-memory files of ``owner``; returns how many were removed."""
     removed = 0
-    for path in SHM_DIR.glob(f"{PREFIX}-*-{owner}-*"):
-        if owner_of(path.name) == owner:
+    for path in SHM_DIR.glob(f"{PREFIX}-*-{owner}-{NAMESPACE}-*"):
+        if owner_of(path.name) == owner and namespace_of(path.name):
             with contextlib.suppress(OSError):
                 path.unlink()
                 removed += 1
@@ -97,7 +116,7 @@ def remove_orphans() -> int:
     training process); returns how many were removed. Files of live owners are never touched."""
     removed = 0
     with contextlib.suppress(OSError):
-        owners = {owner_of(p.name) for p in SHM_DIR.glob(f"{PREFIX}-*")}
+        owners = {owner_of(p.name) for p in SHM_DIR.glob(f"{PREFIX}-*") if namespace_of(p.name)}
         for owner in owners - {None}:
             assert owner is not None
             if owner != os.getpid() and not alive(owner):
