@@ -548,3 +548,47 @@ def test_an_empty_selection_warns_and_gives_empty_epochs(small_uri: str, tmp_pat
     with caplog.at_level("WARNING", logger="lanceloader"):
         ll.Loader(small_uri, filter="id >= 0")
     assert caplog.text == ""
+
+
+def test_review_cases_numpy_values_metadata_and_opt_out(small_uri: str) -> None:
+    """Valid input the checks must not reject, and the errors' life across processes."""
+    import pickle
+
+    import numpy as np
+
+    from lanceloader.transforms import check_output_rows
+
+    loader = ll.Loader(small_uri, batch_size=100, shuffle=np.True_,
+                       version=np.int64(1), stall_timeout=np.float64(60))
+    assert len(loader) == 10 and loader.order.shuffle
+    with pytest.raises(ValueError, match="pass None for no limit"):
+        ll.Loader(small_uri, stall_timeout=1e9)
+    # Entries that are not columns (an image size, class weights) are not rows.
+    check_output_rows(len, {"id": [1, 2], "size": (224, 224), "weights": [1.0] * 10}, 2, ["id"])
+
+    def pack(batch):
+        return batch.slice(0, 1)
+
+    pack.changes_rows = True  # a transform that changes the row count on purpose
+    assert sum(len(b["id"]) for b in ll.Loader(small_uri, batch_size=100, transform=pack)) == 10
+    # torch re-raises a DataLoader worker's error as type(exc)(message); pickling keeps fields.
+    assert str(ll.ReadError("formatted")) == "formatted"
+    assert str(ll.StallError("formatted")) == "formatted"
+    stall = pickle.loads(pickle.dumps(ll.StallError("m", batch=3, epoch=1, stage="read",
+                                                    worker="w", stack="s")))
+    assert (stall.batch, stall.stage, str(stall)) == (3, "read", "m")
+
+
+def test_a_stuck_process_worker_with_a_big_task_queued_still_stalls_in_time(
+        medium_uri: str) -> None:
+    """A queued task of a big read (10,000 positions: 80 KB) does not fit in the pipe while the
+    worker is stuck on its first: the loop must not wait on that pipe (it used to, forever)."""
+    workerfns.gate.clear()
+    loader = ll.Loader(medium_uri, batch_size=5000, columns=["id"], transform=workerfns.stuck,
+                       num_workers=1, worker_type="process", stall_timeout=1.0)
+    leaks = Leaks()
+    started = time.perf_counter()
+    with pytest.raises(ll.StallError, match="stage 'transform'"):
+        next(iter(loader))
+    assert time.perf_counter() - started < 1.0 + 3.0
+    leaks.check()

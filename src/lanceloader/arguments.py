@@ -14,7 +14,14 @@ TypeError: shuffle must be True or False, got the str 'False' (a non-empty strin
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
+
+import numpy as np
+
+# stall_timeout and the like: the waits they bound (threading, multiprocessing) overflow far
+# above this; None means no limit.
+MAX_SECONDS = 1e6
 
 
 def check_int(name: str, value: object, minimum: int | None) -> None:
@@ -28,7 +35,7 @@ def check_int(name: str, value: object, minimum: int | None) -> None:
 def check_bool(name: str, value: object) -> None:
     """``value`` must be ``True`` or ``False`` (NumPy's bool too): ``"False"`` and ``"no"`` are
     truthy strings, and ``1``/``0`` hide mistakes of argument order."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, bool | np.bool_):
         return
     hint = ""
     if isinstance(value, str):
@@ -61,11 +68,14 @@ def check_seconds(name: str, value: object) -> None:
     """``value`` must be None (no limit) or a positive, finite number of seconds."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number of seconds or None (no limit), got the "
                         f"{type(value).__name__} {value!r}")
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be > 0 seconds (or None for no limit), got {value}")
+    if value > MAX_SECONDS:
+        raise ValueError(f"{name}={value:g} s is more than {MAX_SECONDS:g} s (11 days); pass "
+                         "None for no limit")
 
 
 def check_numbers(*, batch_size: int, shuffle_block_size: int, seed: int,

@@ -83,11 +83,22 @@ class StallError(TimeoutError):
     (read, transform, convert, ...) and the worker, and shows the worker's stack; attributes
     ``batch``, ``epoch``, ``stage``, ``worker`` and ``stack`` hold the same."""
 
-    def __init__(self, message: str, *, batch: int, epoch: int, stage: str, worker: str,
-                 stack: str) -> None:
+    def __init__(self, message: str, *, batch: int = -1, epoch: int = -1, stage: str = "",
+                 worker: str = "", stack: str = "") -> None:
+        # StallError(message) alone works too: torch re-raises a DataLoader worker's error as
+        # type(exc)(formatted message).
         super().__init__(message)
         self.batch, self.epoch, self.stage, self.worker, self.stack = (
             batch, epoch, stage, worker, stack)
+
+    def __reduce__(self) -> Any:
+        return (_stall_error, (str(self), self.batch, self.epoch, self.stage, self.worker,
+                               self.stack))
+
+
+def _stall_error(message: str, batch: int, epoch: int, stage: str, worker: str,
+                 stack: str) -> StallError:
+    return StallError(message, batch=batch, epoch=epoch, stage=stage, worker=worker, stack=stack)
 
 
 def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:

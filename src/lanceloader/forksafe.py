@@ -147,8 +147,7 @@ class CleanReader:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        for leftover in SHM_DIR.glob(f"{self._prefix}-*"):
-            leftover.unlink(missing_ok=True)
+        lifetime.remove_prefix(self._prefix)
 
     def __del__(self) -> None:
         if hasattr(self, "_proc"):
@@ -158,7 +157,7 @@ class CleanReader:
 def serve(prefix: str) -> None:
     """The clean reader's loop: a Source, then positions until stdin closes, or until the
     process it serves dies (then it removes that process's files and exits)."""
-    lifetime.watch_owner(os.getppid())
+    lifetime.watch_owner(lifetime.owner_of(prefix) or os.getppid())  # not a reparented ppid
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     source = pickle.load(stdin)
     for n in range(1 << 62):

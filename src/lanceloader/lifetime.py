@@ -100,6 +100,13 @@ def alive(pid: int) -> bool:
     return True
 
 
+def remove_prefix(prefix: str) -> None:
+    """Remove the shared-memory files whose names start with ``prefix + "-"`` (one pool's, one
+    worker's, one reader's)."""
+    for leftover in SHM_DIR.glob(f"{prefix}-*"):
+        leftover.unlink(missing_ok=True)
+
+
 def remove_files_of(owner: int) -> int:
     """Remove the shared-memory files of ``owner``; returns how many were removed."""
     removed = 0
@@ -164,9 +171,9 @@ def wait_for_exit(pid: int) -> None:
             time.sleep(POLL_S)
         return
     try:
-        while True:
-            readable, _, _ = select.select([fd], [], [])
-            if readable:
-                return
+        poller = select.poll()  # not select(): it cannot take descriptors >= 1024
+        poller.register(fd, select.POLLIN)
+        while not poller.poll():
+            pass
     finally:
         os.close(fd)

@@ -155,7 +155,9 @@ class OrderedPrefetcher(Generic[T, R]):
         job = self._pending[0]
         try:
             if not job.done.wait(self._stall_timeout):
-                raise self._stalled(job)
+                stalled = self._stalled(job)
+                if not job.done.is_set():  # (not finished while the stack was taken)
+                    raise stalled
             self._pending.popleft()
             result = job.outcome()
         except BaseException:

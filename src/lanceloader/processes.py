@@ -39,8 +39,10 @@ import mmap
 import multiprocessing as mp
 import os
 import pickle
+import queue
 import re
 import signal
+import threading
 import time
 import traceback
 import uuid
@@ -202,7 +204,8 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
     """Run tasks until told to stop, or until the consumer (``owner``) goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     lifetime.watch_owner(owner)
-    stack_file = open(SHM_DIR / f"{prefix}-{os.getpid()}-stack", "w")  # noqa: SIM115
+    # Appending: the consumer truncates the file before it asks for a stack.
+    stack_file = open(SHM_DIR / f"{prefix}-{os.getpid()}-stack", "a")  # noqa: SIM115
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
     fn = pickle.loads(fn_bytes)
     counter = itertools.count()
@@ -210,7 +213,7 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
         try:
             message = tasks.recv()
         except (EOFError, OSError):  # the consumer is gone: nobody will map what was sent
-            _remove_files(prefix)
+            lifetime.remove_prefix(prefix)
             return
         if message is None:
             return
@@ -224,13 +227,10 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
         try:
             results.send(payload)
         except (BrokenPipeError, OSError):
-            _remove_files(prefix)
+            lifetime.remove_prefix(prefix)
             return
 
 
-def _remove_files(prefix: str) -> None:
-    for leftover in SHM_DIR.glob(f"{prefix}-*"):
-        leftover.unlink(missing_ok=True)
 
 
 def _picklable_error(exc: BaseException) -> BaseException:
@@ -263,6 +263,10 @@ class ProcessPool:
         ctx = forkserver_context()
         fn_bytes = pickle.dumps(fn)
         self._workers: list[tuple[mp.process.BaseProcess, Connection, Connection]] = []
+        # A task is sent by a feeder thread per worker: a send blocks while the pipe is full
+        # (a task of a big read is hundreds of KB), and the consumer must never wait there, or
+        # a worker stuck on its current task would block it beyond stall_timeout.
+        self._feeds: list[tuple[queue.SimpleQueue[Any], threading.Thread]] = []
         try:
             for i in range(num_workers):
                 task_recv, task_send = ctx.Pipe(duplex=False)
@@ -275,6 +279,11 @@ class ProcessPool:
                 task_recv.close()
                 result_send.close()
                 self._workers.append((proc, task_send, result_recv))
+                feed: queue.SimpleQueue[Any] = queue.SimpleQueue()
+                feeder = threading.Thread(target=_feed, args=(feed, task_send), daemon=True,
+                                          name=f"lanceloader-feeder-{i}")
+                feeder.start()
+                self._feeds.append((feed, feeder))
             self._fill()
         except BaseException:
             self.close()
@@ -294,12 +303,7 @@ class ProcessPool:
             if task is None:
                 return
             worker = self._submitted % len(self._workers)
-            proc, conn, _ = self._workers[worker]
-            try:
-                conn.send((self._submitted, task))
-            except OSError:  # BrokenPipeError: the worker is gone
-                proc.join(1.0)
-                raise WorkerDiedError(_death_message(worker, proc)) from None
+            self._feeds[worker][0].put((self._submitted, task))  # a dead worker: _receive says
             self._pending.append((worker, task))
             self._submitted += 1
 
@@ -354,10 +358,10 @@ class ProcessPool:
         self._closed = True
         if self._pid != os.getpid():
             return
-        for proc, send, _ in self._workers:
-            with contextlib.suppress(OSError, ValueError):
-                if proc.is_alive():
-                    send.send(None)
+        busy = {worker for worker, _ in self._pending}
+        for worker, (feed, _) in enumerate(self._feeds):
+            if worker not in busy:
+                feed.put(None)  # an idle worker exits by itself; busy ones are killed below
         running = [p for p, _, _ in self._workers if p.exitcode is None]
         deadline = time.monotonic() + EXIT_S
         while running and time.monotonic() < deadline:
@@ -366,12 +370,17 @@ class ProcessPool:
         for proc in running:  # busy: a read or a transform that would keep us waiting
             with contextlib.suppress(OSError):
                 proc.kill()
-        for proc, send, recv in self._workers:
+        for proc, _, _ in self._workers:
             proc.join()  # at once: exited or SIGKILLed
+        for feed, _ in self._feeds:
+            feed.put(_STOP)
+        for _, feeder in self._feeds:  # a send to a killed worker fails at once
+            feeder.join(1.0)
+        for proc, send, recv in self._workers:
             proc.close()  # releases its sentinel file descriptor
             send.close()
             recv.close()
-        _remove_files(self._prefix)
+        lifetime.remove_prefix(self._prefix)
         self._pending.clear()
 
     def __enter__(self) -> ProcessPool:
@@ -383,6 +392,24 @@ class ProcessPool:
     def __del__(self) -> None:
         if hasattr(self, "_workers"):
             self.close()
+
+
+_STOP = object()
+
+
+def _feed(feed: queue.SimpleQueue[Any], conn: Connection) -> None:
+    """Send a worker its tasks (and a final None) in order, until told to stop or the worker
+    is gone."""
+    while True:
+        item = feed.get()
+        if item is _STOP:
+            return
+        try:
+            conn.send(item)
+        except (OSError, ValueError):  # the worker is gone (or the pipe closed): stop
+            return
+        if item is None:
+            return
 
 
 def _death_message(worker: int, proc: mp.process.BaseProcess) -> str:

@@ -28,9 +28,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import numbers
 import os
 import re
 from pathlib import Path
@@ -67,14 +69,19 @@ class ReadError(OSError):
     the Lance row offsets read), ``batches`` and ``epoch`` (None outside a worker).
     """
 
-    def __init__(self, detail: str, uri: str, version: int, fragments: tuple[int, ...],
-                 rows: tuple[int, int, int], where: str, batches: range | None = None,
-                 epoch: int | None = None) -> None:
+    def __init__(self, detail: str, uri: str = "", version: int = 0,
+                 fragments: tuple[int, ...] = (), rows: tuple[int, int, int] = (0, 0, 0),
+                 where: str = "", batches: range | None = None, epoch: int | None = None
+                 ) -> None:
+        # ReadError(message) alone works too: torch re-raises a DataLoader worker's error as
+        # type(exc)(formatted message).
         super().__init__(detail)
         self.detail, self.uri, self.version, self.fragments = detail, uri, version, fragments
         self.rows, self.where, self.batches, self.epoch = rows, where, batches, epoch
 
     def __str__(self) -> str:
+        if not self.uri:
+            return self.detail
         first, last, count = self.rows
         batches = ""
         if self.batches is not None:
@@ -90,7 +97,7 @@ class ReadError(OSError):
         )
 
     def __reduce__(self) -> Any:
-        cause = self.__cause__
+        cause = self.__cause__  # (its message was redacted when this error was made)
         if cause is not None and not _pickles(cause):
             cause = RuntimeError(f"{type(cause).__name__}: {cause}")
         return (ReadError, (self.detail, self.uri, self.version, self.fragments, self.rows,
@@ -157,6 +164,17 @@ def redact(text: str, storage_options: dict[str, str] | None) -> str:
         if any(word in name.lower() for word in _SECRET_NAMES) and len(value) >= 4:
             text = text.replace(value, "***")
     return text
+
+
+def redact_exception(exc: BaseException, storage_options: dict[str, str] | None
+                     ) -> BaseException:
+    """``exc`` with its message's credentials masked (:func:`redact`), in place: it stays the
+    ``__cause__`` of the error raised for it, and tracebacks print it."""
+    if storage_options:
+        with contextlib.suppress(AttributeError, TypeError):  # a type with fixed arguments
+            exc.args = tuple(redact(a, storage_options) if isinstance(a, str) else a
+                             for a in exc.args)
+    return exc
 
 
 def object_store_hint(message: str, uri: str, storage_options: dict[str, str] | None) -> str:
@@ -239,10 +257,11 @@ class Source:
         check_optional_str("filter", filter, "'label = 3'")
         check_optional_str("split", split, "'train'")
         check_optional_str("split_key", split_key, "'id'")
-        if isinstance(version, bool) or not isinstance(version, int | str | None):
+        if isinstance(version, bool) or not isinstance(version, numbers.Integral | str | None):
             raise TypeError(f"version must be a version number, a tag or None (the latest); got "
                             f"the {type(version).__name__} {version!r}")
         self.storage_options = dict(storage_options) if storage_options else None
+        version = int(version) if isinstance(version, numbers.Integral) else version
         ds = _open(dataset, version, self.storage_options)
         self.uri: str = ds.uri
         self.version: int = ds.version
@@ -298,6 +317,7 @@ class Source:
         try:
             table = ds.to_table(columns=scan_columns, filter=self.filter)
         except Exception as exc:  # Lance raises ValueError/OSError/RuntimeError for bad SQL
+            redact_exception(exc, self.storage_options)
             raise ValueError(
                 f"filter {self.filter!r} is not a valid Lance SQL predicate for columns "
                 f"{ds.schema.names}: {clean_message(exc, self.uri, self.storage_options)}"
@@ -405,6 +425,7 @@ class Source:
                    offsets: np.ndarray | None = None) -> ReadError:
         """The :class:`ReadError` for ``exc``, raised while reading ``positions`` (or the Lance
         row ``offsets``)."""
+        redact_exception(exc, self.storage_options)
         if offsets is None:
             offsets = self.row_offsets(positions) if positions is not None and len(positions) \
                 else np.zeros(0, np.int64)
@@ -532,6 +553,7 @@ def _open(
     try:
         ds = lance.dataset(uri, storage_options=object_store_options(uri, storage_options))
     except Exception as exc:
+        redact_exception(exc, storage_options)
         raise FileNotFoundError(not_a_dataset(uri, exc, storage_options)) from exc
     if version is None:
         return ds

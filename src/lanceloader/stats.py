@@ -140,6 +140,9 @@ class Stats:
 # Read time per storage request above which reading is latency-bound: local disks answer in
 # well under a millisecond, object stores in tens of milliseconds.
 LATENCY_BOUND_S = 0.005
+# ... and only for requests of less than this on average: a big request is slow because of its
+# size (bandwidth), not the latency.
+SMALL_REQUEST_BYTES = 1 << 20
 
 
 def _seconds_per_request(s: dict[str, float]) -> float:
@@ -163,7 +166,8 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool) -> Verdict:
     share = busy[stage] / max(sum(busy.values()), 1e-12)
     evidence = (f"the loop waited {100 * waited:.0f}% of the time; workers spent "
                 f"{100 * share:.0f}% of their busy time in {stage}")
-    if stage == "read" and _seconds_per_request(s) > LATENCY_BOUND_S:
+    small_requests = s["io_bytes"] < SMALL_REQUEST_BYTES * max(1, s.get("io_iops", 0))
+    if stage == "read" and small_requests and _seconds_per_request(s) > LATENCY_BOUND_S:
         return Verdict(
             "storage latency",
             f"{evidence}; each storage request took {1000 * _seconds_per_request(s):.0f} ms of "

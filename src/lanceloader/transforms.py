@@ -155,21 +155,30 @@ def apply_transform(
     else:
         result = Applied(transform(batch), 0)
     if isinstance(batch, pa.RecordBatch | pa.Table):
-        check_output_rows(transform, result.batch, batch.num_rows - result.skipped)
+        check_output_rows(transform, result.batch, batch.num_rows - result.skipped,
+                          batch.schema.names)
     return result
 
 
-def check_output_rows(transform: Transform, result: Any, expected: int) -> None:
-    """Raise :class:`TransformOutputError` unless ``result`` has ``expected`` rows: a
-    RecordBatch or Table by ``num_rows``; a dict by its columns' lengths (arrays, tensors, lists;
-    all must agree; scalars and strings are not counted); an array or tensor by its first
-    dimension. Other results (the user's own format) pass unchecked.
+def check_output_rows(transform: Transform, result: Any, expected: int,
+                      columns: Sequence[str] = ()) -> None:
+    """Raise :class:`TransformOutputError` unless ``result`` keeps the batch's ``expected``
+    rows: a RecordBatch or Table by ``num_rows``; an array or tensor by its first dimension; a
+    dict by the lengths of its entries named like the input's ``columns`` (all must agree), or,
+    without such entries, of its arrays and lists when they all agree (other entries, e.g. an
+    image size or class weights, are not rows). Other results (the user's own format) pass.
 
-    >>> check_output_rows(len, {"x": [1, 2], "y": [3]}, 2)
+    A transform that changes the number of rows on purpose (packing sequences, multi-crop) says
+    so with an attribute ``changes_rows = True``.
+
+    >>> check_output_rows(len, {"x": [1, 2], "y": [3]}, 2, columns=["x", "y"])
     Traceback (most recent call last):
     ...
     lanceloader.transforms.TransformOutputError: transform len returned columns of unequal length: {'x': 2, 'y': 1}; every column needs one value per row
+    >>> check_output_rows(len, {"x": [1, 2], "size": (224, 224), "weights": [1, 1, 1]}, 2, ["x"])
     """
+    if _changes_rows(transform):
+        return
     name = _name_of(transform)
     if result is None:
         raise TransformOutputError(
@@ -177,13 +186,16 @@ def check_output_rows(transform: Transform, result: Any, expected: int) -> None:
             "(or a new one) from the function"
         )
     if isinstance(result, Mapping):
-        lengths = {k: n for k, v in result.items() if (n := _length(v)) is not None}
-        if len(set(lengths.values())) > 1:
+        named = {k: n for k, v in result.items() if k in columns and (n := _length(v)) is not None}
+        if len(set(named.values())) > 1:
             raise TransformOutputError(
-                f"transform {name} returned columns of unequal length: {lengths}; every column "
+                f"transform {name} returned columns of unequal length: {named}; every column "
                 "needs one value per row"
             )
-        rows = next(iter(lengths.values()), None)
+        others = {n for k, v in result.items() if k not in columns and not isinstance(v, tuple)
+                  and (n := _length(v)) is not None}
+        rows = (next(iter(named.values())) if named else
+                next(iter(others)) if len(others) == 1 else None)
     elif isinstance(result, pa.RecordBatch | pa.Table):
         rows = result.num_rows
     else:
@@ -192,8 +204,15 @@ def check_output_rows(transform: Transform, result: Any, expected: int) -> None:
         raise TransformOutputError(
             f"transform {name} returned {rows} rows for a batch of {expected}; a transform must "
             "keep every row (so that batch sizes and stats stay exact): to drop rows that fail, "
-            "raise in a row-aware transform (ll.map_rows, ...) with on_error='skip'"
+            "raise in a row-aware transform (ll.map_rows, ...) with on_error='skip'; a transform "
+            "that changes the row count on purpose sets the attribute changes_rows = True"
         )
+
+
+def _changes_rows(transform: Transform) -> bool:
+    if isinstance(transform, Compose):
+        return any(_changes_rows(t) for t in transform.stages)
+    return bool(getattr(transform, "changes_rows", False))
 
 
 def _length(value: Any) -> int | None:

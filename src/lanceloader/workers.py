@@ -41,7 +41,7 @@ STAGES = {"read_table_with_io": "read", "apply_transform": "transform", "to_outp
 
 def stage_of(functions: list[str]) -> str:
     """The stage of a worker whose stack has ``functions`` (innermost first): the innermost
-    that names one, or ``'idle'`` when no task runs.
+    that names one, or ``'idle (between tasks)'`` when no task runs.
 
     >>> stage_of(["sleep_forever", "apply_transform", "__call__", "run"])
     'transform'

@@ -267,7 +267,6 @@ def _join(value: Any, buf: mmap.mmap, layout: list[int]) -> Any:
 
 # --- the files: named by training process and worker, deleted if never taken ----------------
 
-FILE_PREFIX = "lanceloader-batch"
 _counter = itertools.count()
 _prefix: tuple[int, str] | None = None  # (pid, prefix) of this worker
 
@@ -308,19 +307,16 @@ def _remove_worker_files(prefix: str) -> None:
     for thread in threading.enumerate():
         if thread.name == "QueueFeederThread" and thread is not threading.current_thread():
             thread.join(0.5)
-    _remove_files(prefix)
+    lifetime.remove_prefix(prefix)
 
 
-def _remove_files(prefix: str) -> None:
-    for leftover in SHM_DIR.glob(f"{prefix}-*"):
-        leftover.unlink(missing_ok=True)
 
 
 def _remove_files_of_my_workers(pid: int) -> None:
     """At the training process's exit, after multiprocessing has stopped its workers: what a
     killed worker left behind."""
     if os.getpid() == pid:
-        _remove_files(lifetime.shm_name("batch", pid))
+        lifetime.remove_prefix(lifetime.shm_name("batch", pid))
 
 
 # Priority below 0: runs after multiprocessing has terminated and joined the daemon workers.
