@@ -7,7 +7,6 @@ measured times; the speed itself is measured in ``benchmarks/faults.py``.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ import pytest
 
 import lanceloader as ll
 import workerfns
+from conftest import lanceloader_threads
 from lanceloader.lifetime import NAMESPACE, SHM_DIR, alive, owner_of, shm_name
 
 TESTS = str(Path(__file__).parent)
@@ -35,11 +35,6 @@ GONE_BOUND_S = 5.0  # nothing is left this long after the training process is SI
 def shm_files(owner: int) -> list[str]:
     return sorted(p.name for p in SHM_DIR.glob(f"lanceloader-*-{owner}-*")
                   if owner_of(p.name) == owner)
-
-
-def lanceloader_threads() -> list[str]:
-    gc.collect()
-    return [t.name for t in threading.enumerate() if t.name.startswith("lanceloader")]
 
 
 def fd_count() -> int:
@@ -65,7 +60,7 @@ class Leaks:
     lanceloader thread, no worker process, no /dev/shm file of ours, no new fd, bounded RSS."""
 
     def __init__(self) -> None:
-        lanceloader_threads()
+        lanceloader_threads()  # (collects what earlier tests left unreachable)
         self.fds, self.rss = fd_count(), rss_mb()
 
     def check(self, pids: list[int] = (), within: float = GONE_BOUND_S) -> None:

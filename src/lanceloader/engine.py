@@ -91,15 +91,6 @@ class StallError(TimeoutError):
         self.batch, self.epoch, self.stage, self.worker, self.stack = (
             batch, epoch, stage, worker, stack)
 
-    def __reduce__(self) -> Any:
-        return (_stall_error, (str(self), self.batch, self.epoch, self.stage, self.worker,
-                               self.stack))
-
-
-def _stall_error(message: str, batch: int, epoch: int, stage: str, worker: str,
-                 stack: str) -> StallError:
-    return StallError(message, batch=batch, epoch=epoch, stage=stage, worker=worker, stack=stack)
-
 
 def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
     """The user's error for a pool's :class:`~lanceloader.prefetch.Stalled`."""

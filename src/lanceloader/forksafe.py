@@ -40,9 +40,10 @@ from typing import Any
 import pyarrow as pa
 
 from lanceloader import lifetime
+from lanceloader.lifetime import SHM_DIR
+from lanceloader.processes import picklable_error
 
 LANCE_THREAD_PREFIXES = ("lance_backgroun", "lance-cpu")  # thread names, cut to 15 characters
-SHM_DIR = lifetime.SHM_DIR
 
 _threads_at_fork = 0
 _tainted = False
@@ -172,11 +173,7 @@ def serve(prefix: str) -> None:
                 w.write_table(table)
             answer: tuple[Any, ...] = ("ok", str(path), io_bytes, io_iops)
         except Exception as exc:
-            try:
-                pickle.dumps(exc)
-            except Exception:
-                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-            answer = ("error", exc, 0, 0)
+            answer = ("error", picklable_error(exc), 0, 0)
         try:
             pickle.dump(answer, stdout, protocol=pickle.HIGHEST_PROTOCOL)
             stdout.flush()

@@ -64,6 +64,7 @@ from lanceloader.transforms import (
     OnError,
     as_transform,
     check_on_error,
+    transform_name,
 )
 from lanceloader.workers import BatchWork, Transform
 
@@ -211,8 +212,7 @@ class Loader:
         self.stall_timeout = stall_timeout
         self.recorder = Recorder()
         if worker_type == "process":
-            name = getattr(transform, "__qualname__", type(transform).__name__)
-            check_picklable(self._work(), f"transform {name}")
+            check_picklable(self._work(), f"transform {transform_name(transform)}")
             start_forkserver()
         src = self.source
         self._cursor = Cursor(StreamSpec(

@@ -223,7 +223,7 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
             payload = ("ok", index, *pack(fn(task), path), str(path))
         except BaseException as exc:
             path.unlink(missing_ok=True)
-            payload = ("error", index, _picklable_error(exc), traceback.format_exc(), "")
+            payload = ("error", index, picklable_error(exc), traceback.format_exc(), "")
         try:
             results.send(payload)
         except (BrokenPipeError, OSError):
@@ -231,9 +231,9 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
             return
 
 
-
-
-def _picklable_error(exc: BaseException) -> BaseException:
+def picklable_error(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a ``RuntimeError`` naming its type and message: what
+    may cross to another process."""
     try:
         pickle.loads(pickle.dumps(exc))
         return exc

@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from lanceloader import forksafe
 from lanceloader.arguments import check_optional_str, check_storage_options
+from lanceloader.processes import picklable_error
 from lanceloader.splits import split_mask
 
 _logger = logging.getLogger("lanceloader")
@@ -57,6 +58,9 @@ MIN_RANGE_ROWS = 4096
 # (pylance 14); Lance repeats a failed request several times itself, so with them it ends in an
 # error after a few minutes, as the loop's stall_timeout would.
 OBJECT_STORE_TIMEOUTS = {"connect_timeout": "5s", "timeout": "30s", "client_retry_timeout": "30"}
+# What a read may raise that is not the read's failure: these pass through as they are. Anything
+# else, a Rust panic (pyo3's PanicException, a BaseException) included, becomes a ReadError.
+NOT_READ_FAILURES = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)
 
 
 class ReadError(OSError):
@@ -97,27 +101,11 @@ class ReadError(OSError):
         )
 
     def __reduce__(self) -> Any:
-        cause = self.__cause__  # (its message was redacted when this error was made)
-        if cause is not None and not _pickles(cause):
-            cause = RuntimeError(f"{type(cause).__name__}: {cause}")
-        return (ReadError, (self.detail, self.uri, self.version, self.fragments, self.rows,
-                            self.where, self.batches, self.epoch),
-                {"cause": cause, "notes": getattr(self, "__notes__", None)})
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__cause__ = state["cause"]
-        if state["notes"]:
-            self.__notes__ = state["notes"]
-
-
-def _pickles(obj: object) -> bool:
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(obj))
-        return True
-    except Exception:
-        return False
+        # The attributes (and notes) travel in __dict__; the cause, which pickling drops, with
+        # them: itself, or a RuntimeError naming it. Its message was redacted when it was caught.
+        cause = self.__cause__
+        return (ReadError, (self.detail,),
+                {**self.__dict__, "__cause__": None if cause is None else picklable_error(cause)})
 
 
 _RUST_SOURCE = re.compile(r",?\s*(?:[\w.~-]*/)+[\w.-]+\.rs:\d+(?::\d+)?")
@@ -177,6 +165,15 @@ def redact_exception(exc: BaseException, storage_options: dict[str, str] | None
     return exc
 
 
+def is_object_store(uri: str) -> bool:
+    """Whether ``uri`` names an object store (``s3://``, ``gs://``, ``az://``, ...), not a path.
+
+    >>> is_object_store("s3://bucket/d.lance"), is_object_store("file:///d.lance")
+    (True, False)
+    """
+    return "://" in uri and not uri.startswith("file://")
+
+
 def object_store_hint(message: str, uri: str, storage_options: dict[str, str] | None) -> str:
     """The likely cause of an object-store error ``message`` (Lance's), or ``''``.
 
@@ -184,7 +181,7 @@ def object_store_hint(message: str, uri: str, storage_options: dict[str, str] | 
     ...                   {"endpoint": "http://127.0.0.1:9000"})
     "the bucket 'b' does not exist at http://127.0.0.1:9000: check the bucket's name (and the account or region it belongs to)"
     """
-    if "://" not in uri or uri.startswith("file://"):
+    if not is_object_store(uri):
         return ""
     options = {k.lower(): v for k, v in (storage_options or {}).items()}
     endpoint = (options.get("endpoint") or options.get("aws_endpoint")
@@ -220,9 +217,8 @@ def object_store_options(uri: str, storage_options: dict[str, str] | None
     >>> object_store_options("/data/local.lance", None) is None
     True
     """
-    remote = "://" in uri and not uri.startswith("file://")
     given = storage_options or {}
-    if not remote or any(k.lower() in OBJECT_STORE_TIMEOUTS for k in given):
+    if not is_object_store(uri) or any(k.lower() in OBJECT_STORE_TIMEOUTS for k in given):
         return storage_options
     return {**OBJECT_STORE_TIMEOUTS, **given}
 
@@ -341,9 +337,9 @@ class Source:
                 continue
             try:
                 table = fragment.to_table(columns=self.columns, limit=sample_rows)
-            except (KeyboardInterrupt, SystemExit, MemoryError):
+            except NOT_READ_FAILURES:
                 raise
-            except BaseException as exc:  # a Rust panic is a BaseException
+            except BaseException as exc:
                 raise self.read_error(exc, offsets=np.arange(start, start + rows)) from exc
             if table.num_rows:
                 return table.nbytes / table.num_rows
@@ -416,9 +412,9 @@ class Source:
             table = self._read_local(positions)
             io = self.dataset.io_stats_incremental()
             return table, io.read_bytes, io.read_iops
-        except (ReadError, KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
+        except (ReadError, *NOT_READ_FAILURES):
             raise
-        except BaseException as exc:  # a Rust panic is a BaseException (pyo3's PanicException)
+        except BaseException as exc:
             raise self.read_error(exc, positions) from exc
 
     def read_error(self, exc: BaseException, positions: np.ndarray | None = None, *,
@@ -427,11 +423,9 @@ class Source:
         row ``offsets``)."""
         redact_exception(exc, self.storage_options)
         if offsets is None:
-            offsets = self.row_offsets(positions) if positions is not None and len(positions) \
-                else np.zeros(0, np.int64)
+            offsets = self.row_offsets(positions if positions is not None else [])
         first, last = (int(offsets.min()), int(offsets.max())) if len(offsets) else (0, 0)
-        fragments = np.unique(np.searchsorted(self._fragment_starts, offsets, side="right") - 1)
-        ids = tuple(self._fragment_ids[int(i)] for i in fragments)
+        ids = tuple(self._fragment_ids[i] for i in np.unique(self._fragment_of(offsets)).tolist())
         detail = clean_message(exc, self.uri, self.storage_options)
         hint = object_store_hint(detail, self.uri, self.storage_options)
         detail = f"{detail} ({type(exc).__name__})" + (f"; likely cause: {hint}" if hint else "")
@@ -439,18 +433,21 @@ class Source:
                          self.version, ids, (first, last, len(offsets)),
                          self.describe_offsets(offsets), None, None)
 
+    def _fragment_of(self, offsets: np.ndarray) -> np.ndarray:
+        """The index (in the pinned version's fragment list) of the fragment of each offset."""
+        return np.searchsorted(self._fragment_starts, offsets, side="right") - 1
+
     def describe_rows(self, positions: np.ndarray) -> str:
         """Where ``positions`` lie in the pinned version: fragments and their rows, e.g.
         ``'fragment 3 rows 0-511'``, for error messages."""
-        return self.describe_offsets(self.row_offsets(positions) if len(positions) else
-                                     np.zeros(0, np.int64))
+        return self.describe_offsets(self.row_offsets(positions))
 
     def describe_offsets(self, offsets: np.ndarray, limit: int = 4) -> str:
         """:meth:`describe_rows` of Lance row offsets."""
         offsets = np.sort(offsets)
         if not len(offsets):
             return "no rows"
-        index = np.searchsorted(self._fragment_starts, offsets, side="right") - 1
+        index = self._fragment_of(offsets)
         parts = []
         for i in np.unique(index)[:limit].tolist():
             local = offsets[index == i] - self._fragment_starts[i]
@@ -475,7 +472,7 @@ class Source:
     def _read_sorted(self, offsets: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """Read sorted unique offsets; returns the rows and, per row, its index in ``offsets``."""
         ds = self.dataset
-        fragment_of = np.searchsorted(self._fragment_starts, offsets, side="right") - 1
+        fragment_of = self._fragment_of(offsets)
         breaks = np.flatnonzero((np.diff(offsets) != 1) | (np.diff(fragment_of) != 0)) + 1
         starts = np.concatenate(([0], breaks))
         stops = np.concatenate((breaks, [len(offsets)]))
@@ -594,7 +591,7 @@ def not_a_dataset(dataset: object, exc: BaseException | None = None,
         return (f"dataset must be a URI, a path or a lance.LanceDataset; got {what}. Write it to "
                 f"Lance once with lance.write_dataset({data}, 'data.lance') and pass 'data.lance'")
     path = Path(dataset)
-    local = "://" not in dataset or dataset.startswith("file://")
+    local = not is_object_store(dataset)
     fmt = _FORMATS.get(path.suffix.lower()) if local and path.is_file() else None
     if local and path.is_dir() and not (path / "_versions").is_dir():
         found = {_FORMATS[p.suffix.lower()] for p in path.iterdir()

@@ -179,7 +179,7 @@ def check_output_rows(transform: Transform, result: Any, expected: int,
     """
     if _changes_rows(transform):
         return
-    name = _name_of(transform)
+    name = transform_name(transform)
     if result is None:
         raise TransformOutputError(
             f"transform {name} returned None instead of a batch; return the batch it was given "
@@ -226,11 +226,16 @@ def _length(value: Any) -> int | None:
     return None
 
 
-def _name_of(transform: Transform) -> str:
+def transform_name(transform: Transform) -> str:
+    """How messages name ``transform``: its qualified name, with the stages of a composition.
+
+    >>> transform_name(compose(len, map_rows(str)))
+    'compose(len, map_rows(str))'
+    """
     if isinstance(transform, Compose):
-        return "compose(" + ", ".join(_name_of(t) for t in transform.stages) + ")"
+        return "compose(" + ", ".join(transform_name(t) for t in transform.stages) + ")"
     if isinstance(transform, MapRows):
-        return f"map_rows({_name_of(transform.fn)})"
+        return f"map_rows({transform_name(transform.fn)})"
     return getattr(transform, "__qualname__", None) or type(transform).__name__
 
 

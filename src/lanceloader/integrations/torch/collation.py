@@ -24,7 +24,8 @@ import torch
 import torch.utils.data
 
 from lanceloader import lifetime
-from lanceloader.processes import SHM_DIR, take_mapping, write_arrays
+from lanceloader.lifetime import SHM_DIR
+from lanceloader.processes import take_mapping, write_arrays
 
 
 class Rows(list):  # type: ignore[type-arg]
@@ -293,12 +294,20 @@ def watch_training_process() -> None:
     """In a DataLoader worker: end this worker, removing its files, when the training process
     dies, even by SIGKILL (``lifetime.watch_owner``). torch's own check watches the worker's
     parent, which under ``forkserver`` is the forkserver: it outlives a killed training process,
-    and so would the workers. A no-op in the training process; cheap to call again."""
+    and so would the workers. A no-op in the training process; called per batch, it costs a
+    comparison after the first call in a process."""
+    global _watching_in
+    if _watching_in == os.getpid():
+        return
     if torch.utils.data.get_worker_info() is None:
         return
     parent = multiprocessing.parent_process()
     if parent is not None and parent.pid:
         lifetime.watch_owner(parent.pid)
+    _watching_in = os.getpid()
+
+
+_watching_in = 0  # the pid of the DataLoader worker whose watcher runs
 
 
 def _remove_worker_files(prefix: str) -> None:
