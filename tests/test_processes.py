@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import workerfns
+from conftest import lanceloader_threads
 from lanceloader.processes import ProcessPool, WorkerDiedError, check_picklable
 
 
@@ -126,3 +127,13 @@ def test_workers_exit_when_the_consumer_is_killed(tmp_path) -> None:
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)
+
+
+def test_a_task_that_cannot_be_sent_fails_in_the_consumer_not_as_a_wait() -> None:
+    """Tasks are pickled in the consumer (feeder threads only write the bytes), so an
+    unpicklable one raises there, at once, and the pool is stopped."""
+    tasks = iter([1, lambda: 2])  # a lambda cannot be pickled
+    with pytest.raises(Exception, match="pickle") as info:
+        ProcessPool(workerfns.echo, tasks, num_workers=1, depth=2)
+    assert "lambda" in str(info.value)
+    assert lanceloader_threads() == [] and shm_files() == set()

@@ -49,6 +49,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -303,7 +304,9 @@ class ProcessPool:
             if task is None:
                 return
             worker = self._submitted % len(self._workers)
-            self._feeds[worker][0].put((self._submitted, task))  # a dead worker: _receive says
+            # Pickled here, so that a task that cannot be sent fails in the consumer; a dead
+            # worker is reported by _receive.
+            self._feeds[worker][0].put(ForkingPickler.dumps((self._submitted, task)))
             self._pending.append((worker, task))
             self._submitted += 1
 
@@ -398,17 +401,18 @@ _STOP = object()
 
 
 def _feed(feed: queue.SimpleQueue[Any], conn: Connection) -> None:
-    """Send a worker its tasks (and a final None) in order, until told to stop or the worker
-    is gone."""
+    """Send a worker its pickled tasks (and a final None) in order, until told to stop or the
+    worker is gone."""
     while True:
         item = feed.get()
         if item is _STOP:
             return
         try:
-            conn.send(item)
+            if item is None:
+                conn.send(None)
+                return
+            conn.send_bytes(item)
         except (OSError, ValueError):  # the worker is gone (or the pipe closed): stop
-            return
-        if item is None:
             return
 
 
