@@ -1,12 +1,14 @@
-"""The loader on an emulated object store, against raw single-threaded Lance on the same store.
+"""The loader on an emulated object store, against raw single-threaded Lance on the same store,
+without and with its cache.
 
 The store: the tests' S3 server (moto on 127.0.0.1, ``tests/s3server.py``) behind the tests'
 fault proxy (``tests/faultproxy.py``, in a process of its own) adding ``--latency-ms`` to every
-request. Both sides read
-the same columns (``id``, ``label``, ``x``: 64 float32) of the demo dataset; every figure is a
-median of ``--repeats``, and each request count comes from the server's own log.
+request. Every side reads the same columns (``id``, ``label``, ``x``: 64 float32) of the demo
+dataset, opens the dataset afresh for each run (outside the clock: a new ``lance.dataset`` for
+raw, a new ``Loader`` for the loader, so both pay the first reads of each file's metadata), and
+every figure is a median of ``--repeats``; request counts come from the server's own log.
 
-Cases:
+Without a cache:
 
 ``sequential``
     The Loader (batch 256) over the epoch vs ``ds.to_batches(columns, batch_size=256)``.
@@ -15,6 +17,12 @@ Cases:
 ``full shuffle``
     The Loader until ``--shuffle-rows`` rows vs ``ds.take`` of the same rows, 256 at a time.
 
+With ``cache=`` a fresh directory, per order: the first epoch (filling the cache) against the
+same epoch without a cache, and the second epoch against the same order on a local-disk copy of
+the dataset (no cache). With ``cache="memory"``: the second epoch of a full shuffle against a
+raw ``to_batches`` scan of the local copy. ``--rss`` also measures, in fresh processes, the peak
+RSS and the largest size of a cache directory capped below the data, for two dataset sizes.
+
 moto is a single Python process: it bounds the absolute numbers (a real store serves many
 requests at once). The ratios, loader vs raw on the same server, and the requests per 1,000 rows
 are what carry over.
@@ -22,14 +30,17 @@ are what carry over.
 Usage::
 
     python benchmarks/object_store.py                    # 200k rows, 20 ms, 3 repeats
-    python benchmarks/object_store.py --rows 50000 --repeats 1
+    python benchmarks/object_store.py --rows 50000 --repeats 1 --rss
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,18 +53,61 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import lanceloader as ll  # noqa: E402
 from conftest import S3  # noqa: E402
 from faultproxy import ProxyProcess  # noqa: E402
-from lanceloader.demo import demo_table  # noqa: E402
+from lanceloader.demo import demo_table, write_demo_dataset  # noqa: E402
 
 COLUMNS = ["id", "label", "x"]
+BLOCK = dict(shuffle=True, shuffle_block_size=1024, shuffle_window=8)
+ORDERS = {"sequential": {}, "block shuffle 1024x8": BLOCK, "full shuffle": {"shuffle": True}}
 
 
-timer = [0.0]  # a case may restart the clock once it is set up (the loader's construction)
+def median_run(s3: S3, fn, repeats: int) -> tuple[float, float]:
+    """Median rows/s and requests per 1,000 rows of ``fn`` (returns rows; calls ``start()``
+    once set up, which starts the clock)."""
+    rates, requests = [], []
+    clock = [0.0]
+
+    def start() -> None:
+        s3.requests(reset=True)
+        clock[0] = time.perf_counter()
+
+    for _ in range(repeats):
+        rows = fn(start)
+        rates.append(rows / (time.perf_counter() - clock[0]))
+        requests.append(1000 * sum(s3.requests().values()) / rows)
+    return statistics.median(rates), statistics.median(requests)
 
 
-def timed(fn) -> tuple[float, int]:
-    timer[0] = time.perf_counter()
-    rows = fn()
-    return rows / (time.perf_counter() - timer[0]), rows
+def epochs(make, count: int, limit: int | None = None):
+    """A run: a new loader (outside the clock); the rows/s of its epoch ``count`` (1-based)."""
+    def run(start) -> int:
+        loader = make()
+        for _ in range(count - 1):
+            for _ in loader:
+                pass
+        rows = 0
+        iterator = iter(loader)
+        start()
+        for batch in iterator:
+            rows += len(batch["id"])
+            if limit and rows >= limit:
+                break
+        iterator.close()
+        return rows
+    return run
+
+
+def cache_footprint(uri: str, cap: int, queue) -> None:
+    """In a fresh process: one sequential and one block-shuffled epoch through a capped cache
+    directory; the peak RSS (bytes) and the largest directory size seen after any batch."""
+    with tempfile.TemporaryDirectory() as cache:
+        largest = 0
+        for order in ({}, BLOCK):
+            loader = ll.Loader(uri, batch_size=256, columns=COLUMNS, cache=cache, cache_size=cap,
+                               **order)
+            for i, _ in enumerate(loader):
+                if i % 16 == 0:
+                    largest = max(largest, loader.source.cache.used_bytes())
+        queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, largest))
 
 
 def main() -> None:
@@ -63,81 +117,129 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8, help="loader threads (I/O bound)")
+    parser.add_argument("--rss", action="store_true", help="also measure RSS and the disk cap")
     args = parser.parse_args()
 
     s3 = S3()
     proxy = ProxyProcess(s3.endpoint)
+    scratch = tempfile.TemporaryDirectory()
+    local = write_demo_dataset(Path(scratch.name) / "local.lance", rows=args.rows, fragments=4)
+    results: dict[str, dict[str, float]] = {}
+    cached: dict[str, dict[str, float]] = {}
     try:
         uri = s3.write(demo_table(args.rows), max_rows_per_file=args.rows // 4)
         options = {**s3.storage_options, "endpoint": proxy.endpoint}
         proxy.set(latency_s=args.latency_ms / 1000)
-        ds = lance.dataset(uri, storage_options=options)  # raw: opened outside the clock too
 
-        def loader(**kw):
-            return ll.Loader(uri, batch_size=256, columns=COLUMNS, storage_options=options,
-                             num_workers=args.workers, **kw)
+        def raw_dataset():
+            return lance.dataset(uri, storage_options=options)
 
-        def epoch(make, limit=None):
-            def run() -> int:  # the loader is built (dataset opened) outside the clock
-                rows = 0
-                it = iter(make())
-                timer[0] = time.perf_counter()
-                for batch in it:
-                    rows += len(batch["id"])
-                    if limit and rows >= limit:
-                        break
-                it.close()
-                return rows
-            return run
+        def loader(dataset=uri, **kw):
+            store = {"storage_options": options} if dataset == uri else {}
+            return ll.Loader(dataset, batch_size=256, columns=COLUMNS, num_workers=args.workers,
+                             **store, **kw)
 
-        def raw_sequential() -> int:
+        def raw_sequential(start) -> int:
+            ds = raw_dataset()
+            start()
             return sum(b.num_rows for b in ds.to_batches(columns=COLUMNS, batch_size=256))
 
-        block = dict(shuffle=True, shuffle_block_size=1024, shuffle_window=8)
         blocks = np.random.default_rng(0).permutation(-(-args.rows // 1024))
 
-        def raw_blocks() -> int:
-            rows = 0
+        def raw_blocks(start) -> int:
+            ds, rows = raw_dataset(), 0
+            start()
             for b in blocks:
                 ids = np.arange(b * 1024, min(args.rows, (b + 1) * 1024))
                 rows += ds.take(ids, columns=COLUMNS).num_rows
             return rows
 
-        order = np.random.default_rng(1).permutation(args.rows)[:args.shuffle_rows]
+        shuffled = np.random.default_rng(1).permutation(args.rows)[:args.shuffle_rows]
 
-        def raw_takes() -> int:
-            return sum(ds.take(order[i:i + 256], columns=COLUMNS).num_rows
-                       for i in range(0, len(order), 256))
+        def raw_takes(start) -> int:
+            ds = raw_dataset()
+            start()
+            return sum(ds.take(shuffled[i:i + 256], columns=COLUMNS).num_rows
+                       for i in range(0, len(shuffled), 256))
 
-        cases = {
-            "sequential": (epoch(loader), raw_sequential),
-            "block shuffle 1024x8": (epoch(lambda: loader(**block)), raw_blocks),
-            "full shuffle": (epoch(lambda: loader(shuffle=True), args.shuffle_rows), raw_takes),
-        }
-        results = {}
-        for name, (ours, raw) in cases.items():
-            figures = {"loader": [], "raw": [], "loader req": [], "raw req": []}
-            for _ in range(args.repeats):
-                for side, fn in (("loader", ours), ("raw", raw)):
-                    s3.requests(reset=True)
-                    rate, rows = timed(fn)
-                    figures[side].append(rate)
-                    figures[f"{side} req"].append(1000 * sum(s3.requests().values()) / rows)
-            results[name] = {k: statistics.median(v) for k, v in figures.items()}
+        raws = {"sequential": raw_sequential, "block shuffle 1024x8": raw_blocks,
+                "full shuffle": raw_takes}
+        for name, order in ORDERS.items():
+            limit = args.shuffle_rows if name == "full shuffle" else None
+            ours, ours_req = median_run(s3, epochs(lambda o=order: loader(**o), 1, limit),
+                                        args.repeats)
+            raw, raw_req = median_run(s3, raws[name], args.repeats)
+            results[name] = {"loader": ours, "raw": raw, "loader req": ours_req,
+                             "raw req": raw_req}
+
+        for name, order in ORDERS.items():
+            def with_cache(epoch: int, o=order) -> float:
+                def run(start) -> int:
+                    with tempfile.TemporaryDirectory() as directory:
+                        return epochs(lambda: loader(cache=directory, **o), epoch)(start)
+                return median_run(s3, run, args.repeats)
+
+            fill, fill_req = with_cache(1)
+            second, second_req = with_cache(2)
+            on_disk, _ = median_run(s3, epochs(lambda o=order: loader(local, **o), 1),
+                                    args.repeats)
+            cached[name] = {"fill": fill, "fill req": fill_req, "second": second,
+                            "second req": second_req, "local": on_disk}
+
+        memory, memory_req = median_run(
+            s3, epochs(lambda: loader(cache="memory", shuffle=True), 2), args.repeats)
+
+        def raw_local(start) -> int:
+            ds = lance.dataset(local)
+            start()
+            return sum(b.num_rows for b in ds.to_batches(columns=COLUMNS, batch_size=256))
+
+        scan, _ = median_run(s3, raw_local, args.repeats)
     finally:
         proxy.stop()
         s3.stop()
 
     print(f"{args.rows:,} rows, {args.latency_ms:g} ms per request, loader "
           f"{args.workers} threads, medians of {args.repeats}")
+    print("\nwithout a cache: the loader vs raw Lance, both on the emulated store")
     print(f"{'case':<22}{'loader rows/s':>14}{'raw rows/s':>12}{'ratio':>8}"
           f"{'req/1k rows':>13}{'raw req/1k':>12}")
     for name, r in results.items():
         print(f"{name:<22}{r['loader']:>14,.0f}{r['raw']:>12,.0f}"
-              f"{r['loader'] / r['raw']:>7.2f}x{r['loader req']:>13.1f}{r['raw req']:>12.1f}")
+              f"{r['loader'] / r['raw']:>7.2f}x{r['loader req']:>13.2f}{r['raw req']:>12.2f}")
     seq, blk = results["sequential"], results["block shuffle 1024x8"]
     print(f"block / sequential (loader): {blk['loader'] / seq['loader']:.2f}x rows/s, "
           f"{blk['loader req'] / max(seq['loader req'], 1e-9):.2f}x requests per 1,000 rows")
+
+    print("\nwith cache= a directory: epoch 1 fills it (vs the same epoch without a cache), "
+          "epoch 2 reads it (vs the same order on local disk)")
+    print(f"{'case':<22}{'epoch 1':>11}{'time vs none':>14}{'req/1k':>8}{'epoch 2':>12}"
+          f"{'local disk':>12}{'ratio':>8}{'req/1k':>8}")
+    for name, c in cached.items():
+        print(f"{name:<22}{c['fill']:>11,.0f}{results[name]['loader'] / c['fill']:>13.2f}x"
+              f"{c['fill req']:>8.2f}{c['second']:>12,.0f}{c['local']:>12,.0f}"
+              f"{c['second'] / c['local']:>7.2f}x{c['second req']:>8.2f}")
+    seq, blk = cached["sequential"], cached["block shuffle 1024x8"]
+    print(f"block / sequential, epoch 1 through the cache: {blk['fill'] / seq['fill']:.2f}x "
+          f"rows/s, {blk['fill req'] / max(seq['fill req'], 1e-9):.2f}x requests per 1,000 rows")
+    print(f"\ncache='memory', full shuffle epoch 2: {memory:,.0f} rows/s "
+          f"({memory_req:.2f} req/1k rows) vs raw to_batches on local disk {scan:,.0f} rows/s: "
+          f"{memory / scan:.2f}x")
+
+    if args.rss:
+        print("\npeak RSS and the cache directory's largest size, cap below the data:")
+        context = multiprocessing.get_context("spawn")
+        for rows in (args.rows, 4 * args.rows):
+            path = write_demo_dataset(Path(scratch.name) / f"rss{rows}.lance", rows=rows)
+            cap = 40 << 20
+            queue = context.Queue()
+            child = context.Process(target=cache_footprint, args=(path, cap, queue))
+            child.start()
+            rss, largest = queue.get(timeout=600)
+            child.join()
+            print(f"  {rows:>9,} rows: peak RSS {rss / 2**20:,.0f} MiB; cache at most "
+                  f"{largest / 2**20:,.1f} MiB of a {cap / 2**20:,.0f} MiB cap")
+    scratch.cleanup()
 
 
 if __name__ == "__main__":

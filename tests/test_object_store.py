@@ -219,3 +219,42 @@ def test_the_verdict_names_storage_latency(s3, remote: str, local: str, proxy) -
     fast = ll.Loader(local, batch_size=100, columns=["id"], shuffle=True, num_workers=2)
     assert sum(len(b["id"]) for b in fast) == ROWS
     assert fast.stats().bottleneck.stage != "storage latency"
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_with_a_cache_later_epochs_make_no_request(s3, remote: str, local: str, tmp_path,
+                                                   order: str, worker_type: str) -> None:
+    settings = {"batch_size": 100, "columns": ["id", "x"], "seed": 3, **ORDERS[order]}
+    cached = ll.Loader(remote, storage_options=s3.storage_options, num_workers=2,
+                       worker_type=worker_type, cache=str(tmp_path / "cache"), **settings)
+    on_disk = ll.Loader(local, **settings)
+    for _ in range(2):
+        s3.requests(reset=True)
+        got, want = list(cached), list(on_disk)
+        assert [b["id"].tolist() for b in got] == [b["id"].tolist() for b in want]
+        assert all(np.array_equal(g["x"], w["x"]) for g, w in zip(got, want, strict=True))
+    assert sum(s3.requests().values()) == 0  # the second epoch: nothing asked of the store
+
+
+def test_a_filled_cache_serves_while_the_store_is_down(s3, remote: str, tmp_path,
+                                                       proxy) -> None:
+    """Fill through 503s (Lance retries them), then lose the store: the epoch still comes, all
+    of it, from the cache; a loader without a cache fails with a ReadError."""
+    options = {**s3.storage_options, "endpoint": proxy.endpoint, "timeout": "3s",
+               "client_retry_timeout": "5"}
+    settings = {"batch_size": 100, "columns": ["id"], "shuffle": True,
+                "storage_options": options, "num_workers": 2, "stall_timeout": 120}
+    cached = ll.Loader(remote, cache=str(tmp_path / "cache"), **settings)
+    plain = ll.Loader(remote, **settings)
+    proxy.set(fail_every=3)
+    assert sorted(ids_of(cached)) == list(range(ROWS))
+    proxy.set(down_s=600.0)
+    try:
+        assert sorted(ids_of(cached)) == list(range(ROWS))
+        with pytest.raises(ll.ReadError, match=remote):
+            ids_of(plain)
+    finally:
+        proxy.set()

@@ -122,12 +122,13 @@ class CleanReader:
         pickle.dump(obj, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
         self._proc.stdin.flush()
 
-    def read_table(self, positions: Any) -> tuple[pa.Table, int, int]:
-        """The rows at ``positions`` and the Lance I/O (bytes, IOPS) it took."""
+    def read_table(self, positions: Any) -> tuple[pa.Table, int, int, int]:
+        """The rows at ``positions``, the Lance I/O (bytes, IOPS) it took and the rows that
+        came from the cache."""
         with self._lock:
             self._send(positions)
             try:
-                kind, value, io_bytes, io_iops = pickle.load(self._proc.stdout)  # type: ignore[arg-type]
+                kind, value, io_bytes, io_iops, cached = pickle.load(self._proc.stdout)  # type: ignore[arg-type]
             except EOFError:
                 code = self._proc.wait()
                 raise RuntimeError(f"the clean reader process exited with status {code}") from None
@@ -137,7 +138,7 @@ class CleanReader:
         with pa.memory_map(str(path)) as source:
             table = pa.ipc.open_stream(source).read_all()
         path.unlink(missing_ok=True)
-        return table, io_bytes, io_iops
+        return table, io_bytes, io_iops, cached
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -167,13 +168,13 @@ def serve(prefix: str) -> None:
         except EOFError:
             return
         try:
-            table, io_bytes, io_iops = source.read_table_with_io(positions)
+            table, io_bytes, io_iops, cached = source.read_table_with_io(positions)
             path = SHM_DIR / f"{prefix}-{n}"
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
                 w.write_table(table)
-            answer: tuple[Any, ...] = ("ok", str(path), io_bytes, io_iops)
+            answer: tuple[Any, ...] = ("ok", str(path), io_bytes, io_iops, cached)
         except Exception as exc:
-            answer = ("error", picklable_error(exc), 0, 0)
+            answer = ("error", picklable_error(exc), 0, 0, 0)
         try:
             pickle.dump(answer, stdout, protocol=pickle.HIGHEST_PROTOCOL)
             stdout.flush()

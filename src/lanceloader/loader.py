@@ -40,6 +40,7 @@ from typing import Any
 import lance
 
 from lanceloader.arguments import check_bool, check_int, check_numbers, check_seconds
+from lanceloader.cache import MemoryCache
 from lanceloader.convert import Conversion, check_output, check_schema
 from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
@@ -95,6 +96,12 @@ class Loader:
         splits: ``{"train": 0.9, "val": 0.1}``: deterministic named splits; with ``split``.
         split: which split this loader reads.
         split_key: column whose value decides a row's split; default the row offset.
+        cache: keep the projected columns' data for later epochs: a local directory (shared
+            by every worker, loader and process that names it; also shares the filter/split
+            plan between them) or ``"memory"`` (this process's RAM, thread workers only);
+            default ``None``. See :mod:`lanceloader.cache` and the guide's "Object storage".
+        cache_size: the cache's cap in bytes; default half the directory's free disk space,
+            or half the available memory.
         shuffle: ``False`` reads in dataset order; ``True`` shuffles, differently each epoch.
         shuffle_block_size: rows read together when shuffling; 1 is a full random shuffle.
         shuffle_window: blocks whose rows are mixed together; default 8 (block shuffle only).
@@ -147,6 +154,8 @@ class Loader:
         splits: dict[str, float] | None = None,
         split: str | None = None,
         split_key: str | None = None,
+        cache: str | os.PathLike[str] | None = None,
+        cache_size: int | None = None,
         shuffle: bool = False,
         shuffle_block_size: int = 1,
         shuffle_window: int | None = None,
@@ -184,7 +193,12 @@ class Loader:
 
         self.source = Source(dataset, columns=columns, filter=filter, version=version,
                              storage_options=storage_options, splits=splits, split=split,
-                             split_key=split_key)
+                             split_key=split_key, cache=cache, cache_size=cache_size)
+        if worker_type == "process" and isinstance(self.source.cache, MemoryCache):
+            raise ValueError("cache='memory' keeps pieces in one process's memory, and each "
+                             "process worker would fill a copy of its own: with "
+                             "worker_type='process' give a directory, e.g. "
+                             "cache='/dev/shm/lance-cache' (in RAM, shared by the workers)")
         if transform is None:
             check_schema(self.source.schema_table().schema, conversion)
         self.batch_size = batch_size

@@ -44,6 +44,15 @@ import pyarrow as pa
 
 from lanceloader import forksafe
 from lanceloader.arguments import check_optional_str, check_storage_options
+from lanceloader.cache import (
+    FILL_FRACTION,
+    DiskCache,
+    MemoryCache,
+    fragment_key,
+    make_cache,
+    piece_name,
+    piece_rows,
+)
 from lanceloader.processes import picklable_error
 from lanceloader.splits import split_mask
 
@@ -236,6 +245,16 @@ class Source:
         split: the split to keep.
         split_key: column whose value decides a row's split; default: the row's offset in the
             pinned version (stable while the dataset is only appended to).
+        cache: ``None``, ``"memory"`` or a local directory: keep pieces of the projected
+            columns there, so later epochs read locally (see :mod:`lanceloader.cache`); a
+            directory also shares the filter/split plan between the ranks and processes that
+            use it.
+        cache_size: the cache's cap in bytes; default half the directory's free disk space,
+            or half the available memory.
+
+    Attributes set at construction: ``plan_origin``, how the filter/split row list was got:
+    ``"none"`` (no filter or split), ``"scan"`` (this process scanned the dataset) or
+    ``"cache"`` (another rank or process had, and shared it through the cache directory).
     """
 
     def __init__(
@@ -248,8 +267,11 @@ class Source:
         splits: dict[str, float] | None = None,
         split: str | None = None,
         split_key: str | None = None,
+        cache: str | os.PathLike[str] | None = None,
+        cache_size: int | None = None,
     ) -> None:
         check_storage_options(storage_options)
+        self.cache: DiskCache | MemoryCache | None = make_cache(cache, cache_size)
         check_optional_str("filter", filter, "'label = 3'")
         check_optional_str("split", split, "'train'")
         check_optional_str("split_key", split_key, "'id'")
@@ -277,8 +299,16 @@ class Source:
         self._fragment_starts = np.cumsum(
             [0] + [f.count_rows() for f in self._fragments], dtype=np.int64
         )
+        self.plan_origin = "none"
         self._rows: np.ndarray | None = self._select_rows(ds)
         self.bytes_per_row: float = self._bytes_per_row()
+        self._piece_rows = piece_rows(self.bytes_per_row)
+        self._fragment_keys = [fragment_key(f.metadata, self.columns, ds.schema)
+                               for f in self._fragments]
+        self._piece_base = np.cumsum(
+            [0] + [-(-int(n) // self._piece_rows) for n in np.diff(self._fragment_starts)],
+            dtype=np.int64)
+        self._piece_fill: tuple[np.ndarray, bool] | None = None  # per process, when first read
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
         if self.num_rows == 0:
             self._warn_empty()
@@ -306,10 +336,20 @@ class Source:
             raise ValueError(f"splits={self.splits} needs split=, one of {sorted(self.splits)}")
         if self.filter is None and self.splits is None:
             return None
-        scan_columns = ["_rowoffset"]
         if self.split_key is not None:
             _check_columns([self.split_key], ds.schema, what="split_key")
-            scan_columns.append(self.split_key)
+        if not isinstance(self.cache, DiskCache):
+            self.plan_origin = "scan"
+            return self._scan_rows(ds)
+        plan = json.dumps([self.identity, self.filter, self.splits, self.split, self.split_key])
+        name = "plan-" + hashlib.blake2b(plan.encode(), digest_size=12).hexdigest()
+        rows, made = self.cache.load_or_make(name, lambda: self._scan_rows(ds))
+        self.plan_origin = "scan" if made else "cache"
+        return rows
+
+    def _scan_rows(self, ds: lance.LanceDataset) -> np.ndarray:
+        """The planning scan: the Lance row offsets of the rows the filter and split keep."""
+        scan_columns = ["_rowoffset"] + ([self.split_key] if self.split_key is not None else [])
         try:
             table = ds.to_table(columns=scan_columns, filter=self.filter)
         except Exception as exc:  # Lance raises ValueError/OSError/RuntimeError for bad SQL
@@ -385,6 +425,12 @@ class Source:
             return int(self._fragment_starts[-1])
         return len(self._rows)
 
+    def fragment_positions(self) -> np.ndarray:
+        """The positions at which each fragment after the first begins (its first selected
+        row), sorted: where sequential reads end (``engine.py``)."""
+        starts = self._fragment_starts[1:-1]
+        return starts if self._rows is None else np.searchsorted(self._rows, starts)
+
     def row_offsets(self, positions: np.ndarray) -> np.ndarray:
         """Lance row offsets (in the pinned version) of the given positions."""
         positions = np.asarray(positions, dtype=np.int64)
@@ -398,8 +444,9 @@ class Source:
         """Like :meth:`read`, as a Table whose chunks are Lance's (no copy to merge them)."""
         return self.read_table_with_io(positions)[0]
 
-    def read_table_with_io(self, positions: np.ndarray) -> tuple[pa.Table, int, int]:
-        """:meth:`read_table`, plus the bytes and IOPS Lance spent on it (since its last read).
+    def read_table_with_io(self, positions: np.ndarray) -> tuple[pa.Table, int, int, int]:
+        """:meth:`read_table`, plus the bytes and IOPS Lance spent on it (since its last read)
+        and the rows that came from the cache.
 
         In a process forked after Lance ran (see ``forksafe.py``), a clean helper process reads.
         Any failure raises :class:`ReadError`.
@@ -409,9 +456,11 @@ class Source:
                 if self._reader is None or self._reader_pid != os.getpid():
                     self._reader, self._reader_pid = forksafe.CleanReader(self), os.getpid()
                 return self._reader.read_table(positions)
-            table = self._read_local(positions)
-            io = self.dataset.io_stats_incremental()
-            return table, io.read_bytes, io.read_iops
+            table, cached = self._read_local(positions)
+            if self._ds is None or self._pid != os.getpid():
+                return table, 0, 0, cached  # all from the cache: Lance not even opened here
+            io = self._ds.io_stats_incremental()
+            return table, io.read_bytes, io.read_iops, cached
         except (ReadError, *NOT_READ_FAILURES):
             raise
         except BaseException as exc:
@@ -459,18 +508,127 @@ class Source:
         more = len(np.unique(index)) - limit
         return ", ".join(parts) + (f" and {more} more fragments" if more > 0 else "")
 
-    def _read_local(self, positions: np.ndarray) -> pa.Table:
+    def _read_local(self, positions: np.ndarray) -> tuple[pa.Table, int]:
+        """The rows at ``positions`` and how many of them came from the cache."""
         offsets = self.row_offsets(positions)
+        if self.cache is None:
+            return self._read_offsets(offsets), 0
+        return self._read_cached(offsets)
+
+    def _read_offsets(self, offsets: np.ndarray) -> pa.Table:
+        """The rows at Lance ``offsets`` (any order, duplicates allowed), from Lance."""
         unique, inverse = np.unique(offsets, return_inverse=True)
         table, order = self._read_sorted(unique)
         if not (_is_identity(order) and _is_identity(inverse)):
             where = np.empty_like(order)
             where[order] = np.arange(len(order))
-            table = table.take(pa.array(where[inverse]))
+            table = table.take(pa.array(where[inverse]))  # one take: unique order, then request
         return table.select(self.columns)
 
+    def _fill_plan(self) -> tuple[np.ndarray, bool]:
+        """Per piece, the share of its rows the filter and split select; and whether all the
+        pieces worth keeping (that share >= FILL_FRACTION) fit in the cache together."""
+        if self._piece_fill is None:
+            assert self.cache is not None
+            sizes = np.concatenate([
+                np.diff(np.minimum(np.arange(0, int(n) + self._piece_rows, self._piece_rows), n))
+                for n in np.diff(self._fragment_starts)] or [np.zeros(0, np.int64)])
+            if self._rows is None:
+                selected = sizes
+            else:
+                fragment = self._fragment_of(self._rows)
+                local = self._rows - self._fragment_starts[fragment]
+                selected = np.bincount(self._piece_base[fragment] + local // self._piece_rows,
+                                       minlength=len(sizes))
+            share = selected / np.maximum(sizes, 1)
+            kept = sizes[share >= FILL_FRACTION].sum() * self.bytes_per_row
+            self._piece_fill = share, bool(kept <= self.cache.size)
+        return self._piece_fill
+
+    def _read_cached(self, offsets: np.ndarray) -> tuple[pa.Table, int]:
+        """:meth:`_read_offsets` through the cache: rows of pieces in the cache come from it;
+        a missing piece is filled whole when that is worth it (see :mod:`lanceloader.cache`),
+        the other rows are read from Lance. Returns the rows in the order of ``offsets`` and
+        how many came from the cache (or from a piece this read filled).
+
+        No sort of the offsets: the request is grouped by piece (a stable sort of the piece
+        numbers keeps the request's order within each piece), each piece gives its rows with
+        one ``take`` (a slice when they are consecutive), and one ``take`` restores the
+        request's order, when it is not already that.
+        """
+        assert self.cache is not None
+        if not len(offsets):
+            return self.schema_table().slice(0, 0), 0
+        share, fits = self._fill_plan()
+        size = self._piece_rows
+        fragment = self._fragment_of(offsets)
+        number = (offsets - self._fragment_starts[fragment]) // size
+        piece = self._piece_base[fragment] + number
+        order = (np.arange(len(piece)) if bool(np.all(piece[1:] >= piece[:-1]))
+                 else np.argsort(piece, kind="stable"))
+        grouped = piece[order]
+        breaks = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+        parts: list[pa.Table] = []
+        placed: list[np.ndarray] = []  # per part, the request index of each of its rows
+        direct: list[np.ndarray] = []
+        waiting: list[np.ndarray] = []
+
+        def name_of(i: int) -> str:
+            return piece_name(self._fragment_keys[int(fragment[i])], size, int(number[i]))
+
+        def load(i: int) -> Any:
+            frag, start = int(fragment[i]), int(number[i]) * size
+
+            def piece_table() -> pa.Table:
+                _ = self.dataset  # opened in this process (a worker opens it at its first miss)
+                return self._fragments[frag].to_table(columns=self.columns, offset=start,
+                                                      limit=size)
+            return piece_table
+
+        def take(table: pa.Table, request: np.ndarray) -> None:
+            i = int(request[0])
+            rows = offsets[request] - (self._fragment_starts[fragment[i]] + number[i] * size)
+            first = int(rows[0])
+            consecutive = int(rows[-1]) - first + 1 == len(rows) and bool(
+                np.all(np.diff(rows) == 1))
+            parts.append(table.slice(first, len(rows)) if consecutive
+                         else table.take(pa.array(rows)))
+            placed.append(request)
+
+        for group in np.split(order, breaks):
+            i = int(group[0])
+            table = self.cache.get(name_of(i))
+            if table is None:
+                frag, p = int(fragment[i]), int(piece[i])
+                rows = min(size, int(self._fragment_starts[frag + 1] - self._fragment_starts[frag])
+                           - int(number[i]) * size)
+                if share[p] < FILL_FRACTION or not (
+                        fits or len(np.unique(offsets[group])) >= FILL_FRACTION * rows):
+                    direct.append(group)
+                    continue
+                table = self.cache.fill(name_of(i), load(i), block=False)
+                if table is None:  # another worker is filling it: first do the rest
+                    waiting.append(group)
+                    continue
+            take(table, group)
+        for group in waiting:
+            table = self.cache.fill(name_of(int(group[0])), load(int(group[0])), block=True)
+            assert table is not None
+            take(table, group)
+        cached = sum(len(p) for p in placed)
+        if direct:
+            request = np.concatenate(direct)
+            parts.append(self._read_offsets(offsets[request]))
+            placed.append(request)
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        where = np.concatenate(placed) if len(placed) > 1 else placed[0]
+        if not _is_identity(where):
+            table = _in_order(table, where)
+        return table.select(self.columns), cached
+
     def _read_sorted(self, offsets: np.ndarray) -> tuple[pa.Table, np.ndarray]:
-        """Read sorted unique offsets; returns the rows and, per row, its index in ``offsets``."""
+        """Read sorted unique offsets from Lance; returns the rows and, per row, its index in
+        ``offsets``."""
         ds = self.dataset
         fragment_of = self._fragment_of(offsets)
         breaks = np.flatnonzero((np.diff(offsets) != 1) | (np.diff(fragment_of) != 0)) + 1
@@ -633,6 +791,13 @@ def _check_columns(columns: list[str] | None, schema: pa.Schema, what: str = "co
     if not columns:
         raise ValueError(f"{what} is empty; name at least one of {schema.names}, or pass None for all")
     return columns
+
+
+def _in_order(table: pa.Table, placed: np.ndarray) -> pa.Table:
+    """``table`` reordered so that its row ``i`` goes to place ``placed[i]`` (a permutation)."""
+    where = np.empty_like(placed)
+    where[placed] = np.arange(len(placed))
+    return table.take(pa.array(where))
 
 
 def _is_identity(order: np.ndarray) -> bool:

@@ -44,7 +44,8 @@ from typing import Any
 
 COUNTERS = (
     "batches", "rows", "nbytes", "wall_s", "read_s", "transform_s", "convert_s", "wait_s",
-    "step_s", "rows_read", "rows_skipped", "io_bytes", "io_iops", "depth_sum", "depth_samples",
+    "step_s", "rows_read", "rows_skipped", "rows_cached", "io_bytes", "io_iops", "depth_sum",
+    "depth_samples",
 )
 
 
@@ -82,6 +83,7 @@ class Stats:
     workers: int
     queue_depth_mean: float
     bottleneck: Verdict = field(compare=False)
+    rows_cached: int = 0  # rows read from the loader's cache (``cache=``), not from storage
 
     @property
     def rows_per_s(self) -> float:
@@ -121,7 +123,9 @@ class Stats:
             ("throughput", f"{self.rows_per_s:,.0f} rows/s, {self.bytes_per_s / 1e6:,.1f} MB/s"),
             ("storage I/O", f"{self.io_bytes / 1e6:,.1f} MB, {self.io_iops:,} IOPS "
                             f"({self.requests_per_1000_rows:,.1f} requests per 1,000 rows), "
-                            f"{self.io_bandwidth / 1e6:,.1f} MB/s while reading"),
+                            f"{self.io_bandwidth / 1e6:,.1f} MB/s while reading"
+                            + (f"; {100 * self.rows_cached / self.rows_read:.0f}% of rows from "
+                               "the cache" if self.rows_cached and self.rows_read else "")),
             ("read", f"{self.read_s:.2f} s ({100 * self.read_s / cap:.0f}% of {self.workers} "
                      f"worker{'s' if self.workers != 1 else ''})" if cap else "-"),
             ("transform", f"{self.transform_s:.2f} s ({100 * self.transform_s / cap:.0f}% of workers)" if cap else "-"),
@@ -166,6 +170,13 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool) -> Verdict:
     share = busy[stage] / max(sum(busy.values()), 1e-12)
     evidence = (f"the loop waited {100 * waited:.0f}% of the time; workers spent "
                 f"{100 * share:.0f}% of their busy time in {stage}")
+    if stage == "read" and s.get("rows_cached", 0) >= 0.9 * max(1, s["rows_read"]):
+        return Verdict(
+            "cache reads", f"{evidence}, {100 * s['rows_cached'] / s['rows_read']:.0f}% of rows "
+            "from the cache",
+            "add workers (num_workers) up to the number of cores; with a cache directory, "
+            "cache='memory' (or a directory on /dev/shm) reads faster when the data fits in RAM",
+        )
     small_requests = s["io_bytes"] < SMALL_REQUEST_BYTES * max(1, s.get("io_iops", 0))
     if stage == "read" and small_requests and _seconds_per_request(s) > LATENCY_BOUND_S:
         return Verdict(
@@ -174,8 +185,8 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool) -> Verdict:
             f"read time ({s['io_bytes'] / max(1, s['io_iops']) / 1e3:,.0f} KB on average)",
             "make each request carry more rows: a block shuffle (shuffle_block_size=1024) "
             "instead of a full shuffle, bigger reads (rows_per_read); keep more requests in "
-            "flight (num_workers); or copy the dataset to local disk (lance.write_dataset of "
-            "its rows) when it fits",
+            "flight (num_workers); or cache=, a local directory (or 'memory'), so that later "
+            "epochs read locally",
         )
     if stage == "read":
         hint = ("use a block shuffle (shuffle_block_size=1024) instead of a full shuffle, or "
@@ -232,9 +243,10 @@ class Recorder:
         return self._current
 
     def task(self, seconds: dict[str, float], rows_read: int, io_bytes: int, io_iops: int,
-             rows_skipped: int, in_flight: int) -> None:
+             rows_skipped: int, in_flight: int, rows_cached: int = 0) -> None:
         """A worker's task arrived at the consumer."""
         c = self._current
+        c["rows_cached"] += rows_cached
         for stage, value in seconds.items():
             c[f"{stage}_s"] += value
         c["rows_read"] += rows_read
@@ -308,5 +320,5 @@ class Recorder:
             rows_undelivered=int(c["rows_read"] - c["rows"] - c["rows_skipped"]),
             io_bytes=int(c["io_bytes"]), io_iops=int(c["io_iops"]), workers=workers,
             queue_depth_mean=c["depth_sum"] / depth_n if depth_n else 0.0,
-            bottleneck=verdict(c, workers, shuffle_random),
+            bottleneck=verdict(c, workers, shuffle_random), rows_cached=int(c["rows_cached"]),
         )

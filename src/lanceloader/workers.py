@@ -65,6 +65,7 @@ class TaskResult:
     seconds: dict[str, float]
     io_bytes: int = 0
     io_iops: int = 0
+    rows_cached: int = 0
     rows_skipped: int = 0
     spans: list[tuple[str, float, float, dict[str, Any]]] = field(default_factory=list)
     lane: str = ""
@@ -115,7 +116,7 @@ class BatchWork:
         positions = self.order.positions(task.epoch, task.samples)
         with _annotate("lanceloader.read"):
             try:
-                table, io_bytes, io_iops = self.source.read_table_with_io(positions)
+                table, io_bytes, io_iops, cached = self.source.read_table_with_io(positions)
             except ReadError as exc:
                 exc.batches, exc.epoch = task.batches, task.epoch
                 raise
@@ -124,7 +125,7 @@ class BatchWork:
         if self.trace:
             spans.append(("read", t0, t1, {"first_batch": task.batches[0], "rows": len(positions)}))
         lane = f"{threading.current_thread().name} (pid {os.getpid()})"
-        result = TaskResult([], [], [], seconds, io_bytes, io_iops, spans=spans, lane=lane)
+        result = TaskResult([], [], [], seconds, io_bytes, io_iops, cached, spans=spans, lane=lane)
         # Arrow bytes per row, once per read (per batch it costs ~10 µs): exact for fixed-width
         # columns, the read's average for strings.
         bytes_per_row = table.nbytes / max(1, table.num_rows)

@@ -66,3 +66,40 @@ def test_sigkill_then_resume_on_one_and_two_ranks(tmp_path: Path) -> None:
         assert torch.load(out)["step"] == 50
         for name, value in params(out).items():
             torch.testing.assert_close(value, reference[name], rtol=1e-5, atol=1e-6)
+
+
+PLAN_SCRIPT = """
+import sys
+import torch.distributed as dist
+import lanceloader as ll
+
+dist.init_process_group("gloo")
+data, cache = sys.argv[1], sys.argv[2]
+options = dict(batch_size=8, filter="label = 3", splits={"a": 0.5, "b": 0.5}, split="a")
+shared = ll.Loader(data, cache=cache, **options)
+alone = ll.Loader(data, **options)
+ids = sorted(int(i) for b in shared for i in b["id"])
+assert ids == sorted(int(i) for b in alone for i in b["id"])
+print(f"rank {dist.get_rank()}: cache {shared.source.plan_origin}, "
+      f"alone {alone.source.plan_origin}, rows {len(ids)}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_scan_a_filter_plan_once_through_the_cache(tmp_path: Path) -> None:
+    """The planning scan of filter + split: once per machine with cache=, once per rank
+    without."""
+    data = write_demo_dataset(tmp_path / "data.lance", rows=4000, fragments=2)
+    script = tmp_path / "plan.py"
+    script.write_text(PLAN_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(script), data, str(tmp_path / "cache")]
+    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=240)
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    if len(lines) < 2:
+        print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")
+    assert len(lines) == 2 and (done.returncode == 0 or TEARDOWN_ABORT in done.stderr)
+    origins = [line.split(": ")[1] for line in lines]
+    assert sorted(o.split(",")[0] for o in origins) == ["cache cache", "cache scan"]
+    assert all("alone scan" in o for o in origins)

@@ -56,6 +56,8 @@ class MapDataset(torch.utils.data.Dataset):
         version: version number or tag to pin; default the latest at construction.
         storage_options: object-store options passed to Lance.
         splits, split, split_key: deterministic named splits, as for ``Loader``.
+        cache, cache_size: a local cache of the data, as for ``Loader``: a directory is shared
+            by the DataLoader's workers; ``"memory"`` is per worker process.
         transform: ``fn(pyarrow.RecordBatch) -> batch`` run on each batch read, or a list of
             them (applied in order); a returned RecordBatch is converted to ``output``,
             anything else is passed through.
@@ -95,6 +97,8 @@ class MapDataset(torch.utils.data.Dataset):
         splits: dict[str, float] | None = None,
         split: str | None = None,
         split_key: str | None = None,
+        cache: str | os.PathLike[str] | None = None,
+        cache_size: int | None = None,
         transform: Transform | Sequence[Transform] | None = None,
         on_error: OnError = "raise",
         max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
@@ -114,6 +118,8 @@ class MapDataset(torch.utils.data.Dataset):
             splits=splits,
             split=split,
             split_key=split_key,
+            cache=cache,
+            cache_size=cache_size,
         )
         if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)

@@ -1,0 +1,340 @@
+"""Cache: pieces of the pinned version's projected columns, kept on local disk or in memory.
+
+Object stores charge a round trip per request, and a shuffle makes many small ones. The cache
+turns every epoch after the first into local reads, in any order: a *piece* is up to
+:data:`PIECE_BYTES` of Arrow data, ``piece_rows`` consecutive rows of one fragment, in the
+projected columns. A read that misses a piece downloads the whole piece with one range read
+(Lance's fastest path on an object store), keeps it, and takes its rows from it.
+
+Which pieces are kept (``Source._read_cached``): a piece is filled when at least 1/8 of its rows
+are selected (filter and split), and either the whole selection fits in the cache (so a full
+shuffle's first epoch downloads each piece once, in big reads, instead of row by row) or this
+read wants at least 1/8 of the piece (sequential and block reads). Otherwise the rows come from
+Lance as without a cache, so a cache smaller than the data never thrashes.
+
+Keys: a piece's name hashes the fragment's metadata (id, row count, data and deletion files:
+Lance never rewrites a file it wrote), the projected columns and their types, the piece size
+and its number. So it never serves rows of another dataset, version or projection, and versions
+that share fragments (an append) share their pieces.
+
+Two kinds:
+
+``DiskCache`` (``cache="/path"``)
+    Arrow IPC files in one directory, shared by every worker, loader and process of the machine
+    that uses it. Filling is safe under concurrency: a piece's lock (``flock``, released by the
+    kernel when its holder dies, so never stale) makes one download per piece; the file is
+    written under a temporary name and renamed (atomic publish: no reader sees half a file).
+    Readers map files (``mmap``) without copying. Eviction: least recently used first (a read
+    touches the file's mtime), under the directory's lock, before a piece is published, so the
+    directory never holds more than ``cache_size`` bytes (a piece bigger than the cap is used
+    once and not kept). A file evicted while a reader maps it stays readable until unmapped.
+``MemoryCache`` (``cache="memory"``)
+    The same pieces as Arrow tables in this process's memory, least recently used out first,
+    within ``cache_size`` bytes, shared by the loader's worker threads. A process worker would
+    hold a copy each, so ``worker_type="process"`` asks for a directory instead (``/dev/shm/…``
+    keeps it in RAM and shares it).
+
+The directory also holds the plans of filters and splits (``plan-*.npy``, see
+``Source._select_rows``): every rank and worker of a machine computes a plan once.
+
+>>> import pyarrow as pa, tempfile
+>>> cache = DiskCache(tempfile.mkdtemp(), size=1 << 20)
+>>> cache.get("a") is None
+True
+>>> cache.fill("a", lambda: pa.table({"x": [1, 2, 3]}), block=True).num_rows
+3
+>>> cache.get("a").column("x").to_pylist()
+[1, 2, 3]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import os
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lanceloader import lifetime
+
+# Arrow bytes a piece aims at: big enough that a download is a few large requests (each column
+# of a piece is one range read), small enough that a few workers filling pieces stay within the
+# loader's memory bound (a piece is in memory while it is written).
+PIECE_BYTES = 16 << 20
+MIN_PIECE_ROWS = 1024
+# A piece is worth downloading whole when a read wants at least this share of its rows.
+FILL_FRACTION = 1 / 8
+SUFFIX = ".arrow"
+LOCK = ".lock"  # empty files whose flock guards a piece (and the directory): never counted
+TEMPORARY = ".tmp-"
+# Temporary files of a writer that died are removed by the next eviction once this old.
+STALE_TEMPORARY_S = 3600.0
+
+
+def piece_rows(bytes_per_row: float) -> int:
+    """Rows per piece for rows of ``bytes_per_row`` Arrow bytes: about :data:`PIECE_BYTES`.
+
+    >>> piece_rows(268.0), piece_rows(0.0), piece_rows(1e9)
+    (62601, 1048576, 1024)
+    """
+    if bytes_per_row <= 0:
+        return 1 << 20
+    return int(min(1 << 20, max(MIN_PIECE_ROWS, PIECE_BYTES // bytes_per_row)))
+
+
+def fragment_key(metadata: Any, columns: list[str], schema: pa.Schema) -> str:
+    """A name for one fragment's data in ``columns``: it changes with any file of the fragment,
+    its deletions, the projection or a column's type, and with nothing else (not the URI)."""
+    deletion = metadata.deletion_file
+    parts = [metadata.id, metadata.physical_rows, [f.path for f in metadata.files],
+             None if deletion is None else [deletion.id, deletion.num_deleted_rows],
+             [(c, str(schema.field(c).type)) for c in columns]]
+    blob = json.dumps(parts, separators=(",", ":"), default=str).encode()
+    return hashlib.blake2b(blob, digest_size=12).hexdigest()
+
+
+def piece_name(fragment: str, rows: int, number: int) -> str:
+    """The cache name of piece ``number`` (of ``rows`` rows each) of a fragment."""
+    return f"{fragment}-{rows}-{number}"
+
+
+def make_cache(cache: object, cache_size: object) -> DiskCache | MemoryCache | None:
+    """The cache a user asked for: ``None``, ``"memory"`` or a directory (str or path), with
+    ``cache_size`` bytes (default: half the free disk space of the directory, or half the
+    memory available, when the cache is made)."""
+    if cache_size is not None and (isinstance(cache_size, bool) or not isinstance(cache_size, int)
+                                   or cache_size < 1):
+        raise ValueError(f"cache_size must be a number of bytes >= 1 (e.g. 50 * 2**30), got "
+                         f"{cache_size!r}")
+    if cache is None:
+        if cache_size is not None:
+            raise ValueError("cache_size= needs cache=, a directory (e.g. '/nvme/lance-cache') "
+                             "or 'memory'")
+        return None
+    if cache == "memory":
+        if cache_size is None:
+            cache_size = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        return MemoryCache(cache_size)
+    if not isinstance(cache, str | os.PathLike):
+        raise TypeError(f"cache must be None, 'memory' or a directory, got the "
+                        f"{type(cache).__name__} {cache!r}")
+    root = Path(cache)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cache={os.fspath(cache)!r}: cannot create the cache directory "
+                         f"({exc.strerror}); give a writable local directory") from exc
+    if cache_size is None:
+        cache_size = shutil.disk_usage(root).free // 2
+    return DiskCache(root, cache_size)
+
+
+class DiskCache:
+    """Pieces as Arrow IPC files in ``root``, at most ``size`` bytes; see the module's text.
+
+    Pickles as its directory and size: workers and helper processes open the same directory.
+    ``fills`` counts the pieces this object (in this process) downloaded.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], size: int) -> None:
+        self.root = Path(root)
+        self.size = int(size)
+        self.fills = 0
+        self._count = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"root": self.root, "size": self.size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["root"], state["size"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"DiskCache({os.fspath(self.root)!r}, size={self.size})"
+
+    def _path(self, name: str) -> Path:
+        return self.root / (name + SUFFIX)
+
+    def get(self, name: str) -> pa.Table | None:
+        """The piece ``name``, mapped from its file, or None when the cache lacks it."""
+        path = self._path(name)
+        try:
+            source = pa.memory_map(os.fspath(path))
+        except FileNotFoundError:
+            return None
+        try:
+            table = pa.ipc.open_file(source).read_all()
+        except (pa.ArrowInvalid, OSError):  # damaged on disk: drop it, it is filled again
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(path)  # least recently used goes first
+        return table
+
+    @contextlib.contextmanager
+    def _lock(self, name: str, block: bool) -> Iterator[bool]:
+        """Hold the lock of ``name`` (``.lock`` file; a dead holder's lock is released by the
+        kernel). Yields False, without waiting, when another holds it and ``block`` is False."""
+        fd = os.open(self.root / f".{name}{LOCK}", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def fill(self, name: str, load: Callable[[], pa.Table], block: bool) -> pa.Table | None:
+        """The piece ``name``, from the cache or made by ``load()`` and published; one process
+        or thread loads a piece at a time. Returns None, at once, when another is loading it
+        and ``block`` is False."""
+        with self._lock(name, block) as held:
+            if not held:
+                return None
+            table = self.get(name)
+            if table is None:
+                table = load().combine_chunks()
+                self.put(name, table)
+                with self._count:
+                    self.fills += 1
+        return table
+
+    def load_or_make(self, name: str, make: Callable[[], np.ndarray]) -> tuple[np.ndarray, bool]:
+        """The array ``name`` (a ``.npy`` file), made by ``make()`` once for everyone that asks
+        for it at the same time; returns it and whether this call made it."""
+        path = self.root / (name + ".npy")
+        with self._lock(name, block=True):
+            try:
+                array = np.load(path)
+                os.utime(path)
+                return array, False
+            except (FileNotFoundError, ValueError, OSError):
+                array = make()
+            buffer = io.BytesIO()
+            np.save(buffer, array)
+            self._publish(path, buffer.getvalue())
+        return array, True
+
+    def put(self, name: str, table: pa.Table) -> None:
+        """Publish ``table`` as ``name`` (after evicting what the cap needs); a table bigger than
+        the whole cache is not kept."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        self._publish(self._path(name), sink.getvalue())
+
+    def _publish(self, path: Path, data: bytes | pa.Buffer) -> None:
+        if len(data) > self.size:
+            return
+        with self._lock("directory", block=True):  # the directory's lock: eviction and publishing
+            self._evict(self.size - len(data))
+            temporary = path.with_name(f"{TEMPORARY}{lifetime.NAMESPACE}-{os.getpid()}-"
+                                       f"{threading.get_ident()}-{path.name}")
+            with open(temporary, "wb") as file:
+                file.write(memoryview(data))
+            os.replace(temporary, path)
+
+    def _evict(self, room: int) -> None:
+        """Remove least recently used files until at most ``room`` bytes are in use."""
+        files, used, now = [], 0, time.time()
+        for entry in os.scandir(self.root):
+            if entry.name.endswith(LOCK):
+                continue
+            try:
+                stat = entry.stat()
+            except FileNotFoundError:
+                continue
+            if entry.name.startswith(TEMPORARY) and now - stat.st_mtime > STALE_TEMPORARY_S:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)  # a writer died between writing and renaming
+                continue
+            files.append((stat.st_mtime, stat.st_size, entry.path))
+            used += stat.st_size
+        for _, size, path in sorted(files):
+            if used <= room:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            used -= size
+
+    def used_bytes(self) -> int:
+        """Bytes the cache's files take now."""
+        used = 0
+        for entry in os.scandir(self.root):
+            with contextlib.suppress(FileNotFoundError):  # evicted meanwhile
+                used += 0 if entry.name.endswith(LOCK) else entry.stat().st_size
+        return used
+
+
+class MemoryCache:
+    """Pieces as Arrow tables in this process, at most ``size`` bytes; see the module's text.
+
+    Pickles as its size alone: another process starts with an empty cache of its own.
+    ``fills`` counts the pieces it loaded.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+        self.fills = 0
+        self._tables: OrderedDict[str, pa.Table] = OrderedDict()
+        self._used = 0
+        self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
+
+    def __repr__(self) -> str:
+        return f"MemoryCache(size={self.size})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"size": self.size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["size"])  # type: ignore[misc]
+
+    def get(self, name: str) -> pa.Table | None:
+        with self._lock:
+            table = self._tables.get(name)
+            if table is not None:
+                self._tables.move_to_end(name)
+            return table
+
+    def fill(self, name: str, load: Callable[[], pa.Table], block: bool) -> pa.Table | None:
+        with self._lock:
+            loading = self._loading.setdefault(name, threading.Lock())
+        if not loading.acquire(blocking=block):
+            return None
+        try:
+            table = self.get(name)
+            if table is None:
+                table = load().combine_chunks()
+                self.put(name, table)
+                with self._lock:
+                    self.fills += 1
+            return table
+        finally:
+            loading.release()
+
+    def put(self, name: str, table: pa.Table) -> None:
+        if table.nbytes > self.size:
+            return
+        with self._lock:
+            while self._tables and self._used + table.nbytes > self.size:
+                _, old = self._tables.popitem(last=False)
+                self._used -= old.nbytes
+            self._tables[name] = table
+            self._used += table.nbytes
+
+    def used_bytes(self) -> int:
+        return self._used
