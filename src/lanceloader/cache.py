@@ -225,27 +225,44 @@ class DiskCache:
                 array = make()
             buffer = io.BytesIO()
             np.save(buffer, array)
-            self._publish(path, buffer.getvalue())
+            data = buffer.getvalue()
+            self._publish(path, len(data), lambda file: file.write(data))
         return array, True
 
     def put(self, name: str, table: pa.Table) -> None:
         """Publish ``table`` as ``name`` (after evicting what the cap needs); a table bigger than
         the whole cache is not kept."""
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        self._publish(self._path(name), sink.getvalue())
+        # The IPC file's size: the data, each buffer padded to 64 bytes, and the messages.
+        buffers = sum(len(chunk.buffers()) for column in table.columns for chunk in column.chunks)
+        estimate = table.nbytes + 64 * (buffers + 8) + 4096 * (table.num_columns + 2)
 
-    def _publish(self, path: Path, data: bytes | pa.Buffer) -> None:
-        if len(data) > self.size:
+        def write(file: Any) -> None:
+            with pa.ipc.new_file(pa.PythonFile(file, mode="w"), table.schema) as writer:
+                writer.write_table(table)
+        self._publish(self._path(name), estimate, write)
+
+    def _publish(self, path: Path, size: int, write: Callable[[Any], None]) -> None:
+        """Make room for ``size`` bytes and reserve them (a temporary file of that size, so
+        that every other writer's eviction counts it), under the directory's lock; then, without
+        the lock (writers in parallel), ``write(file)`` into it, trim it and rename it into
+        place (atomic: readers see the whole file or none)."""
+        if size > self.size:
             return
-        with self._lock("directory", block=True):  # the directory's lock: eviction and publishing
-            self._evict(self.size - len(data))
-            temporary = path.with_name(f"{TEMPORARY}{lifetime.NAMESPACE}-{os.getpid()}-"
-                                       f"{threading.get_ident()}-{path.name}")
+        temporary = path.with_name(f"{TEMPORARY}{lifetime.NAMESPACE}-{os.getpid()}-"
+                                   f"{threading.get_ident()}-{path.name}")
+        with self._lock("directory", block=True):
+            self._evict(self.size - size)
             with open(temporary, "wb") as file:
-                file.write(memoryview(data))
+                os.posix_fallocate(file.fileno(), 0, size)
+        try:
+            with open(temporary, "r+b") as file:
+                write(file)
+                file.truncate(file.tell())
             os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
 
     def _evict(self, room: int) -> None:
         """Remove least recently used files until at most ``room`` bytes are in use."""
@@ -257,12 +274,13 @@ class DiskCache:
                 stat = entry.stat()
             except FileNotFoundError:
                 continue
-            if entry.name.startswith(TEMPORARY) and now - stat.st_mtime > STALE_TEMPORARY_S:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)  # a writer died between writing and renaming
-                continue
-            files.append((stat.st_mtime, stat.st_size, entry.path))
             used += stat.st_size
+            if not entry.name.startswith(TEMPORARY):
+                files.append((stat.st_mtime, stat.st_size, entry.path))
+            elif now - stat.st_mtime > STALE_TEMPORARY_S:  # its writer died before renaming
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                used -= stat.st_size
         for _, size, path in sorted(files):
             if used <= room:
                 break

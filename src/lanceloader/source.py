@@ -6,8 +6,10 @@ in ``[0, num_rows)`` to a Lance row offset, and reads any list of positions as o
 ``RecordBatch`` in exactly that order.
 
 Reads coalesce: the requested rows are sorted and deduplicated, contiguous runs become range reads
-of one fragment (Lance's fastest path, measured in ``benchmarks/``), the scattered rest becomes
-one ``take``, and the result is put back into the requested order with one Arrow ``take``.
+of one fragment (Lance's fastest path on local disk, measured in ``benchmarks/``), the scattered
+rest becomes one ``take`` (on object storage, everything is one ``take``), and the result is put
+back into the requested order with one Arrow ``take``. With ``cache=``, reads go through the
+cache first (:mod:`lanceloader.cache`).
 
 Errors: every failure of a read is raised as :class:`ReadError` (an ``OSError``), which names the
 URI, the pinned version, the fragments and rows read and, from a worker, the batches; the
@@ -60,6 +62,9 @@ _logger = logging.getLogger("lanceloader")
 
 # Runs of at least this many contiguous rows are read as fragment ranges; shorter runs join one
 # `take`, which beats many small range reads (measured: 1024-row blocks 3.0M vs 1.5M rows/s).
+# On object storage every read is one `take`: Lance then sends all of a read's requests at once,
+# where range reads one after another each wait for the store (S3 emulated with 20 ms per
+# request: sequential 1.19x, block shuffle 1.05x the rows/s of range reads of >= 4,096 rows).
 MIN_RANGE_ROWS = 4096
 # Object-store requests Lance makes give up after these (given as storage_options where the user
 # set none of them): a request may take 30 s, its retries 30 s more. Without them, opening a
@@ -630,6 +635,8 @@ class Source:
         """Read sorted unique offsets from Lance; returns the rows and, per row, its index in
         ``offsets``."""
         ds = self.dataset
+        if is_object_store(self.uri):  # one take: Lance sends all its requests at once
+            return ds.take(offsets, columns=self.columns), np.arange(len(offsets))
         fragment_of = self._fragment_of(offsets)
         breaks = np.flatnonzero((np.diff(offsets) != 1) | (np.diff(fragment_of) != 0)) + 1
         starts = np.concatenate(([0], breaks))
