@@ -182,15 +182,12 @@ class Stream(Iterator[Any]):
         work = reading.work
         if self._tracing:
             work = dataclasses.replace(work, trace=True)
-        source = work.source
-        # A sequential read ends where a fragment does: a read within one fragment is a few
-        # big requests, one across two costs one per column more (measured on S3, 20 ms each).
         # On object storage every read costs the store's latency whatever its size, so reads
-        # start at full size there instead of ramping up from one batch.
+        # start at full size there instead of ramping up from one batch (a full shuffle's first
+        # 20,000 rows on S3 emulated with 20 ms per request: 39x faster; a sequential epoch 1.42x).
         tasks = read_tasks(epoch, plan, reading.batches_per_read, batches,
                            window_rows=work.order.window_rows,
-                           boundaries=None if work.order.shuffle else source.fragment_positions(),
-                           ramp=not is_object_store(source.uri))
+                           ramp=not is_object_store(work.source.uri))
         pool = ProcessPool if reading.worker_type == "process" else OrderedPrefetcher
         self._pool: OrderedPrefetcher[Any, TaskResult] | ProcessPool = pool(
             work, tasks, reading.num_workers, reading.reads_in_flight, reading.stall_timeout)

@@ -121,45 +121,40 @@ class ReadTask:
 
 
 def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = None,
-               window_rows: int | None = None, boundaries: np.ndarray | None = None,
-               ramp: bool = True) -> Iterator[ReadTask]:
+               window_rows: int | None = None, ramp: bool = True) -> Iterator[ReadTask]:
     """Tasks over ``batches`` (default: all of the plan; any step) of 1, 2, 4, ... batches, up
     to ``per_read`` (a fast first batch, then big reads; with ``ramp=False`` all of
-    ``per_read``), cut on the boundaries of an order's windows of ``window_rows`` samples
-    (``Order.window_rows``) where they fall on batches, and on the batches holding the samples
-    ``boundaries`` (a sequential order's fragment starts: see :func:`boundary_cuts`).
+    ``per_read`` from the first), cut on the boundaries of an order's windows of
+    ``window_rows`` samples (``Order.window_rows``) where they fall on batches.
 
     >>> [t.batches for t in read_tasks(0, Plan(100, 10), per_read=4)]
     [range(0, 1), range(1, 3), range(3, 7), range(7, 10)]
-    >>> [t.batches for t in read_tasks(0, Plan(100, 10), per_read=4, ramp=False,
-    ...                                boundaries=np.array([0, 55]))]
-    [range(0, 4), range(4, 5), range(5, 9), range(9, 10)]
+    >>> [t.batches for t in read_tasks(0, Plan(100, 10), per_read=4, ramp=False)]
+    [range(0, 4), range(4, 8), range(8, 10)]
     """
     align = window_alignment(plan, window_rows)
-    cuts = None if boundaries is None else boundary_cuts(plan, boundaries)
     for chosen in read_ranges(range(len(plan)) if batches is None else batches, per_read, align,
-                              cuts, ramp):
+                              ramp):
         samples, sizes = plan.samples(chosen)
         yield ReadTask(epoch, chosen, samples, tuple(sizes))
 
 
 def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = None,
-                cuts: np.ndarray | None = None, ramp: bool = True) -> Iterator[range]:
+                ramp: bool = True) -> Iterator[range]:
     """The batch numbers of each read over ``batches``: 1, 2, 4, ... of them, up to ``per_read``
     (``ramp=False``: ``per_read`` from the first).
 
     With ``align=(first, every)`` (see :func:`window_alignment`), a read that would end past a
     batch number ``first + k * every`` ends at the last such number instead: reads then start
-    and end on a block shuffle's window boundaries and fetch whole blocks. Likewise a read ends
-    at the first of the sorted batch numbers ``cuts`` past its start. Ranges with a step other
-    than 1 are not aligned.
+    and end on a block shuffle's window boundaries and fetch whole blocks. Ranges with a step
+    other than 1 are not aligned.
 
     >>> list(read_ranges(range(10), per_read=4))
     [range(0, 1), range(1, 3), range(3, 7), range(7, 10)]
     >>> list(read_ranges(range(10), per_read=4, align=(0, 4)))
     [range(0, 1), range(1, 3), range(3, 4), range(4, 8), range(8, 10)]
-    >>> list(read_ranges(range(10), per_read=4, cuts=np.array([5]), ramp=False))
-    [range(0, 4), range(4, 5), range(5, 9), range(9, 10)]
+    >>> list(read_ranges(range(10), per_read=4, ramp=False))
+    [range(0, 4), range(4, 8), range(8, 10)]
     """
     first, size = 0, 1 if ramp else per_read
     while first < len(batches):
@@ -169,25 +164,9 @@ def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = N
             last = boundary + (end - boundary) // every * every  # the last boundary <= end
             if first < last < end:
                 end = last
-        if cuts is not None and batches.step == 1:
-            at = np.searchsorted(cuts, batches.start + first, side="right")
-            if at < len(cuts):
-                end = min(end, int(cuts[at]) - batches.start)
         chosen = batches[first:end]
         yield chosen
         first, size = first + len(chosen), min(2 * size, per_read)
-
-
-def boundary_cuts(plan: Plan, boundaries: np.ndarray) -> np.ndarray:
-    """The sorted batch numbers of ``plan`` at which reads end so that none spans one of the
-    epoch's samples ``boundaries``: the batch holding each boundary starts a read (a batch
-    that straddles it reads a few rows of the earlier fragment too).
-
-    >>> boundary_cuts(Plan(100, 10), np.array([0, 30, 55, 99]))
-    array([3, 5, 9])
-    """
-    batch = (np.asarray(boundaries, dtype=np.int64) - plan.start) // plan.global_batch_size
-    return np.unique(batch[(batch > 0) & (batch < len(plan))])
 
 
 def window_alignment(plan: Plan, window_rows: int | None) -> tuple[int, int] | None:

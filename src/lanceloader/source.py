@@ -430,12 +430,6 @@ class Source:
             return int(self._fragment_starts[-1])
         return len(self._rows)
 
-    def fragment_positions(self) -> np.ndarray:
-        """The positions at which each fragment after the first begins (its first selected
-        row), sorted: where sequential reads end (``engine.py``)."""
-        starts = self._fragment_starts[1:-1]
-        return starts if self._rows is None else np.searchsorted(self._rows, starts)
-
     def row_offsets(self, positions: np.ndarray) -> np.ndarray:
         """Lance row offsets (in the pinned version) of the given positions."""
         positions = np.asarray(positions, dtype=np.int64)
