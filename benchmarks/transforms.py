@@ -64,7 +64,7 @@ import pyarrow as pa
 
 import lanceloader
 from lanceloader import Loader
-from lanceloader.convert import to_output
+from lanceloader.conversion import to_output
 from lanceloader.images import decode_images
 
 HERE = Path(__file__).resolve().parent

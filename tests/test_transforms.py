@@ -13,7 +13,7 @@ from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import lanceloader as ll
-from lanceloader.convert import Conversion, to_output
+from lanceloader.conversion import Conversion, to_output
 from lanceloader.images import decode_images, normalise
 from lanceloader.text import tokenize
 from lanceloader.transforms import (

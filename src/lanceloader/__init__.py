@@ -5,11 +5,13 @@
 >>> for batch in loader: ...                                                # doctest: +SKIP
 """
 
-from lanceloader.convert import Conversion, ConversionError
+from lanceloader.conversion import Conversion, ConversionError
 from lanceloader.engine import StallError
 from lanceloader.images import decode_images, normalise
+from lanceloader.ingest import ConvertSummary, convert
 from lanceloader.integrations.tensorflow import as_tf_dataset
 from lanceloader.loader import EpochIterator, Loader, LoaderInUseError
+from lanceloader.materialize import materialize
 from lanceloader.order import Order
 from lanceloader.plan import Plan
 from lanceloader.processes import WorkerDiedError
@@ -22,6 +24,7 @@ from lanceloader.transforms import TooManyRowErrors, TransformOutputError, compo
 __all__ = [
     "Conversion",
     "ConversionError",
+    "ConvertSummary",
     "EpochIterator",
     "Loader",
     "LoaderInUseError",
@@ -37,9 +40,11 @@ __all__ = [
     "WorkerDiedError",
     "as_tf_dataset",
     "compose",
+    "convert",
     "decode_images",
     "load_state",
     "map_rows",
+    "materialize",
     "normalise",
     "save_state",
     "tokenize",

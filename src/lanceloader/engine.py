@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from lanceloader.convert import Conversion, to_output
+from lanceloader.conversion import Conversion, to_output
 from lanceloader.cursor import Cursor
 from lanceloader.order import Order
 from lanceloader.plan import Plan, read_tasks

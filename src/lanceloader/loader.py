@@ -41,7 +41,7 @@ import lance
 
 from lanceloader.arguments import check_bool, check_int, check_numbers, check_seconds
 from lanceloader.cache import MemoryCache
-from lanceloader.convert import Conversion, check_output, check_schema
+from lanceloader.conversion import Conversion, check_output, check_schema
 from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
 from lanceloader.engine import (

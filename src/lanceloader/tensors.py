@@ -1,7 +1,7 @@
 """NumPy arrays to torch, JAX or TensorFlow tensors, imported only when asked for; and what every
 step of the conversion shares: :class:`ConversionError` and checked casts.
 
-``convert.py`` turns Arrow columns into NumPy arrays (zero-copy where Arrow allows); this module
+``conversion.py`` turns Arrow columns into NumPy arrays (zero-copy where Arrow allows); this module
 wraps those arrays for the framework: ``torch.from_numpy`` (no copy), ``jax.device_put`` (no copy
 on the CPU when aligned), ``tf.convert_to_tensor`` (a copy).
 

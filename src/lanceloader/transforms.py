@@ -1,7 +1,7 @@
 """Transforms: functions of a batch that run in the worker pool, before the output conversion.
 
 A transform takes a ``pyarrow.RecordBatch`` and returns one, which the worker then converts to the
-loader's output (``convert.py``); anything else it returns is passed through. The ready-made ones
+loader's output (``conversion.py``); anything else it returns is passed through. The ready-made ones
 here return Arrow, so they chain with :func:`compose` and feed every output format, zero-copy:
 
 * :func:`map_rows` lifts ``fn(row: dict) -> dict`` to a batch transform;

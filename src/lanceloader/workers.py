@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.convert import Conversion, as_conversion, to_output
+from lanceloader.conversion import Conversion, as_conversion, to_output
 from lanceloader.order import Order
 from lanceloader.plan import ReadTask
 from lanceloader.source import ReadError, Source, to_record_batch

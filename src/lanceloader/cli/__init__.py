@@ -1,11 +1,12 @@
-"""Command line: ``lanceloader demo``, ``lanceloader bench`` and ``lanceloader inspect``.
+"""Command line: ``lanceloader demo``, ``bench``, ``inspect`` and ``convert``.
 
 ``demo`` runs one epoch of each order mode (sequential, block shuffle, full shuffle) on a
 generated or given dataset and prints rows/s, MB/s and time to first batch. ``bench`` runs the
 Loader with the given settings and a progress bar, then prints ``loader.stats()`` (a table and
 the bottleneck verdict); it can also write the stats and a throughput time series as JSON, a PNG
 plot and a Perfetto trace. ``inspect`` describes a dataset: versions, schema, rows, fragments,
-bytes per column, and what each column becomes as a NumPy array.
+bytes per column, and what each column becomes as a NumPy array. ``convert`` writes images,
+Parquet, CSV or a saved Hugging Face dataset to Lance (:func:`lanceloader.convert`).
 
 Bad arguments and bad input (a missing dataset, an unknown column, a bad filter, a transform that
 cannot be imported) print one line on stderr and exit with code 2.
@@ -16,7 +17,7 @@ Example::
     $ lanceloader bench data/train.lance --shuffle --block-size 1024 --json stats.json
     $ lanceloader inspect data/train.lance
 
-Each command lives in its own module (``demo.py``, ``bench.py``, ``inspect.py``); this one
+Each command lives in its own module (``demo.py``, ``bench.py``, ``inspect.py``, ``convert.py``); this one
 holds the parser and ``main``, and ``errors.py`` the bad-input handling they share.
 """
 
@@ -27,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from lanceloader.cli import bench, demo, inspect
+from lanceloader.cli import bench, convert, demo, inspect
 from lanceloader.cli.errors import INPUT_ERRORS as INPUT_ERRORS
 from lanceloader.cli.errors import CommandError, one_line
 from lanceloader.cli.errors import input_errors as input_errors
@@ -162,6 +163,36 @@ def add_inspect(sub: Any) -> None:
     i.set_defaults(run=inspect.inspect)
 
 
+CONVERT_EPILOG = """\
+examples:
+  lanceloader convert images/train data/train.lance        # ImageFolder: root/<class>/<image>
+  lanceloader convert parquet_dir/ data/table.lance
+  lanceloader convert data.csv data/table.lance --mode append
+  lanceloader convert hf_saved/ data/hf.lance               # a datasets.save_to_disk directory
+"""
+
+
+def add_convert(sub: Any) -> None:
+    c = sub.add_parser(
+        "convert",
+        help="write images, Parquet, CSV or a saved Hugging Face dataset to Lance",
+        description="Stream a source into a new Lance dataset: a folder of images in the\n"
+        "ImageFolder layout, Parquet or CSV files (or a directory of them), or a directory\n"
+        "written by datasets' save_to_disk.",
+        epilog=CONVERT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument("source", help="the images' root folder, a file, or a directory of files")
+    c.add_argument("out", help="the Lance dataset to write (local path or object store URI)")
+    c.add_argument("--mode", choices=("create", "overwrite", "append"), default="create")
+    c.add_argument("--on-error", choices=("skip", "raise"), default="skip",
+                   help="an unreadable image: skip and list it (default), or stop")
+    c.add_argument("--resize", type=positive_int, metavar="PX",
+                   help="re-encode images as JPEG with the longer side at most PX pixels")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(run=convert.convert)
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``lanceloader`` argument parser with its subcommands."""
     p = OneLineParser(
@@ -181,6 +212,7 @@ def parser() -> argparse.ArgumentParser:
     d.set_defaults(run=demo.demo)
     add_bench(sub)
     add_inspect(sub)
+    add_convert(sub)
     return p
 
 

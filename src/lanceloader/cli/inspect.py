@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from lanceloader.cli.errors import input_errors, one_line
-from lanceloader.convert import LENGTHS_SUFFIX, check_schema, to_output
+from lanceloader.conversion import LENGTHS_SUFFIX, check_schema, to_output
 from lanceloader.source import Source
 
 INSPECT_SAMPLE_ROWS = 16

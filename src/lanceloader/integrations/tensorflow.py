@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from lanceloader.convert import LENGTHS_SUFFIX
+from lanceloader.conversion import LENGTHS_SUFFIX
 from lanceloader.loader import Loader
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.utils.data
 
 from lanceloader.arguments import check_bool
-from lanceloader.convert import Conversion, check_output, check_schema, to_output
+from lanceloader.conversion import Conversion, check_output, check_schema, to_output
 from lanceloader.engine import Reading, Stream, batches_per_read
 from lanceloader.integrations.torch.collation import Rows, watch_training_process
 from lanceloader.order import Order

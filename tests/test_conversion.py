@@ -16,7 +16,7 @@ from lance.arrow import BFloat16Array
 
 import lanceloader as ll
 from lanceloader import tensors
-from lanceloader.convert import (
+from lanceloader.conversion import (
     Conversion,
     ConversionError,
     Padded,
@@ -505,7 +505,7 @@ def test_float64_is_not_mistaken_for_bfloat16_without_ml_dtypes() -> None:
     # float64 columns into garbage whenever ml_dtypes had not been imported yet.
     code = (
         "import sys, pyarrow as pa\n"
-        "from lanceloader.convert import to_output\n"
+        "from lanceloader.conversion import to_output\n"
         "out = to_output(pa.record_batch({'d': pa.array([1.5, 2.5])}), 'torch')\n"
         "assert 'ml_dtypes' not in sys.modules, 'test needs ml_dtypes unimported'\n"
         "print(out['d'].dtype, out['d'].tolist())\n"
