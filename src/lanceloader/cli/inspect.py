@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 from typing import Any
 
 import numpy as np
@@ -186,7 +187,26 @@ def inspect_lines(
         *version_lines(ds, source.version, ds.latest_version),
         f"columns    {len(source.schema)}",
         *aligned(rows),
+        *lineage_lines(source.schema),
     ]
+
+
+def lineage_lines(schema: pa.Schema) -> list[str]:
+    """Where a copy written by ``ll.materialize`` or ``ll.convert`` came from, or nothing."""
+    metadata = schema.metadata or {}
+    lines = []
+    if b"lanceloader.lineage" in metadata:
+        facts = json.loads(metadata[b"lanceloader.lineage"])
+        order = facts.get("order") or {}
+        shuffle = ("sequential" if not order.get("shuffle") else
+                   f"shuffled (block {order.get('block_size')}, seed {order.get('seed')})")
+        lines.append(f"materialised from {facts['source']} (version {facts['version']}, "
+                     f"identity {facts['identity']}), epoch {facts['epoch']}, {shuffle}; "
+                     f"filter {facts.get('filter')!r}, split {facts.get('split')!r}, "
+                     f"transform {facts.get('transform')!r}")
+    if b"lanceloader.classes" in metadata:
+        lines.append(f"classes    {', '.join(json.loads(metadata[b'lanceloader.classes']))}")
+    return lines
 
 
 def inspect(args: argparse.Namespace) -> int:
