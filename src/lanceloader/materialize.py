@@ -77,7 +77,8 @@ def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
                 num_workers: int | None = None, progress: bool | None = None
                 ) -> lance.LanceDataset:
     """Write epoch ``epoch`` of ``loader`` (all ranks' rows, in order) to ``out_uri``; returns
-    the new dataset. See the module's text for the contract.
+    the new dataset. See the module's text for the contract (``lanceloader.ray.materialize``
+    does the same on a Ray cluster).
 
     Args:
         mode: ``"create"`` (an existing dataset is an error) or ``"overwrite"``.
@@ -86,57 +87,106 @@ def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
         num_workers: the loader's workers by default.
         progress: a progress bar on stderr; default when stderr is a terminal.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    check_int("rows_per_fragment", rows_per_fragment, minimum=1)
-    check_int("epoch", epoch, minimum=0)
-    out = os.fspath(out_uri)
-    if mode == "create" and _exists(out):
-        raise FileExistsError(f"{out!r} already holds a Lance dataset; pass mode='overwrite' to "
-                              "replace it with a new version")
-    source = loader.source
-    plan = Plan(source.num_rows, loader.batch_size)
-    per_piece = max(1, rows_per_fragment // loader.batch_size)
-    pieces = [range(start, min(start + per_piece, len(plan)))
-              for start in range(0, len(plan), per_piece)]
-    facts = lineage(loader, epoch)
-    fingerprint = hashlib.blake2b(json.dumps([facts, per_piece], sort_keys=True, default=str)
-                                  .encode(), digest_size=12).hexdigest()
-    progress_path = Path(out) / PROGRESS_FILE
-    done = _progress(progress_path, fingerprint)
+    job = Job.start(loader, out_uri, epoch, mode, rows_per_fragment)
+    show = sys.stderr.isatty() if progress is None else progress
+    with tqdm(total=len(job.pieces), initial=len(job.pieces) - len(job.todo()), unit="piece",
+              desc="materialize", file=sys.stderr, disable=not show) as bar:
+        for number in job.todo():
+            job.record(number, *write_piece(job.loader, job.out, job.epoch, job.pieces[number],
+                                            job.metadata, num_workers))
+            bar.update(1)
+    return job.commit()
+
+
+@dataclasses.dataclass
+class Job:
+    """One materialisation: the epoch cut into pieces of whole batches, the pieces already
+    written (``<out>/_lanceloader_materialize.json``, kept only for the same settings) and the
+    one commit. Pieces can be written anywhere (:func:`write_piece`: this process, or Ray
+    workers); the job records them and commits, in this process."""
+
+    loader: Any
+    out: str
+    epoch: int
+    pieces: list[range]
+    metadata: dict[bytes, bytes]
+    done: dict[str, Any]
+
+    @classmethod
+    def start(cls, loader: Any, out_uri: str | os.PathLike[str], epoch: int, mode: str,
+              rows_per_fragment: int) -> Job:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        check_int("rows_per_fragment", rows_per_fragment, minimum=1)
+        check_int("epoch", epoch, minimum=0)
+        out = os.fspath(out_uri)
+        if mode == "create" and _exists(out):
+            raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
+                                  "mode='overwrite' to replace it with a new version")
+        plan = epoch_plan(loader)
+        per_piece = max(1, rows_per_fragment // loader.batch_size)
+        pieces = [range(start, min(start + per_piece, len(plan)))
+                  for start in range(0, len(plan), per_piece)]
+        facts = lineage(loader, epoch)
+        fingerprint = hashlib.blake2b(json.dumps([facts, per_piece], sort_keys=True, default=str)
+                                      .encode(), digest_size=12).hexdigest()
+        done = _progress(Path(out) / PROGRESS_FILE, fingerprint)
+        return cls(loader, out, epoch, pieces,
+                   {LINEAGE_KEY: json.dumps(facts, default=str).encode()}, done)
+
+    def todo(self) -> list[int]:
+        """The numbers of the pieces still to write."""
+        return [n for n in range(len(self.pieces)) if str(n) not in self.done["pieces"]]
+
+    def record(self, number: int, fragments: list[dict[str, Any]], schema: str) -> None:
+        """Piece ``number`` is written (its fragments' metadata and schema, as
+        :func:`write_piece` returns them): saved at once, so a rerun skips it."""
+        self.done["pieces"][str(number)] = {"fragments": fragments, "schema": schema}
+        _save_progress(Path(self.out) / PROGRESS_FILE, self.done)
+
+    def commit(self) -> lance.LanceDataset:
+        """The one commit: every piece's fragments, in order, as a new version."""
+        written = [self.done["pieces"][str(n)] for n in range(len(self.pieces))]
+        schemas = {piece["schema"] for piece in written if piece["fragments"]}
+        if not schemas:
+            raise ValueError(f"the loader's epoch {self.epoch} has no rows: nothing to "
+                             "materialise")
+        if len(schemas) > 1:
+            raise ValueError("the transform returned different columns or types in different "
+                             "batches; make it return one schema")
+        schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schemas.pop())))
+        fragments = [FragmentMetadata.from_json(json.dumps(f))
+                     for piece in written for f in piece["fragments"]]
+        dataset = lance.LanceDataset.commit(
+            self.out, lance.LanceOperation.Overwrite(schema, fragments),
+            read_version=_version(self.out))
+        (Path(self.out) / PROGRESS_FILE).unlink(missing_ok=True)
+        return dataset
+
+
+def epoch_plan(loader: Any) -> Plan:
+    """The plan of a whole epoch of ``loader`` on one rank (every row, no padding)."""
+    return Plan(loader.source.num_rows, loader.batch_size)
+
+
+def write_piece(loader: Any, out: str, epoch: int, batches: range,
+                metadata: dict[bytes, bytes], num_workers: int | None = None
+                ) -> tuple[list[dict[str, Any]], str]:
+    """Run ``loader``'s pipeline over ``batches`` of its epoch ``epoch`` and write them to
+    ``out`` as uncommitted fragments; returns their metadata and the schema (hex of its IPC
+    bytes). Runs in any process: the loader pickles as plain parameters."""
     reading = loader.reading(num_workers or loader.num_workers)
     reading = dataclasses.replace(reading, finish=None, placement=None, work=dataclasses.replace(
         reading.work, output=as_conversion("arrow")))
-    show = sys.stderr.isatty() if progress is None else progress
-    schema: pa.Schema | None = None
-    with tqdm(total=source.num_rows, unit="row", desc="materialize", file=sys.stderr,
-              disable=not show) as bar:
-        for number, batches in enumerate(pieces):
-            if str(number) in done["pieces"]:
-                bar.update(sum(plan.batch_samples(b).size for b in batches))
-                continue
-            stream = Stream(reading, epoch, plan, batches, Recorder())
-            tables = [_to_arrow(batch) for batch in stream]
-            table = pa.concat_tables(tables) if tables else None
-            if table is None:
-                continue
-            schema = schema or table.schema.with_metadata(
-                {LINEAGE_KEY: json.dumps(facts, default=str).encode()})
-            fragments = write_fragments(table.cast(schema), out, schema=schema,
-                                        max_rows_per_file=max(table.num_rows, 1))
-            done["pieces"][str(number)] = [f.to_json() for f in fragments]
-            done["schema"] = schema.serialize().to_pybytes().hex()
-            _save_progress(progress_path, done)
-            bar.update(table.num_rows)
-    if "schema" not in done:
-        raise ValueError(f"the loader's epoch {epoch} has no rows: nothing to materialise")
-    schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(done["schema"])))
-    fragments = [FragmentMetadata.from_json(json.dumps(f))
-                 for number in sorted(done["pieces"], key=int) for f in done["pieces"][number]]
-    dataset = lance.LanceDataset.commit(out, lance.LanceOperation.Overwrite(schema, fragments),
-                                        read_version=_version(out))
-    progress_path.unlink(missing_ok=True)
-    return dataset
+    tables = [_to_arrow(batch) for batch in Stream(reading, epoch, epoch_plan(loader), batches,
+                                                   Recorder())]
+    if not tables:
+        return [], ""
+    table = pa.concat_tables(tables)
+    schema = table.schema.with_metadata(metadata)
+    fragments = write_fragments(table.replace_schema_metadata(metadata), out, schema=schema,
+                                max_rows_per_file=max(table.num_rows, 1))
+    return [f.to_json() for f in fragments], schema.serialize().to_pybytes().hex()
 
 
 def _exists(uri: str) -> bool:

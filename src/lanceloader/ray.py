@@ -1,0 +1,171 @@
+"""Ray Data: :func:`materialize` and :func:`convert` executed on a Ray cluster, for
+preprocessing that one machine cannot do in time. ``import lanceloader.ray`` imports Ray;
+``lanceloader`` does not.
+
+Both plan on the driver and run the work as Ray Data tasks (``map_batches``), then commit the
+output once, on the driver:
+
+* :func:`materialize` cuts the loader's epoch into the same pieces as
+  :func:`lanceloader.materialize`; each Ray task runs the loader's pipeline over one piece (the
+  loader pickles as plain parameters) and writes it as uncommitted Lance fragments. The driver
+  records each finished piece (so a rerun resumes) and commits them in order: the output rows
+  are the single-machine version's, row for row.
+* :func:`convert` reads an ImageFolder tree or Parquet files with Ray tasks (images: one task per
+  chunk of files, each checked, unreadable ones skipped and listed) and writes the fragments;
+  the same rows as :func:`lanceloader.convert`.
+
+For Ray Data users who want a ``ray.data.Dataset`` of a Lance dataset rather than a Loader:
+``ray.data.read_lance(uri, columns=..., filter=...)`` is Ray's own reader; it has no order of
+ours (no seed, no resume). Train from a materialised copy with a Loader per Ray Train worker
+instead, as the guide's "Preprocess once" page shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import ray
+import ray.data
+from lance.fragment import FragmentMetadata, write_fragments
+
+from lanceloader.ingest import CLASSES_KEY, IMAGE_SUFFIXES, ConvertSummary, _checked_image
+from lanceloader.materialize import Job, write_piece
+
+__all__ = ["convert", "materialize"]
+
+
+def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
+                mode: str = "create", rows_per_fragment: int = 256 * 1024,
+                concurrency: int | None = None, num_workers: int = 1) -> lance.LanceDataset:
+    """:func:`lanceloader.materialize` with each piece written by a Ray Data task.
+
+    Args:
+        concurrency: Ray tasks at once; default Ray's choice.
+        num_workers: the loader's worker threads inside each task.
+    """
+    job = Job.start(loader, out_uri, epoch, mode, rows_per_fragment)
+    todo = job.todo()
+    if todo:
+        out, metadata = job.out, job.metadata
+        pieces = {n: (job.pieces[n].start, job.pieces[n].stop) for n in todo}
+
+        def write(batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+            numbers, fragments, schemas = [], [], []
+            for number in batch["piece"].tolist():
+                start, stop = pieces[number]
+                written, schema = write_piece(loader, out, epoch, range(start, stop), metadata,
+                                              num_workers)
+                numbers.append(number)
+                fragments.append(json.dumps(written))
+                schemas.append(schema)
+            return {"piece": numbers, "fragments": fragments, "schema": schemas}
+
+        tasks = ray.data.from_items([{"piece": n} for n in todo], override_num_blocks=len(todo))
+        for row in tasks.map_batches(write, batch_size=1, concurrency=concurrency).iter_rows():
+            job.record(int(row["piece"]), json.loads(row["fragments"]), row["schema"])
+    return job.commit()
+
+
+def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
+            mode: str = "create", files_per_task: int = 256,
+            concurrency: int | None = None) -> ConvertSummary:
+    """:func:`lanceloader.convert` of an ImageFolder tree or of Parquet files, read and written
+    by Ray Data tasks and committed once. Rows come in the same order as the single-machine
+    version (class by class, files sorted; Parquet files in name order)."""
+    import time
+
+    started = time.perf_counter()
+    root = Path(source)
+    out = os.fspath(out_uri)
+    if mode not in ("create", "overwrite"):
+        raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
+    if mode == "create":
+        try:
+            lance.dataset(out)
+        except (ValueError, OSError):
+            pass
+        else:
+            raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
+                                  "mode='overwrite' to replace it")
+    if root.is_file() or any(root.rglob("*.parquet")):
+        files = [root] if root.is_file() else sorted(root.rglob("*.parquet"))
+        chunks = [[os.fspath(f)] for f in files]
+        metadata: dict[bytes, bytes] = {}
+
+        def read(paths: list[str]) -> tuple[pa.Table, list[tuple[str, str]]]:
+            import pyarrow.parquet as pq
+
+            return pq.read_table(paths[0]), []
+    else:
+        classes = sorted(p for p in root.iterdir() if p.is_dir())
+        items = [(os.fspath(image), label) for label, folder in enumerate(classes)
+                 for image in sorted(folder.rglob("*")) if image.suffix.lower() in IMAGE_SUFFIXES]
+        if not items:
+            raise ValueError(f"{os.fspath(root)!r} holds no Parquet files and no class folders "
+                             "of images")
+        chunks = [items[i:i + files_per_task] for i in range(0, len(items), files_per_task)]
+        metadata = {CLASSES_KEY: json.dumps([c.name for c in classes]).encode()}
+        base = os.fspath(root)
+
+        def read(paths: list[Any]) -> tuple[pa.Table, list[tuple[str, str]]]:
+            images, labels, names, skipped = [], [], [], []
+            for path, label in paths:
+                relative = os.path.relpath(path, base)
+                try:
+                    images.append(_checked_image(Path(path).read_bytes(), None))
+                except Exception as exc:  # damaged images are skipped and listed
+                    skipped.append((relative, f"{type(exc).__name__}: {exc}"))
+                    continue
+                labels.append(int(label))
+                names.append(relative)
+            return pa.table({"image": pa.array(images, pa.binary()),
+                             "label": pa.array(labels, pa.int64()),
+                             "path": pa.array(names, pa.string())}), skipped
+
+    def task(batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+        numbers, fragments, schemas, skipped, rows, nbytes = [], [], [], [], [], []
+        for number in batch["chunk"].tolist():
+            table, left_out = read(chunks[number])
+            for i, f in enumerate(table.schema):
+                if f.name in ("label", "labels") and pa.types.is_integer(f.type):
+                    table = table.set_column(i, f.name, table.column(i).cast(pa.int64()))
+            table = table.replace_schema_metadata(metadata or None)
+            written = write_fragments(table, out, schema=table.schema,
+                                      max_rows_per_file=max(1, table.num_rows)) \
+                if table.num_rows else []
+            numbers.append(number)
+            fragments.append(json.dumps([f.to_json() for f in written]))
+            schemas.append(table.schema.serialize().to_pybytes().hex())
+            skipped.append(json.dumps(left_out))
+            rows.append(table.num_rows)
+            nbytes.append(table.nbytes)
+        return {"chunk": numbers, "fragments": fragments, "schema": schemas,
+                "skipped": skipped, "rows": rows, "nbytes": nbytes}
+
+    tasks = ray.data.from_items([{"chunk": n} for n in range(len(chunks))],
+                                override_num_blocks=len(chunks))
+    results = sorted(tasks.map_batches(task, batch_size=1, concurrency=concurrency).iter_rows(),
+                     key=lambda r: int(r["chunk"]))
+    schemas = {r["schema"] for r in results if r["rows"]}
+    if len(schemas) != 1:
+        raise ValueError("the files disagree on their schema (or hold no rows): convert them "
+                         "with lanceloader.convert to see which two disagree")
+    schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schemas.pop())))
+    fragments = [FragmentMetadata.from_json(json.dumps(f)) for r in results
+                 for f in json.loads(r["fragments"])]
+    try:
+        read_version = lance.dataset(out).version
+    except (ValueError, OSError):
+        read_version = None
+    dataset = lance.LanceDataset.commit(out, lance.LanceOperation.Overwrite(schema, fragments),
+                                        read_version=read_version)
+    skipped = tuple(tuple(s) for r in results for s in json.loads(r["skipped"]))
+    return ConvertSummary(out, dataset.version, sum(int(r["rows"]) for r in results),
+                          sum(int(r["nbytes"]) for r in results),
+                          time.perf_counter() - started, skipped)  # type: ignore[arg-type]
