@@ -56,10 +56,14 @@ def test_an_image_folder_round_trips(tmp_path):
 
 def test_unreadable_images_are_skipped_and_listed_or_raise(tmp_path):
     root = image_folder(tmp_path / "images", broken=("dog/bad.jpg",))
+    whole = (root / "cat" / "0.jpg").read_bytes()
+    (root / "cat" / "cut.jpg").write_bytes(whole[: len(whole) // 2])  # truncated by a copy
     summary = ll.convert(root, tmp_path / "out.lance", progress=False)
-    assert summary.rows == 6 and [item for item, _ in summary.skipped] == ["dog/bad.jpg"]
-    assert "skipped 1: dog/bad.jpg" in str(summary)
-    with pytest.raises(ValueError, match=r"cannot read the image .*bad\.jpg.*on_error='skip'"):
+    assert summary.rows == 6
+    assert dict(summary.skipped).keys() == {"cat/cut.jpg", "dog/bad.jpg"}
+    assert "truncated" in dict(summary.skipped)["cat/cut.jpg"]
+    assert "skipped 2: cat/cut.jpg" in str(summary)
+    with pytest.raises(ValueError, match=r"cannot read the image .*cut\.jpg.*truncated.*on_error='skip'"):
         ll.convert(root, tmp_path / "again.lance", on_error="raise", progress=False)
 
 

@@ -56,6 +56,8 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 LABEL_COLUMNS = ("label", "labels")
 CLASSES_KEY = b"lanceloader.classes"
 MODES = ("create", "overwrite", "append")
+TABLE_BATCH_ROWS = 65_536  # rows per batch streamed to Lance (bigger batches: fewer calls)
+IMAGE_BATCH_ROWS = 1024  # image files read (in parallel) and written together
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class ConvertSummary:
 
 
 def convert(source: Any, out_uri: str | os.PathLike[str], *, mode: str = "create",
-            on_error: str = "skip", resize: int | None = None, batch_rows: int = 1024,
+            on_error: str = "skip", resize: int | None = None, batch_rows: int | None = None,
             max_rows_per_file: int = 1024 * 1024, num_workers: int | None = None,
             storage_options: dict[str, str] | None = None,
             progress: bool | None = None) -> ConvertSummary:
@@ -97,7 +99,8 @@ def convert(source: Any, out_uri: str | os.PathLike[str], *, mode: str = "create
         on_error: ``"skip"`` an unreadable image and list it in the summary, or ``"raise"``.
         resize: images only: re-encode every image as JPEG with its longer side at most this
             many pixels; default: keep the bytes as they are.
-        batch_rows: rows per batch streamed to Lance (images: files read together).
+        batch_rows: rows per batch streamed to Lance; default 65,536 (images: 1,024 files read
+            together).
         max_rows_per_file: rows per Lance data file (a fragment).
         num_workers: threads reading and checking images; default the number of cores.
         storage_options: for an object-store ``out_uri``, passed to Lance.
@@ -110,7 +113,8 @@ def convert(source: Any, out_uri: str | os.PathLike[str], *, mode: str = "create
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
-    check_int("batch_rows", batch_rows, minimum=1)
+    if batch_rows is not None:
+        check_int("batch_rows", batch_rows, minimum=1)
     check_int("max_rows_per_file", max_rows_per_file, minimum=1)
     if resize is not None:
         check_int("resize", resize, minimum=1)
@@ -170,7 +174,7 @@ def _exists(uri: str, storage_options: dict[str, str] | None) -> bool:
 def _open_source(source: Any, **options: Any
                  ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
     """The schema, a stream of batches and (when known) the row count of ``source``."""
-    batch_rows = options["batch_rows"]
+    batch_rows = options["batch_rows"] = options["batch_rows"] or TABLE_BATCH_ROWS
     kind = f"{type(source).__module__.split('.')[0]}.{type(source).__name__}"
     if kind == "pandas.DataFrame":
         source = pa.Table.from_pandas(source, preserve_index=False)
@@ -206,6 +210,8 @@ def _open_source(source: Any, **options: Any
     if files and not classes:
         return _from_files(files, batch_rows)
     if classes:
+        if options["batch_rows"] == TABLE_BATCH_ROWS:
+            options["batch_rows"] = IMAGE_BATCH_ROWS
         return _from_image_folder(path, classes, **options)
     raise ValueError(f"{os.fspath(path)!r} holds no Parquet or CSV files and no class folders "
                      "of images (root/<class>/<image>)")
@@ -271,22 +277,26 @@ def _from_image_folder(root: Path, classes: list[Path], *, skipped: list[tuple[s
     schema = pa.schema([("image", pa.binary()), ("label", pa.int64()), ("path", pa.string())],
                        metadata={CLASSES_KEY: json.dumps(names).encode()})
 
-    def read(item: tuple[Path, int]) -> tuple[bytes | None, str]:
-        image, _ = item
-        try:
-            data = image.read_bytes()
-            return _checked_image(data, resize), ""
-        except Exception as exc:  # PIL raises several types for damaged files
-            why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))
-            return None, f"{type(exc).__name__}: {why}"
+    def read(items: list[tuple[Path, int]]) -> list[tuple[bytes | None, str]]:
+        out: list[tuple[bytes | None, str]] = []
+        for image, _ in items:
+            try:
+                out.append((_checked_image(image.read_bytes(), resize), ""))
+            except Exception as exc:  # PIL raises several types for damaged files
+                why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))
+                out.append((None, f"{type(exc).__name__}: {why}"))
+        return out
 
     def stream() -> Iterator[pa.RecordBatch]:
         with concurrent.futures.ThreadPoolExecutor(num_workers) as pool:
             for start in range(0, len(files), batch_rows):
                 chunk = files[start:start + batch_rows]
+                step = -(-len(chunk) // num_workers)  # one slice of the chunk per thread
+                read_back = [r for part in pool.map(read, [chunk[i:i + step] for i in
+                                                           range(0, len(chunk), step)])
+                             for r in part]
                 images, labels, paths = [], [], []
-                for (image, label), (data, why) in zip(chunk, pool.map(read, chunk),
-                                                        strict=True):
+                for (image, label), (data, why) in zip(chunk, read_back, strict=True):
                     relative = os.fspath(image.relative_to(root))
                     if data is None:
                         if on_error == "raise":
@@ -305,8 +315,29 @@ def _from_image_folder(root: Path, classes: list[Path], *, skipped: list[tuple[s
 
 
 def _checked_image(data: bytes, resize: int | None) -> bytes:
-    """``data`` if it decodes as an image (or, with ``resize``, re-encoded as JPEG with its
-    longer side at most ``resize``); raises for a damaged or truncated file."""
+    """``data`` if it is a whole image (or, with ``resize``, re-encoded as JPEG with its longer
+    side at most ``resize``); raises ``ValueError`` for a damaged or truncated file.
+
+    JPEG and PNG, most images, are checked by their markers (start, and end: what truncation
+    loses), in a microsecond; Pillow's ``verify`` does no more for them (it does not decode the
+    pixels either) at 60 µs an image. Other formats go through ``verify``.
+
+    >>> _checked_image(b"\\xff\\xd8 ... \\xff\\xd9", None)[:2]
+    b'\\xff\\xd8'
+    >>> _checked_image(b"\\xff\\xd8 ... cut", None)
+    Traceback (most recent call last):
+    ...
+    ValueError: a JPEG without its end marker (truncated)
+    """
+    if resize is None:
+        if data[:2] == b"\xff\xd8":
+            if data.rstrip(b"\x00")[-2:] != b"\xff\xd9":
+                raise ValueError("a JPEG without its end marker (truncated)")
+            return data
+        if data[:8] == b"\x89PNG\r\n\x1a\n":
+            if data[-12:-8] != b"\x00\x00\x00\x00" or data[-8:-4] != b"IEND":
+                raise ValueError("a PNG without its IEND chunk (truncated)")
+            return data
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -178,14 +179,22 @@ def write_piece(loader: Any, out: str, epoch: int, batches: range,
     reading = loader.reading(num_workers or loader.num_workers)
     reading = dataclasses.replace(reading, finish=None, placement=None, work=dataclasses.replace(
         reading.work, output=as_conversion("arrow")))
-    tables = [_to_arrow(batch) for batch in Stream(reading, epoch, epoch_plan(loader), batches,
-                                                   Recorder())]
-    if not tables:
+    stream = Stream(reading, epoch, epoch_plan(loader), batches, Recorder())
+    converted = (_to_arrow(batch) for batch in stream)
+    first = next(converted, None)
+    if first is None:
         return [], ""
-    table = pa.concat_tables(tables)
-    schema = table.schema.with_metadata(metadata)
-    fragments = write_fragments(table.replace_schema_metadata(metadata), out, schema=schema,
-                                max_rows_per_file=max(table.num_rows, 1))
+    schema = first.schema.with_metadata(metadata)
+
+    def rows() -> Any:  # streamed: Lance writes while the workers transform the next batches
+        for table in itertools.chain([first], converted):
+            for batch in table.to_batches():
+                yield batch.replace_schema_metadata(metadata)
+    try:
+        fragments = write_fragments(pa.RecordBatchReader.from_batches(schema, rows()), out,
+                                    schema=schema, max_rows_per_file=1 << 30)  # larger: a file a batch
+    finally:
+        stream.close()
     return [f.to_json() for f in fragments], schema.serialize().to_pybytes().hex()
 
 
