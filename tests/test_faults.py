@@ -503,15 +503,15 @@ def test_what_is_not_a_lance_dataset_gets_told_how_to_convert(tmp_path: Path) ->
     (tmp_path / "notes.txt").write_text("hello")
     cases = [
         (pd.DataFrame({"id": [1]}), TypeError, "got a pandas.DataFrame. Write it to Lance once "
-                                               "with lance.write_dataset(df, 'data.lance')"),
+                                               "with lanceloader.convert(df, 'data.lance')"),
         (table, TypeError, "got a pyarrow.Table"),
         ({"id": [1]}, TypeError, "got a dict"),
         (str(tmp_path / "data.parquet"), FileNotFoundError,
          f"is a Parquet file, not a Lance dataset (a directory with _versions/). Convert it once:"
-         f" lance.write_dataset(pyarrow.dataset.dataset('{tmp_path}/data.parquet'), "
-         f"'{tmp_path}/data.lance')"),
+         f" lanceloader.convert('{tmp_path}/data.parquet', '{tmp_path}/data.lance') (or on the "
+         f"command line: lanceloader convert {tmp_path}/data.parquet {tmp_path}/data.lance)"),
         (str(tmp_path / "shards"), FileNotFoundError, "is a directory of Parquet files"),
-        (str(tmp_path / "data.csv"), FileNotFoundError, "format='csv'"),
+        (str(tmp_path / "data.csv"), FileNotFoundError, "lanceloader.convert("),
         (str(tmp_path / "notes.txt"), FileNotFoundError, "is a file; a Lance dataset is a dir"),
         (str(tmp_path / "missing.lance"), FileNotFoundError,
          f"no Lance dataset at '{tmp_path}/missing.lance'"),
@@ -522,9 +522,10 @@ def test_what_is_not_a_lance_dataset_gets_told_how_to_convert(tmp_path: Path) ->
         assert says in str(info.value), str(info.value)
         assert ".rs:" not in str(info.value)
     # The advice works as written.
-    lance.write_dataset(pyarrow.dataset.dataset(str(tmp_path / "data.parquet")),
-                        str(tmp_path / "data.lance"))
+    ll.convert(str(tmp_path / "data.parquet"), str(tmp_path / "data.lance"), progress=False)
     assert len(list(ll.Loader(str(tmp_path / "data.lance"), batch_size=2))) == 2
+    ll.convert(str(tmp_path / "shards"), str(tmp_path / "shards.lance"), progress=False)
+    assert len(list(ll.Loader(str(tmp_path / "shards.lance"), batch_size=2))) == 2
 
 
 def test_an_empty_selection_warns_and_gives_empty_epochs(small_uri: str, tmp_path: Path,

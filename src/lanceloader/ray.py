@@ -34,7 +34,7 @@ import ray
 import ray.data
 from lance.fragment import FragmentMetadata, write_fragments
 
-from lanceloader.ingest import CLASSES_KEY, IMAGE_SUFFIXES, ConvertSummary, _checked_image
+from lanceloader.ingest import CLASSES_KEY, ConvertSummary, _checked_image, image_files
 from lanceloader.materialize import Job, write_piece
 
 __all__ = ["convert", "materialize"]
@@ -104,8 +104,7 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
             return pq.read_table(paths[0]), []
     else:
         classes = sorted(p for p in root.iterdir() if p.is_dir())
-        items = [(os.fspath(image), label) for label, folder in enumerate(classes)
-                 for image in sorted(folder.rglob("*")) if image.suffix.lower() in IMAGE_SUFFIXES]
+        items = image_files(root, classes)
         if not items:
             raise ValueError(f"{os.fspath(root)!r} holds no Parquet files and no class folders "
                              "of images")

@@ -732,13 +732,21 @@ _READERS = {"Parquet": "pyarrow.dataset.dataset({path!r})",
             "Arrow IPC": "pyarrow.dataset.dataset({path!r}, format='ipc')"}
 
 
+def _convert_advice(fmt: str, path: str, target: str) -> str:
+    """How to turn a ``fmt`` file or directory at ``path`` into a Lance dataset at ``target``."""
+    if fmt in ("Parquet", "CSV"):
+        return (f"lanceloader.convert({path!r}, {target!r}) (or on the command line: "
+                f"lanceloader convert {path} {target})")
+    return f"lance.write_dataset({_READERS[fmt].format(path=path)}, {target!r})"
+
+
 def not_a_dataset(dataset: object, exc: BaseException | None = None,
                   storage_options: dict[str, str] | None = None) -> str:
     """Why ``dataset`` (a value, or a URI Lance could not open with ``exc``) is not a Lance
     dataset, and how to make one from it.
 
     >>> print(not_a_dataset({"x": [1, 2]}))
-    dataset must be a URI, a path or a lance.LanceDataset; got a dict. Write it to Lance once with lance.write_dataset(pyarrow.table(data), 'data.lance') and pass 'data.lance'
+    dataset must be a URI, a path or a lance.LanceDataset; got a dict. Write it to Lance once with lanceloader.convert(pyarrow.table(data), 'data.lance') and pass 'data.lance'
     """
     if not isinstance(dataset, str):
         kind = type(dataset)
@@ -748,7 +756,8 @@ def not_a_dataset(dataset: object, exc: BaseException | None = None,
                 "builtins.dict": "pyarrow.table(data)"}.get(name, "data")
         what = "a dict" if name == "builtins.dict" else f"a {name}"
         return (f"dataset must be a URI, a path or a lance.LanceDataset; got {what}. Write it to "
-                f"Lance once with lance.write_dataset({data}, 'data.lance') and pass 'data.lance'")
+                f"Lance once with lanceloader.convert({data}, 'data.lance') and pass "
+                "'data.lance'")
     path = Path(dataset)
     local = not is_object_store(dataset)
     fmt = _FORMATS.get(path.suffix.lower()) if local and path.is_file() else None
@@ -759,13 +768,13 @@ def not_a_dataset(dataset: object, exc: BaseException | None = None,
         if fmt is not None:
             target = dataset.rstrip("/") + ".lance"
             return (f"{dataset!r} is a directory of {fmt} files, not a Lance dataset (which has "
-                    "a _versions/ directory). Convert it once: lance.write_dataset("
-                    f"{_READERS[fmt].format(path=dataset)}, {target!r}), then pass {target!r}")
+                    f"a _versions/ directory). Convert it once: {_convert_advice(fmt, dataset, target)}"
+                    f", then pass {target!r}")
     if fmt is not None:
         target = str(path.with_suffix(".lance"))
         return (f"{dataset!r} is a {fmt} file, not a Lance dataset (a directory with "
-                f"_versions/). Convert it once: lance.write_dataset("
-                f"{_READERS[fmt].format(path=dataset)}, {target!r}), then pass {target!r}")
+                f"_versions/). Convert it once: {_convert_advice(fmt, dataset, target)}, then "
+                f"pass {target!r}")
     if local and path.is_file():
         return (f"{dataset!r} is a file; a Lance dataset is a directory (with _versions/). "
                 "Pass the dataset's directory")
