@@ -411,7 +411,7 @@ def bfloat16_dataset(directory: str) -> lance.LanceDataset:
 
 def run_isolated(check: str, *args: str) -> None:
     """Run ``check(*args)``, a function of this module, in a fresh Python process."""
-    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_convert; test_convert.{check}(*sys.argv[1:])"
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_conversion; test_conversion.{check}(*sys.argv[1:])"
     done = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300
     )

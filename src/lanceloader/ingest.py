@@ -123,7 +123,7 @@ def convert(source: Any, out_uri: str | os.PathLike[str], *, mode: str = "create
         check_int("resize", resize, minimum=1)
     check_storage_options(storage_options)
     out = os.fspath(out_uri)
-    if mode == "create" and _exists(out, storage_options):
+    if mode == "create" and dataset_version(out, storage_options) is not None:
         raise FileExistsError(f"{out!r} already holds a Lance dataset; pass mode='overwrite' to "
                               "replace its data (a new version) or mode='append' to add rows")
     skipped: list[tuple[str, str]] = []
@@ -165,12 +165,12 @@ def convert(source: Any, out_uri: str | os.PathLike[str], *, mode: str = "create
                           time.perf_counter() - started, tuple(skipped))
 
 
-def _exists(uri: str, storage_options: dict[str, str] | None) -> bool:
+def dataset_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
+    """The latest version of the Lance dataset at ``uri``, or None when there is none."""
     try:
-        lance.dataset(uri, storage_options=storage_options)
+        return lance.dataset(uri, storage_options=storage_options).version
     except (ValueError, OSError, RuntimeError):
-        return False
-    return True
+        return None
 
 
 # --- sources --------------------------------------------------------------------------------

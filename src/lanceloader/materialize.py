@@ -52,6 +52,7 @@ from tqdm import tqdm
 from lanceloader.arguments import check_int
 from lanceloader.conversion import as_conversion
 from lanceloader.engine import Stream
+from lanceloader.ingest import dataset_version
 from lanceloader.plan import Plan
 from lanceloader.state import order_settings
 from lanceloader.stats import Recorder
@@ -121,7 +122,7 @@ class Job:
         check_int("rows_per_fragment", rows_per_fragment, minimum=1)
         check_int("epoch", epoch, minimum=0)
         out = os.fspath(out_uri)
-        if mode == "create" and _exists(out):
+        if mode == "create" and dataset_version(out) is not None:
             raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
                                   "mode='overwrite' to replace it with a new version")
         plan = epoch_plan(loader)
@@ -148,21 +149,29 @@ class Job:
     def commit(self) -> lance.LanceDataset:
         """The one commit: every piece's fragments, in order, as a new version."""
         written = [self.done["pieces"][str(n)] for n in range(len(self.pieces))]
-        schemas = {piece["schema"] for piece in written if piece["fragments"]}
-        if not schemas:
+        if not any(piece["fragments"] for piece in written):
             raise ValueError(f"the loader's epoch {self.epoch} has no rows: nothing to "
                              "materialise")
-        if len(schemas) > 1:
-            raise ValueError("the transform returned different columns or types in different "
-                             "batches; make it return one schema")
-        schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schemas.pop())))
-        fragments = [FragmentMetadata.from_json(json.dumps(f))
-                     for piece in written for f in piece["fragments"]]
-        dataset = lance.LanceDataset.commit(
-            self.out, lance.LanceOperation.Overwrite(schema, fragments),
-            read_version=_version(self.out))
+        dataset = commit_fragments(self.out, written, "the transform returned different "
+                                   "columns or types in different batches; make it return one "
+                                   "schema")
         (Path(self.out) / PROGRESS_FILE).unlink(missing_ok=True)
         return dataset
+
+
+def commit_fragments(out: str, written: list[dict[str, Any]], mismatch: str
+                     ) -> lance.LanceDataset:
+    """Commit, as one new version of ``out`` (``Overwrite``), the fragments of ``written``
+    (``{"fragments": [metadata as JSON], "schema": IPC hex}`` each, in order), which must all
+    have one schema (else ``ValueError(mismatch)``)."""
+    schemas = {piece["schema"] for piece in written if piece["fragments"]}
+    if len(schemas) != 1:
+        raise ValueError(mismatch)
+    schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schemas.pop())))
+    fragments = [FragmentMetadata.from_json(json.dumps(f))
+                 for piece in written for f in piece["fragments"]]
+    return lance.LanceDataset.commit(out, lance.LanceOperation.Overwrite(schema, fragments),
+                                     read_version=dataset_version(out))
 
 
 def epoch_plan(loader: Any) -> Plan:
@@ -196,21 +205,6 @@ def write_piece(loader: Any, out: str, epoch: int, batches: range,
     finally:
         stream.close()
     return [f.to_json() for f in fragments], schema.serialize().to_pybytes().hex()
-
-
-def _exists(uri: str) -> bool:
-    try:
-        lance.dataset(uri)
-    except (ValueError, OSError, RuntimeError):
-        return False
-    return True
-
-
-def _version(uri: str) -> int | None:
-    try:
-        return lance.dataset(uri).version
-    except (ValueError, OSError, RuntimeError):
-        return None
 
 
 def _progress(path: Path, fingerprint: str) -> dict[str, Any]:

@@ -32,10 +32,16 @@ import numpy as np
 import pyarrow as pa
 import ray
 import ray.data
-from lance.fragment import FragmentMetadata, write_fragments
+from lance.fragment import write_fragments
 
-from lanceloader.ingest import CLASSES_KEY, ConvertSummary, _checked_image, image_files
-from lanceloader.materialize import Job, write_piece
+from lanceloader.ingest import (
+    CLASSES_KEY,
+    ConvertSummary,
+    _checked_image,
+    dataset_version,
+    image_files,
+)
+from lanceloader.materialize import Job, commit_fragments, write_piece
 
 __all__ = ["convert", "materialize"]
 
@@ -85,14 +91,9 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
     out = os.fspath(out_uri)
     if mode not in ("create", "overwrite"):
         raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
-    if mode == "create":
-        try:
-            lance.dataset(out)
-        except (ValueError, OSError):
-            pass
-        else:
-            raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
-                                  "mode='overwrite' to replace it")
+    if mode == "create" and dataset_version(out) is not None:
+        raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
+                              "mode='overwrite' to replace it")
     if root.is_file() or any(root.rglob("*.parquet")):
         files = [root] if root.is_file() else sorted(root.rglob("*.parquet"))
         chunks = [[os.fspath(f)] for f in files]
@@ -151,19 +152,11 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
                                 override_num_blocks=len(chunks))
     results = sorted(tasks.map_batches(task, batch_size=1, concurrency=concurrency).iter_rows(),
                      key=lambda r: int(r["chunk"]))
-    schemas = {r["schema"] for r in results if r["rows"]}
-    if len(schemas) != 1:
-        raise ValueError("the files disagree on their schema (or hold no rows): convert them "
-                         "with lanceloader.convert to see which two disagree")
-    schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schemas.pop())))
-    fragments = [FragmentMetadata.from_json(json.dumps(f)) for r in results
-                 for f in json.loads(r["fragments"])]
-    try:
-        read_version = lance.dataset(out).version
-    except (ValueError, OSError):
-        read_version = None
-    dataset = lance.LanceDataset.commit(out, lance.LanceOperation.Overwrite(schema, fragments),
-                                        read_version=read_version)
+    written = [{"fragments": json.loads(r["fragments"]) if r["rows"] else [],
+                "schema": r["schema"]} for r in results]
+    dataset = commit_fragments(out, written, "the files disagree on their schema (or hold no "
+                               "rows): convert them with lanceloader.convert to see which two "
+                               "disagree")
     skipped = tuple(tuple(s) for r in results for s in json.loads(r["skipped"]))
     return ConvertSummary(out, dataset.version, sum(int(r["rows"]) for r in results),
                           sum(int(r["nbytes"]) for r in results),
