@@ -137,11 +137,12 @@ def convert(source: Any, out_uri: str | os.PathLike[str], *, mode: str = "create
     bar = tqdm(total=total, unit="row", desc="convert", file=sys.stderr, disable=not show)
 
     failed: list[BaseException] = []  # an error of the source, raised as itself (not Lance's)
+    target = int64_labels(schema)
 
     def stream() -> Iterator[pa.RecordBatch]:
         try:
             for batch in batches:
-                batch = _int64_labels(batch, schema)
+                batch = batch.cast(target)  # labels int64; the same arrays otherwise
                 counted["rows"] += batch.num_rows
                 counted["bytes"] += batch.nbytes
                 bar.update(batch.num_rows)
@@ -150,7 +151,6 @@ def convert(source: Any, out_uri: str | os.PathLike[str], *, mode: str = "create
             failed.append(exc)
             raise
 
-    target = _int64_label_schema(schema)
     try:
         ds = lance.write_dataset(pa.RecordBatchReader.from_batches(target, stream()), out,
                                  schema=target, mode=mode, max_rows_per_file=max_rows_per_file,
@@ -282,15 +282,7 @@ def _from_image_folder(root: Path, classes: list[Path], *, skipped: list[tuple[s
                        metadata={CLASSES_KEY: json.dumps(names).encode()})
 
     def read(items: list[tuple[str, int]]) -> list[tuple[bytes | None, str]]:
-        out: list[tuple[bytes | None, str]] = []
-        for image, _ in items:
-            try:
-                with open(image, "rb") as file:
-                    out.append((_checked_image(file.read(), resize), ""))
-            except Exception as exc:  # PIL raises several types for damaged files
-                why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))
-                out.append((None, f"{type(exc).__name__}: {why}"))
-        return out
+        return read_images(items, resize)
 
     def stream() -> Iterator[pa.RecordBatch]:
         with concurrent.futures.ThreadPoolExecutor(num_workers) as pool:
@@ -317,6 +309,21 @@ def _from_image_folder(root: Path, classes: list[Path], *, skipped: list[tuple[s
                                        pa.array(labels, pa.int64()),
                                        pa.array(paths, pa.string())], schema=schema)
     return schema, stream(), len(files)
+
+
+def read_images(items: list[tuple[str, int]], resize: int | None
+                ) -> list[tuple[bytes | None, str]]:
+    """For each ``(path, label)``: the image's bytes (checked, or re-encoded with ``resize``:
+    see :func:`_checked_image`) and ``""``, or ``None`` and why it cannot be read."""
+    out: list[tuple[bytes | None, str]] = []
+    for image, _ in items:
+        try:
+            with open(image, "rb") as file:
+                out.append((_checked_image(file.read(), resize), ""))
+        except Exception as exc:  # PIL raises several types for damaged files
+            why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))
+            out.append((None, f"{type(exc).__name__}: {why}"))
+    return out
 
 
 def image_files(root: Path, classes: list[Path]) -> list[tuple[str, int]]:
@@ -411,18 +418,10 @@ def _bytes_of(chunk: pa.Array, name: str) -> pa.Array:
 
 # --- labels ---------------------------------------------------------------------------------
 
-def _int64_label_schema(schema: pa.Schema) -> pa.Schema:
+def int64_labels(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with integer ``label``/``labels`` columns as int64 (what ``cross_entropy``
+    wants); cast batches or tables to it."""
     for i, f in enumerate(schema):
         if f.name in LABEL_COLUMNS and pa.types.is_integer(f.type) and f.type != pa.int64():
             schema = schema.set(i, f.with_type(pa.int64()))
     return schema
-
-
-def _int64_labels(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    target = _int64_label_schema(schema)
-    if target.equals(batch.schema, check_metadata=False):
-        return batch if batch.schema.metadata == target.metadata else \
-            pa.RecordBatch.from_arrays(batch.columns, schema=target)
-    return pa.RecordBatch.from_arrays([c.cast(t.type) for c, t in zip(batch.columns, target,
-                                                                      strict=True)],
-                                      schema=target)

@@ -37,9 +37,10 @@ from lance.fragment import write_fragments
 from lanceloader.ingest import (
     CLASSES_KEY,
     ConvertSummary,
-    _checked_image,
     dataset_version,
     image_files,
+    int64_labels,
+    read_images,
 )
 from lanceloader.materialize import Job, commit_fragments, write_piece
 
@@ -111,19 +112,17 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
                              "of images")
         chunks = [items[i:i + files_per_task] for i in range(0, len(items), files_per_task)]
         metadata = {CLASSES_KEY: json.dumps([c.name for c in classes]).encode()}
-        base = os.fspath(root)
+        prefix = len(os.path.join(os.fspath(root), ""))
 
         def read(paths: list[Any]) -> tuple[pa.Table, list[tuple[str, str]]]:
             images, labels, names, skipped = [], [], [], []
-            for path, label in paths:
-                relative = os.path.relpath(path, base)
-                try:
-                    images.append(_checked_image(Path(path).read_bytes(), None))
-                except Exception as exc:  # damaged images are skipped and listed
-                    skipped.append((relative, f"{type(exc).__name__}: {exc}"))
+            for (path, label), (data, why) in zip(paths, read_images(paths, None), strict=True):
+                if data is None:  # damaged images are skipped and listed
+                    skipped.append((path[prefix:], why))
                     continue
+                images.append(data)
                 labels.append(int(label))
-                names.append(relative)
+                names.append(path[prefix:])
             return pa.table({"image": pa.array(images, pa.binary()),
                              "label": pa.array(labels, pa.int64()),
                              "path": pa.array(names, pa.string())}), skipped
@@ -132,10 +131,7 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
         numbers, fragments, schemas, skipped, rows, nbytes = [], [], [], [], [], []
         for number in batch["chunk"].tolist():
             table, left_out = read(chunks[number])
-            for i, f in enumerate(table.schema):
-                if f.name in ("label", "labels") and pa.types.is_integer(f.type):
-                    table = table.set_column(i, f.name, table.column(i).cast(pa.int64()))
-            table = table.replace_schema_metadata(metadata or None)
+            table = table.cast(int64_labels(table.schema)).replace_schema_metadata(metadata or None)
             written = write_fragments(table, out, schema=table.schema,
                                       max_rows_per_file=max(1, table.num_rows)) \
                 if table.num_rows else []

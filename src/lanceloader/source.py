@@ -313,7 +313,7 @@ class Source:
         self._piece_base = np.cumsum(
             [0] + [-(-int(n) // self._piece_rows) for n in np.diff(self._fragment_starts)],
             dtype=np.int64)
-        self._piece_fill: tuple[np.ndarray, bool] | None = None  # per process, when first read
+        self._piece_fill: tuple[np.ndarray, np.ndarray, bool] | None = None  # when first read
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
         if self.num_rows == 0:
             self._warn_empty()
@@ -519,14 +519,13 @@ class Source:
         unique, inverse = np.unique(offsets, return_inverse=True)
         table, order = self._read_sorted(unique)
         if not (_is_identity(order) and _is_identity(inverse)):
-            where = np.empty_like(order)
-            where[order] = np.arange(len(order))
-            table = table.take(pa.array(where[inverse]))  # one take: unique order, then request
+            # one take: from the order read to the unique offsets' order, then to the request's
+            table = table.take(pa.array(_inverse(order)[inverse]))
         return table.select(self.columns)
 
-    def _fill_plan(self) -> tuple[np.ndarray, bool]:
-        """Per piece, the share of its rows the filter and split select; and whether all the
-        pieces worth keeping (that share >= FILL_FRACTION) fit in the cache together."""
+    def _fill_plan(self) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Per piece, its rows and the share of them the filter and split select; and whether
+        all the pieces worth keeping (that share >= FILL_FRACTION) fit in the cache together."""
         if self._piece_fill is None:
             assert self.cache is not None
             sizes = np.concatenate([
@@ -541,7 +540,7 @@ class Source:
                                        minlength=len(sizes))
             share = selected / np.maximum(sizes, 1)
             kept = sizes[share >= FILL_FRACTION].sum() * self.bytes_per_row
-            self._piece_fill = share, bool(kept <= self.cache.size)
+            self._piece_fill = sizes, share, bool(kept <= self.cache.size)
         return self._piece_fill
 
     def _read_cached(self, offsets: np.ndarray) -> tuple[pa.Table, int]:
@@ -558,10 +557,11 @@ class Source:
         assert self.cache is not None
         if not len(offsets):
             return self.schema_table().slice(0, 0), 0
-        share, fits = self._fill_plan()
+        sizes, share, fits = self._fill_plan()
         size = self._piece_rows
         fragment = self._fragment_of(offsets)
-        number = (offsets - self._fragment_starts[fragment]) // size
+        local = offsets - self._fragment_starts[fragment]  # row in its fragment
+        number = local // size
         piece = self._piece_base[fragment] + number
         order = (np.arange(len(piece)) if bool(np.all(piece[1:] >= piece[:-1]))
                  else np.argsort(piece, kind="stable"))
@@ -585,8 +585,7 @@ class Source:
             return piece_table
 
         def take(table: pa.Table, request: np.ndarray) -> None:
-            i = int(request[0])
-            rows = offsets[request] - (self._fragment_starts[fragment[i]] + number[i] * size)
+            rows = local[request] - int(number[request[0]]) * size  # rows in the piece
             first = int(rows[0])
             consecutive = int(rows[-1]) - first + 1 == len(rows) and bool(
                 np.all(np.diff(rows) == 1))
@@ -598,11 +597,9 @@ class Source:
             i = int(group[0])
             table = self.cache.get(name_of(i))
             if table is None:
-                frag, p = int(fragment[i]), int(piece[i])
-                rows = min(size, int(self._fragment_starts[frag + 1] - self._fragment_starts[frag])
-                           - int(number[i]) * size)
+                p = int(piece[i])
                 if share[p] < FILL_FRACTION or not (
-                        fits or len(np.unique(offsets[group])) >= FILL_FRACTION * rows):
+                        fits or len(np.unique(offsets[group])) >= FILL_FRACTION * sizes[p]):
                     direct.append(group)
                     continue
                 table = self.cache.fill(name_of(i), load(i), block=False)
@@ -622,7 +619,7 @@ class Source:
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         where = np.concatenate(placed) if len(placed) > 1 else placed[0]
         if not _is_identity(where):
-            table = _in_order(table, where)
+            table = table.take(pa.array(_inverse(where)))
         return table.select(self.columns), cached
 
     def _read_sorted(self, offsets: np.ndarray) -> tuple[pa.Table, np.ndarray]:
@@ -803,11 +800,12 @@ def _check_columns(columns: list[str] | None, schema: pa.Schema, what: str = "co
     return columns
 
 
-def _in_order(table: pa.Table, placed: np.ndarray) -> pa.Table:
-    """``table`` reordered so that its row ``i`` goes to place ``placed[i]`` (a permutation)."""
+def _inverse(placed: np.ndarray) -> np.ndarray:
+    """The inverse of the permutation ``placed`` (row ``i`` goes to place ``placed[i]``): taking
+    it from the rows puts each in its place."""
     where = np.empty_like(placed)
     where[placed] = np.arange(len(placed))
-    return table.take(pa.array(where))
+    return where
 
 
 def _is_identity(order: np.ndarray) -> bool:
