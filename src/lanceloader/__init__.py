@@ -5,6 +5,7 @@
 >>> for batch in loader: ...                                                # doctest: +SKIP
 """
 
+from lanceloader.augment import random_map
 from lanceloader.conversion import Conversion, ConversionError
 from lanceloader.engine import StallError
 from lanceloader.images import decode_images, normalise
@@ -12,7 +13,9 @@ from lanceloader.ingest import ConvertSummary, convert
 from lanceloader.integrations.tensorflow import as_tf_dataset
 from lanceloader.loader import EpochIterator, Loader, LoaderInUseError
 from lanceloader.materialize import materialize
+from lanceloader.mix import Mix
 from lanceloader.order import Order
+from lanceloader.packing import pack
 from lanceloader.plan import Plan
 from lanceloader.processes import WorkerDiedError
 from lanceloader.source import ReadError, Source
@@ -28,6 +31,7 @@ __all__ = [
     "EpochIterator",
     "Loader",
     "LoaderInUseError",
+    "Mix",
     "Order",
     "Plan",
     "ReadError",
@@ -46,6 +50,8 @@ __all__ = [
     "map_rows",
     "materialize",
     "normalise",
+    "pack",
+    "random_map",
     "save_state",
     "tokenize",
 ]

@@ -40,6 +40,7 @@ class DecodeImages(BatchTransform):
     std: tuple[float, ...] | None
     backend: str
     output_column: str
+    layout: str = "HWC"
 
     def apply(self, batch: pa.RecordBatch, errors: ErrorPolicy) -> pa.RecordBatch:
         source = f"decode_images({self.column!r})"
@@ -69,6 +70,8 @@ class DecodeImages(BatchTransform):
         images = out[: len(kept)] if out is not None else np.empty((0, h, w, _CHANNELS[self.mode]))
         if self.dtype == "float32":
             images = normalise(images, self.mean, self.std)
+        if self.layout == "CHW":
+            images = images.transpose(0, 3, 1, 2)  # made contiguous by tensor_array
         rows = batch if len(kept) == batch.num_rows else batch.take(pa.array(kept, pa.int64()))
         return with_column(
             rows, self.output_column, tensor_array(images.astype(self.dtype, copy=False))
@@ -98,6 +101,7 @@ def decode_images(
     std: Sequence[float] | None = None,
     backend: str = "auto",
     output_column: str | None = None,
+    layout: str = "HWC",
 ) -> DecodeImages:
     """A transform that decodes the encoded images of ``column`` into one tensor column.
 
@@ -112,6 +116,8 @@ def decode_images(
             Pillow on 128x128 JPEGs, ``benchmarks/transforms.py``) when it is installed, and
             everything else with Pillow; ``"pil"`` or ``"simplejpeg"`` force one.
         output_column: where the ``[N, H, W, C]`` tensor goes; default replaces ``column``.
+        layout: ``"HWC"`` (default, ``[N, H, W, C]``) or ``"CHW"`` (``[N, C, H, W]``, what
+            PyTorch's convolutions take).
 
     A row whose image fails to decode is a row error (``on_error="skip"`` drops it).
 
@@ -120,6 +126,9 @@ def decode_images(
     >>> out = decode_images("img")(pa.record_batch({"img": pa.array([png.getvalue()])}))
     >>> out.column("img").to_numpy_ndarray().shape
     (1, 2, 4, 3)
+    >>> decode_images("img", layout="CHW")(pa.record_batch({"img": [png.getvalue()]})).column(
+    ...     "img").to_numpy_ndarray().shape
+    (1, 3, 2, 4)
     """
     try:
         import PIL  # noqa: F401
@@ -131,6 +140,8 @@ def decode_images(
         backend = "pil"
     if backend == "simplejpeg" and _simplejpeg() is None:
         raise ImportError("backend='simplejpeg' needs simplejpeg: pip install simplejpeg")
+    if layout not in ("HWC", "CHW"):
+        raise ValueError(f"layout must be 'HWC' or 'CHW', got {layout!r}")
     if mode not in _CHANNELS:
         raise ValueError(f"mode must be 'RGB' or 'L', got {mode!r}")
     if dtype not in ("uint8", "float32"):
@@ -143,7 +154,7 @@ def decode_images(
         raise ValueError(f"std must not contain 0, got {std!r}")
     return DecodeImages(
         column, _check_size(size), mode, dtype, stats["mean"], stats["std"], backend,
-        output_column or column,
+        output_column or column, layout,
     )  # fmt: skip
 
 

@@ -52,13 +52,15 @@ from lanceloader.engine import (
     default_prefetch,
     reads_in_flight,
 )
+from lanceloader.mix import Mix, MixedSource, MixOrder
 from lanceloader.mixing import MixingReport, mixing_report
 from lanceloader.order import Order
+from lanceloader.packing import PackedSource, Packing, PackPlan
 from lanceloader.placement import check_placement
 from lanceloader.plan import Plan, read_tasks
 from lanceloader.processes import check_picklable, start_forkserver
 from lanceloader.source import Source
-from lanceloader.state import StreamSpec, order_settings
+from lanceloader.state import StateMismatchError, StreamSpec, check_keys, order_settings
 from lanceloader.stats import Recorder, Stats
 from lanceloader.transforms import (
     DEFAULT_MAX_SKIP_FRACTION,
@@ -87,7 +89,9 @@ class Loader:
     """Batches of a Lance dataset, in a deterministic order, prefetched by a pool of workers.
 
     Args:
-        dataset: URI (local path or object store) or a ``lance.LanceDataset``.
+        dataset: URI (local path or object store), a ``lance.LanceDataset``, or an
+            :class:`~lanceloader.mix.Mix` of several sources (which then set the columns,
+            filters, splits and orders; the loader sets the rest).
         batch_size: rows per batch on each rank.
         columns: columns to read; default all.
         filter: SQL predicate, evaluated once against the pinned version.
@@ -102,6 +106,8 @@ class Loader:
             default ``None``. See :mod:`lanceloader.cache` and the guide's "Object storage".
         cache_size: the cache's cap in bytes; default half the directory's free disk space,
             or half the available memory.
+        pack: ``ll.pack(column, seq_len)``: read rows of ``seq_len`` tokens packed from the
+            token lists of ``column`` (see :mod:`lanceloader.packing`) instead of the rows.
         shuffle: ``False`` reads in dataset order; ``True`` shuffles, differently each epoch.
         shuffle_block_size: rows read together when shuffling; 1 is a full random shuffle.
         shuffle_window: blocks whose rows are mixed together; default 8 (block shuffle only).
@@ -156,6 +162,7 @@ class Loader:
         split_key: str | None = None,
         cache: str | os.PathLike[str] | None = None,
         cache_size: int | None = None,
+        pack: Packing | None = None,
         shuffle: bool = False,
         shuffle_block_size: int = 1,
         shuffle_window: int | None = None,
@@ -191,9 +198,30 @@ class Loader:
         self.placement = check_placement(conversion.output, pin_memory, device)
         rank, world_size = resolve_rank_world(rank, world_size)
 
-        self.source = Source(dataset, columns=columns, filter=filter, version=version,
-                             storage_options=storage_options, splits=splits, split=split,
-                             split_key=split_key, cache=cache, cache_size=cache_size)
+        if pack is not None and not isinstance(pack, Packing):
+            raise TypeError(f"pack must come from ll.pack(column, seq_len), got {pack!r}")
+        if isinstance(dataset, Mix):
+            given = [name for name, value in (
+                ("columns", columns), ("filter", filter), ("version", version),
+                ("storage_options", storage_options), ("splits", splits), ("split", split),
+                ("split_key", split_key), ("cache", cache), ("cache_size", cache_size),
+                ("pack", pack), ("shuffle_window", shuffle_window)) if value is not None]
+            given += [name for name, value, default in (
+                ("shuffle", shuffle, False), ("shuffle_block_size", shuffle_block_size, 1))
+                if value != default]
+            if given:
+                raise ValueError(
+                    f"Loader(Mix(...)) got {', '.join(given)}: a mix takes what to read and in "
+                    "which order from each source's own Loader (columns, filter, split, cache, "
+                    "pack, shuffle), and interleaves those orders in exact proportions; set "
+                    "them on the source Loaders")
+            self.source: Source | PackedSource | MixedSource = dataset.source()
+        else:
+            self.source = Source(dataset, columns=columns, filter=filter, version=version,
+                                 storage_options=storage_options, splits=splits, split=split,
+                                 split_key=split_key, cache=cache, cache_size=cache_size)
+            if pack is not None:
+                self.source = PackedSource(self.source, pack)
         if worker_type == "process" and isinstance(self.source.cache, MemoryCache):
             raise ValueError("cache='memory' keeps pieces in one process's memory, and each "
                              "process worker would fill a copy of its own: with "
@@ -210,8 +238,11 @@ class Loader:
         self.on_error = on_error
         self.max_skip_fraction = max_skip_fraction
         self.transform = transform
-        self.order = Order.from_options(self.source.num_rows, shuffle, shuffle_block_size,
-                                        shuffle_window, seed)
+        if isinstance(self.source, MixedSource):
+            self.order: Order = MixOrder(self.source.num_rows, seed=seed)
+        else:
+            self.order = Order.from_options(self.source.num_rows, shuffle, shuffle_block_size,
+                                            shuffle_window, seed)
         self.num_workers = num_workers or os.cpu_count() or 1
         self.worker_type = worker_type
         self.batches_per_read = (
@@ -228,14 +259,24 @@ class Loader:
         if worker_type == "process":
             check_picklable(self._work(), f"transform {transform_name(transform)}")
             start_forkserver()
-        src = self.source
-        self._cursor = Cursor(StreamSpec(
-            num_rows=src.num_rows, order=order_settings(src, self.order), batch_size=batch_size,
-            world_size=world_size, rank=rank, drop_last=drop_last, uri=src.uri,
-            version=src.version, dataset=src.identity, columns=tuple(src.columns)))
+        self._cursor = self._new_cursor()
         # The live iterator is held weakly, so a `break` out of a for loop lets it be collected
         # (which stops its workers); the cursor outlives it.
         self._active: weakref.ref[EpochIterator] = _dead_ref
+
+    def _new_cursor(self) -> Cursor:
+        src = self.source
+        return Cursor(StreamSpec(
+            num_rows=src.num_rows, order=order_settings(src, self.order),
+            batch_size=self.batch_size, world_size=self.world_size, rank=self.rank,
+            drop_last=self.drop_last, uri=src.uri, version=src.version, dataset=src.identity,
+            columns=tuple(src.columns)))
+
+    @property
+    def packing(self) -> PackPlan | None:
+        """With ``pack=``: the packing (rows, tokens, ``padding_fraction``, documents dropped);
+        else ``None``."""
+        return self.source.plan if isinstance(self.source, PackedSource) else None
 
     # --- epochs -------------------------------------------------------------------------
 
@@ -339,7 +380,37 @@ class Loader:
         settings, seed), and a damaged state, raises :class:`StateMismatchError`.
         """
         self._check_idle("load_state_dict()")
+        if isinstance(self.source, MixedSource):
+            state = self._resume_mix(state, allow_changes)
+            allow_changes = tuple(a for a in allow_changes if a != "weights")
         self._cursor.load_state_dict(state, allow_changes)
+
+    def _resume_mix(self, state: dict[str, Any], allow_changes: tuple[str, ...]
+                    ) -> dict[str, Any]:
+        """A state of this mix with other weights, made a state of this mix (see
+        :mod:`lanceloader.mix`): the mix is rebuilt with offsets that continue each source
+        where the state left it. Other states pass unchanged (and are checked as usual)."""
+        check_keys(state)
+        saved, current = state["order"].get("mix"), self.source.settings["mix"]
+        if saved is None or saved == current:
+            return state
+        same = {k: v for k, v in saved.items() if k not in ("quotas", "offsets")} == \
+            {k: v for k, v in current.items() if k not in ("quotas", "offsets")}
+        if not same:
+            return state  # other sources or settings: the usual checks name the difference
+        if "weights" not in allow_changes:
+            raise StateMismatchError(
+                f"cannot load this state into this loader: the state's mix has quotas "
+                f"{saved['quotas']} (offsets {saved['offsets']}), this one {current['quotas']} "
+                f"(offsets {current['offsets']}). Pass allow_changes=('weights',) to continue "
+                "every source exactly where the state left it with the new weights")
+        mix, sample = self.source.mix.resumed(state)
+        self.source = mix.source()
+        self.order = MixOrder(self.source.num_rows, seed=self.order.seed)
+        self._cursor = self._new_cursor()
+        spec = self._cursor.spec
+        return {**state, "order": dict(spec.order), "fingerprint": spec.fingerprint,
+                "dataset": spec.dataset, "uri": spec.uri, "sample": sample}
 
     def close(self) -> None:
         """Stop the live iterator's workers (if any); the cursor stays where it stopped."""
@@ -398,8 +469,11 @@ class Loader:
         bottleneck: training loop (the loop waited for data 2% of the time). Try: ...
         """
         random_reads = self.order.shuffle and self.order.block_size < 64
-        return self.recorder.snapshot(workers=self.num_workers, shuffle_random=random_reads,
-                                      epoch=epoch)
+        stats = self.recorder.snapshot(workers=self.num_workers, shuffle_random=random_reads,
+                                       epoch=epoch)
+        if self.packing is not None:
+            stats = dataclasses.replace(stats, padding_fraction=self.packing.padding_fraction)
+        return stats
 
     @contextlib.contextmanager
     def trace(self, path: str | os.PathLike[str]) -> Iterator[None]:

@@ -105,7 +105,8 @@ class StateMismatchError(ValueError):
 
 def order_settings(source: Any, order: Any, num_rows: int | None = None) -> dict[str, Any]:
     """The settings that define an order (``state["order"]``): of a ``Source`` (or None, for
-    samplers over a plain length) and an ``Order``."""
+    samplers over a plain length) and an ``Order``; a packed source adds ``"pack"`` and a mix
+    ``"mix"`` (their ``settings``)."""
     return {
         "rows": order.num_rows if num_rows is None else num_rows,
         "filter": source.filter if source else None,
@@ -116,6 +117,7 @@ def order_settings(source: Any, order: Any, num_rows: int | None = None) -> dict
         "block_size": order.block_size,
         "window": order.window,
         "seed": order.seed,
+        **(getattr(source, "settings", None) or {}),  # a mix's sources, a packing
     }
 
 

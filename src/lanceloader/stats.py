@@ -84,6 +84,7 @@ class Stats:
     queue_depth_mean: float
     bottleneck: Verdict = field(compare=False)
     rows_cached: int = 0  # rows read from the loader's cache (``cache=``), not from storage
+    padding_fraction: float | None = None  # with ``pack=``: padding tokens of the packed rows
 
     @property
     def rows_per_s(self) -> float:
@@ -136,6 +137,9 @@ class Stats:
                      f"{self.rows_skipped:,} + prefetched, not delivered {self.rows_undelivered:,}"),
             ("queue", f"{self.queue_depth_mean:.1f} reads in flight on average"),
         ]
+        if self.padding_fraction is not None:
+            rows.append(("packing", f"{100 * self.padding_fraction:.1f}% of the tokens of "
+                                    "packed rows are padding"))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         return "\n".join([*lines, str(self.bottleneck)])

@@ -29,8 +29,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -66,6 +68,7 @@ class ErrorPolicy:
     max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION
     skipped: int = 0
     first_error: BaseException | None = field(default=None, repr=False)
+    skipped_rows: list[int] = field(default_factory=list, repr=False)  # indices, in order
 
     def __post_init__(self) -> None:
         check_on_error(self.on_error, self.max_skip_fraction)
@@ -80,6 +83,7 @@ class ErrorPolicy:
         if callable(self.on_error):
             self.on_error(exc, row())
         self.skipped += 1
+        self.skipped_rows.append(index)
         self.first_error = self.first_error or exc
         budget = int(self.max_skip_fraction * self.rows)
         if self.skipped > budget:
@@ -265,11 +269,59 @@ class Compose(BatchTransform):
     stages: tuple[Transform, ...]
 
     def apply(self, batch: Any, errors: ErrorPolicy) -> Any:
+        keys = getattr(_row_keys, "current", None)
         for stage in self.stages:
+            before = len(errors.skipped_rows)
             batch = (
                 stage.apply(batch, errors) if isinstance(stage, BatchTransform) else stage(batch)
             )
+            if keys is not None and len(errors.skipped_rows) > before:  # rows left the batch
+                keys.samples = np.delete(keys.samples, errors.skipped_rows[before:])
         return batch
+
+
+# --- which sample each row is ------------------------------------------------------------------
+
+
+@dataclass
+class RowKeys:
+    """The stream position of each row of the batch being transformed: the loader's seed, the
+    epoch and each row's global sample index. Set by the worker around a batch's transform
+    (:func:`row_keys`), read by transforms that draw random numbers per row
+    (``ll.random_map``), so their draws depend on the sample, never on the worker."""
+
+    seed: int
+    epoch: int
+    samples: np.ndarray
+
+
+_row_keys = threading.local()
+
+
+@contextlib.contextmanager
+def row_keys(seed: int, epoch: int, samples: np.ndarray) -> Iterator[RowKeys]:
+    """Make ``RowKeys(seed, epoch, samples)`` the current batch's keys in this thread."""
+    keys = RowKeys(seed, epoch, np.asarray(samples, dtype=np.int64))
+    previous = getattr(_row_keys, "current", None)
+    _row_keys.current = keys
+    try:
+        yield keys
+    finally:
+        _row_keys.current = previous
+
+
+def current_row_keys(rows: int) -> RowKeys:
+    """The keys of the batch being transformed in this thread; outside a loader (a transform
+    called by hand), rows ``0 .. rows - 1`` of epoch 0 with seed 0."""
+    keys = getattr(_row_keys, "current", None)
+    if keys is None:
+        return RowKeys(0, 0, np.arange(rows, dtype=np.int64))
+    if len(keys.samples) != rows:
+        raise ValueError(
+            f"this batch has {rows} rows but the loader gave {len(keys.samples)} samples: a "
+            "transform before this one changed the number of rows (changes_rows=True), so rows "
+            "can no longer be matched to their samples; put random transforms before it")
+    return keys
 
 
 def compose(*transforms: Transform | Sequence[Any] | None) -> Compose:

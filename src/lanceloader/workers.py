@@ -29,7 +29,7 @@ from lanceloader.conversion import Conversion, as_conversion, to_output
 from lanceloader.order import Order
 from lanceloader.plan import ReadTask
 from lanceloader.source import ReadError, Source, to_record_batch
-from lanceloader.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError, apply_transform
+from lanceloader.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError, apply_transform, row_keys
 
 Transform = Callable[[Any], Any]
 
@@ -150,7 +150,8 @@ class BatchWork:
             try:
                 if self.transform is not None:
                     t0 = clock()
-                    with _annotate("lanceloader.transform"):
+                    with _annotate("lanceloader.transform"), row_keys(
+                            self.order.seed, task.epoch, task.samples[offset:offset + size]):
                         batch, skipped = apply_transform(
                             self.transform, batch, self.on_error,
                             max_skip_fraction=self.max_skip_fraction,

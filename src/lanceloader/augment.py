@@ -1,0 +1,110 @@
+"""Per-sample random augmentation whose draws belong to the sample, not to the worker.
+
+:func:`random_map` calls ``fn(row, rng)`` for each row, with a NumPy ``Generator`` seeded from
+``(loader seed, random_map seed, epoch, the row's global sample index)``. Which worker runs the
+row, how many workers there are, whether they are threads or processes, the batch size, the
+world size and a resume never change a row's draws: a resumed run augments every sample exactly
+as the uninterrupted run would (as Grain's ``random_map``). A new epoch draws anew.
+
+Rows are handed to ``fn`` as dicts: tensor columns (e.g. the output of
+:func:`~lanceloader.images.decode_images`) as NumPy arrays, the others as Python values; ``fn``
+returns a dict, and arrays of one shape become one tensor column again.
+
+Example: the torchvision-style random crop and flip of decoded ``[C, H, W]`` images::
+
+    >>> import numpy as np, pyarrow as pa
+    >>> from lanceloader.transforms import tensor_array
+    >>> def crop_flip(row, rng, size=2):
+    ...     image = row["image"]                       # [C, H, W]
+    ...     y, x = rng.integers(0, image.shape[1] - size + 1), rng.integers(0, image.shape[2] - size + 1)
+    ...     image = image[:, y:y + size, x:x + size]
+    ...     return {**row, "image": image[:, :, ::-1] if rng.random() < 0.5 else image}
+    >>> batch = pa.record_batch({"image": tensor_array(np.arange(2 * 3 * 4 * 4).reshape(2, 3, 4, 4))})
+    >>> out = random_map(crop_flip)(batch)
+    >>> out.column("image").to_numpy_ndarray().shape
+    (2, 3, 2, 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lanceloader.transforms import BatchTransform, ErrorPolicy, current_row_keys, rows_to_batch
+
+RowFn = Callable[[dict[str, Any], np.random.Generator], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class RandomMap(BatchTransform):
+    """``fn(row, rng)`` for each row, ``rng`` keyed by the row's sample; see :func:`random_map`."""
+
+    fn: RowFn
+    seed: int = 0
+
+    def apply(self, batch: pa.RecordBatch, errors: ErrorPolicy) -> pa.RecordBatch:
+        keys = current_row_keys(batch.num_rows)
+        name = f"random_map({getattr(self.fn, '__name__', type(self.fn).__name__)})"
+        columns = {n: _row_values(batch.column(n)) for n in batch.schema.names}
+        results = []
+        for i, sample in enumerate(keys.samples.tolist()):
+            row = {n: values[i] for n, values in columns.items()}
+            rng = sample_rng(keys.seed, self.seed, keys.epoch, sample)
+            try:
+                result = self.fn(row, rng)
+            except Exception as exc:
+                errors.row_failed(exc, i, lambda row=row: row, name)
+                continue
+            if not isinstance(result, Mapping):
+                raise TypeError(f"{name} must return a dict of column name to value, got "
+                                f"{type(result).__name__} for row {i}")
+            results.append(result)
+        if not results:
+            return batch.slice(0, 0)
+        return rows_to_batch(results)
+
+
+def sample_rng(loader_seed: int, seed: int, epoch: int, sample: int) -> np.random.Generator:
+    """The generator of one sample: the same for the same four numbers, everywhere.
+
+    >>> int(sample_rng(0, 0, 1, 42).integers(1000)) == int(sample_rng(0, 0, 1, 42).integers(1000))
+    True
+    """
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+        [loader_seed & 0xFFFFFFFF, seed & 0xFFFFFFFF, epoch, sample, 0x5EED])))
+
+
+def _row_values(column: pa.Array | pa.ChunkedArray) -> Any:
+    """Per-row values: NumPy views for tensor and fixed-size list columns, else Python."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if isinstance(column.type, pa.FixedShapeTensorType):
+        return column.to_numpy_ndarray()
+    if pa.types.is_fixed_size_list(column.type) and column.null_count == 0:
+        width = column.type.list_size
+        values = column.flatten().to_numpy(zero_copy_only=False)
+        if not pa.types.is_fixed_size_list(column.type.value_type):
+            return values.reshape(len(column), width)
+    return column.to_pylist()
+
+
+def random_map(fn: RowFn, seed: int = 0) -> RandomMap:
+    """A transform that calls ``fn(row, rng)`` for each row; ``rng`` is a
+    ``numpy.random.Generator`` seeded by the loader's seed, ``seed``, the epoch and the row's
+    global sample index, so every run, worker count, worker type and resume draws the same for
+    the same sample. ``fn`` returns the row's new dict; it must pickle (a module-level function)
+    for process workers. With ``on_error="skip"`` a row whose ``fn`` raises is dropped.
+
+    >>> flip = random_map(lambda row, rng: {"x": row["x"] * (1 if rng.random() < 0.5 else -1)})
+    >>> flip(pa.record_batch({"x": [1, 2, 3, 4]})).column("x").to_pylist()
+    [-1, -2, 3, -4]
+    """
+    if not callable(fn):
+        raise TypeError(f"random_map needs a function fn(row, rng) -> dict, got {fn!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"random_map: seed must be an int, got {seed!r}")
+    return RandomMap(fn, seed)
