@@ -398,13 +398,16 @@ class Loader:
             {k: v for k, v in current.items() if k not in ("quotas", "offsets")}
         if not same:
             return state  # other sources or settings: the usual checks name the difference
-        if "weights" not in allow_changes:
+        if saved["quotas"] == current["quotas"]:  # a state of a run that changed weights once
+            mix, sample = self.source.mix.with_offsets(saved["offsets"]), state["sample"]
+        elif "weights" not in allow_changes:
             raise StateMismatchError(
                 f"cannot load this state into this loader: the state's mix has quotas "
                 f"{saved['quotas']} (offsets {saved['offsets']}), this one {current['quotas']} "
                 f"(offsets {current['offsets']}). Pass allow_changes=('weights',) to continue "
                 "every source exactly where the state left it with the new weights")
-        mix, sample = self.source.mix.resumed(state)
+        else:
+            mix, sample = self.source.mix.resumed(state)
         self.source = mix.source()
         self.order = MixOrder(self.source.num_rows, seed=self.order.seed)
         self._cursor = self._new_cursor()

@@ -302,10 +302,14 @@ class Mix:
         epoch, sample = state["epoch"], min(state["sample"], self.samples_per_epoch)
         offsets = {n: given[n] - epoch * self.per_epoch[k] - int(self.interleave.count(k, sample))
                    for k, n in enumerate(self.names)}
-        mix = Mix(self.loaders, self.given_weights, samples_per_epoch=self.epoch_length,
-                  weights_by=self.weights_by, token_column=self.token_column,
-                  source_column=self.source_column, _offsets=offsets)
-        return mix, sample
+        return self.with_offsets(offsets), sample
+
+    def with_offsets(self, offsets: Mapping[str, int]) -> Mix:
+        """This mix with each source's stream shifted by ``offsets`` (what a weight change at a
+        resume sets, and its later checkpoints carry)."""
+        return Mix(self.loaders, self.given_weights, samples_per_epoch=self.epoch_length,
+                   weights_by=self.weights_by, token_column=self.token_column,
+                   source_column=self.source_column, _offsets=offsets)
 
     def source(self) -> MixedSource:
         return MixedSource(self)

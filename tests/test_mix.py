@@ -1,0 +1,232 @@
+"""Mix: the interleave is exact at every prefix, slices and resumes continue the uninterrupted
+stream on any world size (weights changed or not), small sources repeat in fresh orders."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import lanceloader as ll
+from lanceloader.mix import Interleave, interleave, rational_weights
+from lanceloader.state import StateMismatchError
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=6).filter(any))
+def test_every_prefix_is_within_one_of_its_share(quotas: list[int]) -> None:
+    il = Interleave(tuple(quotas))
+    period = il.period
+    n = np.arange(3 * period + 1)
+    total = np.zeros(len(n), np.int64)
+    slots = interleave(tuple(quotas))
+    for k, q in enumerate(quotas):
+        counts = il.count(k, n)
+        assert np.all(np.abs(counts - n * q / period) < 1)
+        assert np.all(np.diff(counts) == (il.source_of(n[:-1]) == k))  # one sample at a time
+        total += counts
+    assert np.array_equal(total, n)
+    assert np.array_equal(np.bincount(slots, minlength=len(quotas)), quotas)
+
+
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=5))
+def test_rational_weights_keep_the_proportions(weights: list[int]) -> None:
+    quotas = rational_weights(weights)
+    total = sum(weights)
+    assert all(Fraction(q, sum(quotas)) == Fraction(w, total) for q, w in zip(quotas, weights))
+
+
+def test_float_weights_become_their_obvious_fractions() -> None:
+    assert rational_weights([0.7, 0.2, 0.1]) == [7, 2, 1]
+    assert rational_weights([1 / 3, 2 / 3]) == [1, 2]
+    assert sum(rational_weights([0.123456789, 0.2, 0.676543211])) <= 1 << 16
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, str]:
+    """Three datasets whose ids say where they come from: 1000 + row, 2000 + row, 3000 + row."""
+    root = tmp_path_factory.mktemp("mix")
+    out = {}
+    for base, (name, rows) in enumerate([("a", 13), ("b", 40), ("c", 90)], start=1):
+        table = pa.table({"id": pa.array(np.arange(rows) + 1000 * base),
+                          "x": pa.array(np.arange(rows, dtype=np.float32))})
+        out[name] = str(root / f"{name}.lance")
+        lance.write_dataset(table, out[name], max_rows_per_file=16)
+    return out
+
+
+def _mix(sources, weights, epoch="first_exhausted", **kw) -> ll.Mix:
+    return ll.Mix({
+        "a": ll.Loader(sources["a"], columns=["id"], shuffle=True, seed=3),
+        "b": ll.Loader(sources["b"], columns=["id"], shuffle=True, shuffle_block_size=4, seed=4),
+        "c": ll.Loader(sources["c"], columns=["id"]),
+    }, weights=weights, samples_per_epoch=epoch, **kw)
+
+
+def _global(mix_factory, batch_size, world, start_state=None, batches=None, epochs=1,
+            allow=()) -> tuple[list[int], dict]:
+    """The global stream of ``epochs`` epochs (or ``batches`` steps) read by ``world`` ranks in
+    lock-step, and the state after."""
+    loaders = [ll.Loader(mix_factory(), batch_size=batch_size, rank=r, world_size=world,
+                         num_workers=1) for r in range(world)]
+    if start_state is not None:
+        for loader in loaders:
+            loader.load_state_dict(start_state, allow_changes=allow)
+    out: list[int] = []
+    steps = 0
+    for _ in range(epochs):
+        its = [iter(loader) for loader in loaders]
+        for group in zip(*its):
+            for batch in group:
+                out.extend(batch["id"].tolist())
+            steps += 1
+            if batches is not None and steps == batches:
+                state = loaders[0].state_dict()
+                for loader in loaders:
+                    loader.close()
+                return out, state
+        for it in its:  # equal batch counts: every rank ends together
+            assert next(it, None) is None
+    return out, loaders[0].state_dict()
+
+
+def _sources_of(ids: list[int]) -> np.ndarray:
+    return np.asarray(ids) // 1000 - 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(w=st.lists(st.integers(0, 5), min_size=3, max_size=3).filter(any),
+       epoch=st.sampled_from(["first_exhausted", "all_exhausted", 57]),
+       batch=st.integers(1, 9), world_before=st.integers(1, 3), world_after=st.integers(1, 3),
+       cut=st.integers(1, 12))
+def test_resume_anywhere_continues_the_stream(sources, w, epoch, batch, world_before,
+                                              world_after, cut) -> None:
+    weights = dict(zip("abc", w))
+    factory = lambda: _mix(sources, weights, epoch)  # noqa: E731
+    whole, _ = _global(factory, batch * world_before, 1, epochs=2)
+    first, state = _global(factory, batch, world_before, batches=cut)
+    assert len(json.dumps(state)) <= 2048
+    n, step = factory().samples_per_epoch, batch * world_after
+    # A last global batch smaller than the world is padded by wrapping around (as torch's
+    # DistributedSampler does; tests/test_plan.py): compare streams without it.
+    assume(all(r == 0 or r >= world_after for r in ((n - state["sample"]) % step, n % step)))
+    r = n % (batch * world_before)
+    assume(r == 0 or r >= world_before)
+    rest, _ = _global(factory, batch, world_after, start_state=state,
+                      allow=("batch_size",), epochs=2)
+    joined = first + rest
+    # The first run may end its epoch early; the second finishes it and reads one more epoch.
+    assert joined[: len(whole)] == whole[: len(joined)]
+    # Proportions are exact at every prefix of the epoch, within ±1 per source.
+    mix = factory()
+    src = _sources_of(whole[:n])
+    for k, share in enumerate(mix.weights.values()):
+        counts = np.cumsum(src == k)
+        assert np.all(np.abs(counts - np.arange(1, n + 1) * share) < 1)
+
+
+def test_oversampled_source_repeats_in_fresh_orders(sources) -> None:
+    mix = _mix(sources, {"a": 1, "b": 1, "c": 1}, "all_exhausted")
+    ids, _ = _global(lambda: mix, 10, 1)
+    a = [i for i in ids if i // 1000 == 1]
+    assert len(a) == mix.per_epoch[0] >= 13 * 6
+    passes = [a[i:i + 13] for i in range(0, 13 * 6, 13)]
+    assert all(sorted(p) == list(range(1000, 1013)) for p in passes)  # each pass: every row once
+    assert len({tuple(p) for p in passes}) == len(passes)  # ... each in a new order
+    c = [i for i in ids if i // 1000 == 3]
+    assert c == list(range(3000, 3090))  # the largest source is read once, in its own order
+
+
+def test_sources_continue_across_mix_epochs(sources) -> None:
+    mix = _mix(sources, {"a": 1, "b": 1, "c": 1})  # ends when 'a' (13 rows) is used up
+    ids, _ = _global(lambda: mix, 8, 1, epochs=7)
+    c = [i for i in ids if i // 1000 == 3]
+    assert c[:90] == list(range(3000, 3090))  # 'c' is not restarted each mix epoch
+    assert len(c) == 7 * mix.per_epoch[2]
+
+
+@settings(max_examples=10, deadline=None)
+@given(old=st.lists(st.integers(1, 4), min_size=3, max_size=3),
+       new=st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any),
+       cut=st.integers(1, 10), world=st.integers(1, 2))
+def test_changed_weights_continue_every_source_where_it_stood(sources, old, new, cut,
+                                                              world) -> None:
+    before = lambda: _mix(sources, dict(zip("abc", old)), "all_exhausted")  # noqa: E731
+    after = lambda: _mix(sources, dict(zip("abc", new)), "all_exhausted")  # noqa: E731
+    first, state = _global(before, 4, world, batches=cut)
+    with pytest.raises(StateMismatchError, match="allow_changes=\\('weights',\\)"):
+        ll.Loader(after(), batch_size=4).load_state_dict(state)
+    rest, end = _global(after, 4, 1, start_state=state, allow=("weights",), epochs=2)
+    # Each source's rows, before and after, are a prefix of that source's own endless stream.
+    for k, name in enumerate("abc"):
+        alone = _mix(sources, {n: int(n == name) for n in "abc"}, 3000)
+        own, _ = _global(lambda alone=alone: alone, 500, 1)
+        got = [i for i in first + rest if i // 1000 == k + 1]
+        assert got == own[: len(got)]
+    # And the resumed run resumes again from its own state (the offsets travel with it).
+    again, _ = _global(after, 4, 1, start_state=end, epochs=1)
+    assert len(again) == after().samples_per_epoch
+
+
+def test_process_workers_deliver_the_thread_stream(sources) -> None:
+    mix = lambda: _mix(sources, {"a": 2, "b": 3, "c": 5}, source_column="source")  # noqa: E731
+    threads = [b for b in ll.Loader(mix(), batch_size=16, num_workers=2)]
+    procs = [b for b in ll.Loader(mix(), batch_size=16, num_workers=2, worker_type="process")]
+    assert [b["id"].tolist() for b in threads] == [b["id"].tolist() for b in procs]
+    assert [b["source"].tolist() for b in threads] == [b["source"].tolist() for b in procs]
+    assert np.array_equal(np.concatenate([b["source"] for b in threads]),
+                          _sources_of(np.concatenate([b["id"] for b in threads]).tolist()))
+
+
+def test_a_source_transform_conforms_columns(sources, tmp_path) -> None:
+    other = str(tmp_path / "renamed.lance")
+    lance.write_dataset(pa.table({"ident": pa.array(np.arange(5) + 9000, pa.int32())}), other)
+    with pytest.raises(ValueError, match="different columns"):
+        ll.Mix({"a": ll.Loader(sources["a"], columns=["id"]), "o": ll.Loader(other)})
+
+    def rename(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return pa.record_batch({"id": batch.column("ident")})
+
+    mix = ll.Mix({"a": ll.Loader(sources["a"], columns=["id"]),
+                  "o": ll.Loader(other, transform=rename)}, samples_per_epoch=10)
+    ids = np.concatenate([b["id"] for b in ll.Loader(mix, batch_size=4)]).tolist()
+    assert sorted(i for i in ids if i >= 9000) == list(range(9000, 9005))  # int32 cast to int64
+
+    def drop_half(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return pa.record_batch({"id": batch.column("ident")}).slice(0, 1)
+
+    bad = ll.Mix({"a": ll.Loader(sources["a"], columns=["id"]),
+                  "o": ll.Loader(other, transform=drop_half)}, samples_per_epoch=10)
+    with pytest.raises(ll.TransformOutputError, match="mix source 'o'"):
+        list(ll.Loader(bad, batch_size=4))
+
+
+def test_weights_by_tokens(tmp_path) -> None:
+    uris = {}
+    for name, length in (("short", 10), ("long", 40)):
+        uris[name] = str(tmp_path / f"{name}.lance")
+        tokens = pa.array([[1] * length] * 200, pa.list_(pa.int32()))
+        lance.write_dataset(pa.table({"input_ids": tokens}), uris[name])
+    mix = ll.Mix(uris, weights={"short": 1, "long": 1}, weights_by="tokens",
+                 token_column="input_ids")
+    assert mix.weights == {"short": 0.8, "long": 0.2}  # equal tokens: 4 short rows per long one
+
+
+def test_bad_mixes_are_named(sources) -> None:
+    with pytest.raises(ValueError, match="one weight per source"):
+        ll.Mix({"a": sources["a"]}, weights={"b": 1})
+    with pytest.raises(ValueError, match="not all 0"):
+        ll.Mix({"a": sources["a"]}, weights={"a": 0})
+    with pytest.raises(ValueError, match="token_column"):
+        ll.Mix({"a": sources["a"]}, weights_by="tokens")
+    with pytest.raises(ValueError, match="samples_per_epoch"):
+        ll.Mix({"a": sources["a"]}, samples_per_epoch=0)
+    with pytest.raises(ValueError, match="shuffle.*source's own Loader|set them on the source"):
+        ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, shuffle=True)
+    with pytest.raises(ValueError, match="filter"):
+        ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, filter="id > 3")
