@@ -38,7 +38,7 @@ def test_every_prefix_is_within_one_of_its_share(quotas: list[int]) -> None:
 def test_rational_weights_keep_the_proportions(weights: list[int]) -> None:
     quotas = rational_weights(weights)
     total = sum(weights)
-    assert all(Fraction(q, sum(quotas)) == Fraction(w, total) for q, w in zip(quotas, weights))
+    assert all(Fraction(q, sum(quotas)) == Fraction(w, total) for q, w in zip(quotas, weights, strict=True))
 
 
 def test_float_weights_become_their_obvious_fractions() -> None:
@@ -81,7 +81,7 @@ def _global(mix_factory, batch_size, world, start_state=None, batches=None, epoc
     steps = 0
     for _ in range(epochs):
         its = [iter(loader) for loader in loaders]
-        for group in zip(*its):
+        for group in zip(*its, strict=False):
             for batch in group:
                 out.extend(batch["id"].tolist())
             steps += 1
@@ -106,7 +106,7 @@ def _sources_of(ids: list[int]) -> np.ndarray:
        cut=st.integers(1, 12))
 def test_resume_anywhere_continues_the_stream(sources, w, epoch, batch, world_before,
                                               world_after, cut) -> None:
-    weights = dict(zip("abc", w))
+    weights = dict(zip("abc", w, strict=True))
     factory = lambda: _mix(sources, weights, epoch)  # noqa: E731
     whole, _ = _global(factory, batch * world_before, 1, epochs=2)
     first, state = _global(factory, batch, world_before, batches=cut)
@@ -156,8 +156,8 @@ def test_sources_continue_across_mix_epochs(sources) -> None:
        cut=st.integers(1, 10), world=st.integers(1, 2))
 def test_changed_weights_continue_every_source_where_it_stood(sources, old, new, cut,
                                                               world) -> None:
-    before = lambda: _mix(sources, dict(zip("abc", old)), "all_exhausted")  # noqa: E731
-    after = lambda: _mix(sources, dict(zip("abc", new)), "all_exhausted")  # noqa: E731
+    before = lambda: _mix(sources, dict(zip("abc", old, strict=True)), "all_exhausted")  # noqa: E731
+    after = lambda: _mix(sources, dict(zip("abc", new, strict=True)), "all_exhausted")  # noqa: E731
     first, state = _global(before, 4, world, batches=cut)
     with pytest.raises(StateMismatchError, match="allow_changes=\\('weights',\\)"):
         ll.Loader(after(), batch_size=4).load_state_dict(state)
@@ -226,7 +226,7 @@ def test_bad_mixes_are_named(sources) -> None:
         ll.Mix({"a": sources["a"]}, weights_by="tokens")
     with pytest.raises(ValueError, match="samples_per_epoch"):
         ll.Mix({"a": sources["a"]}, samples_per_epoch=0)
-    with pytest.raises(ValueError, match="shuffle.*source's own Loader|set them on the source"):
+    with pytest.raises(ValueError, match=r"set them on the source"):
         ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, shuffle=True)
     with pytest.raises(ValueError, match="filter"):
         ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, filter="id > 3")
