@@ -92,3 +92,19 @@ def fail_on_odd_id(row):
     if row["id"] % 2:
         raise ValueError(f"odd id {row['id']}")
     return row
+
+
+def draw(row, rng):
+    """A per-sample random draw (tests/test_augment.py): what the row's generator gives."""
+    return {"id": row["id"], "r": float(rng.random())}
+
+
+def crop_flip(row, rng, size=6):
+    """Random crop and horizontal flip of a [C, H, W] image (the guide's vision recipe)."""
+    image = row["image"]
+    y = int(rng.integers(0, image.shape[1] - size + 1))
+    x = int(rng.integers(0, image.shape[2] - size + 1))
+    image = image[:, y:y + size, x:x + size]
+    if rng.random() < 0.5:
+        image = image[:, :, ::-1]
+    return {**row, "image": np.ascontiguousarray(image)}
