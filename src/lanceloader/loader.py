@@ -245,10 +245,11 @@ class Loader:
                                             shuffle_window, seed)
         self.num_workers = num_workers or os.cpu_count() or 1
         self.worker_type = worker_type
+        read_order, sources = self._read_shape()
         self.batches_per_read = (
             max(1, rows_per_read // batch_size) if rows_per_read else
-            batches_per_read(self.order, batch_size, transform is not None,
-                             self.source.bytes_per_row)
+            batches_per_read(read_order, batch_size, transform is not None,
+                             self.source.bytes_per_row, sources)
         )
         self._prefetch_given = prefetch
         self.prefetch = prefetch or default_prefetch(self.num_workers, self.batches_per_read,
@@ -263,6 +264,17 @@ class Loader:
         # The live iterator is held weakly, so a `break` out of a for loop lets it be collected
         # (which stops its workers); the cursor outlives it.
         self._active: weakref.ref[EpochIterator] = _dead_ref
+
+    def _read_shape(self) -> tuple[Order, int]:
+        """The order whose kind sizes a read (range reads or random takes) and the sources a
+        read spans: a mix reads each active source with its own order, and as many rows from
+        each as a single source would read."""
+        if not isinstance(self.source, MixedSource):
+            return self.order, 1
+        orders = self.source.orders
+        random = [o for o in orders if o.shuffle and o.block_size < 64]
+        active = sum(1 for q in self.source.mix.interleave.quotas if q)
+        return (random or orders)[0], active
 
     def _new_cursor(self) -> Cursor:
         src = self.source
@@ -471,7 +483,8 @@ class Loader:
         >>> print(loader.stats().bottleneck)                # doctest: +SKIP
         bottleneck: training loop (the loop waited for data 2% of the time). Try: ...
         """
-        random_reads = self.order.shuffle and self.order.block_size < 64
+        order = self._read_shape()[0]
+        random_reads = order.shuffle and order.block_size < 64
         stats = self.recorder.snapshot(workers=self.num_workers, shuffle_random=random_reads,
                                        epoch=epoch)
         if self.packing is not None:

@@ -402,40 +402,53 @@ class MixedSource:
     def num_rows(self) -> int:
         return self.mix.samples_per_epoch
 
-    def locate(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """For indices into the mixed endless stream: each one's source, and its index in that
-        source's own endless stream."""
+    def locate(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                  list[tuple[int, np.ndarray]]]:
+        """For indices into the mixed endless stream: each one's source, its index in that
+        source's own endless stream, and ``(source, where)`` groups (in stream order)."""
         mix = self.mix
         epoch, sample = np.divmod(np.asarray(stream, dtype=np.int64), mix.samples_per_epoch)
         which = mix.interleave.source_of(sample)
         index = np.empty_like(sample)
-        for k in np.unique(which).tolist():
-            sel = which == k
+        groups = [(k, np.flatnonzero(which == k)) for k, q in enumerate(mix.interleave.quotas)
+                  if q]
+        groups = [(k, sel) for k, sel in groups if len(sel)]
+        for k, sel in groups:
             index[sel] = (mix.offsets[k] + epoch[sel] * mix.per_epoch[k]
                           + mix.interleave.count(k, sample[sel]))
-        return which, index
+        return which, index, groups
 
     def read_table_with_io(self, stream: np.ndarray) -> tuple[pa.Table, int, int, int]:
-        which, index = self.locate(stream)
+        which, index, groups = self.locate(stream)
         parts: list[pa.Table] = []
-        placed = np.empty(len(which), dtype=np.int64)
-        done = io_bytes = iops = cached = 0
-        for k in np.unique(which).tolist():
-            sel = np.flatnonzero(which == k)
+        io_bytes = iops = cached = done = 0
+        take = np.empty(len(which), dtype=np.int64)  # row of the concatenated parts per sample
+        for k, sel in groups:
             rows = self.sources[k].num_rows
             source_epoch, sample = np.divmod(index[sel], rows)
-            positions = np.empty_like(sample)
-            for e in np.unique(source_epoch).tolist():
-                at = source_epoch == e
-                positions[at] = self.orders[k].positions(int(e), sample[at])
-            table, b, i, c = self.sources[k].read_table_with_io(positions)
+            if source_epoch[0] == source_epoch[-1]:  # one epoch of the source (the usual case)
+                positions = self.orders[k].positions(int(source_epoch[0]), sample)
+            else:
+                positions = np.empty_like(sample)
+                for e in np.unique(source_epoch).tolist():
+                    at = source_epoch == e
+                    positions[at] = self.orders[k].positions(int(e), sample[at])
+            # Sorted and unique, the source reads without reordering (or repeating) rows: the
+            # one take below puts every row in its mixed place.
+            if bool(np.all(positions[1:] > positions[:-1])):
+                unique, where = positions, np.arange(len(positions))
+            else:
+                unique, where = np.unique(positions, return_inverse=True)
+            table, b, i, c = self.sources[k].read_table_with_io(unique)
             io_bytes, iops, cached = io_bytes + b, iops + i, cached + c
             parts.append(self._conform(k, table))
-            placed[sel] = done + np.arange(len(sel))
-            done += len(sel)
+            take[sel] = done + where
+            done += len(unique)
         if not parts:
             return self.schema_table(), 0, 0, 0
-        table = pa.concat_tables(parts).take(pa.array(placed))
+        table = pa.concat_tables(parts)
+        if not (len(take) == done and bool(np.all(take == np.arange(done)))):
+            table = table.take(pa.array(take))
         if self.mix.source_column:
             table = table.append_column(self.mix.source_column, pa.array(which, pa.int16()))
         return table, io_bytes, iops, cached
@@ -472,12 +485,11 @@ class MixedSource:
         return self.schema.empty_table()
 
     def describe_rows(self, stream: np.ndarray) -> str:
-        which, index = self.locate(stream)
+        _, index, groups = self.locate(stream)
         parts = []
-        for k in np.unique(which).tolist():
-            sel = which == k
-            parts.append(f"{int(sel.sum())} from {self.names[k]!r} (its samples "
-                         f"{index[sel][:4].tolist()}{'...' if sel.sum() > 4 else ''})")
+        for k, sel in groups:
+            parts.append(f"{len(sel)} from {self.names[k]!r} (its samples "
+                         f"{index[sel][:4].tolist()}{'...' if len(sel) > 4 else ''})")
         return "mixed samples: " + ", ".join(parts)
 
     def __repr__(self) -> str:

@@ -516,11 +516,15 @@ class Source:
 
     def _read_offsets(self, offsets: np.ndarray) -> pa.Table:
         """The rows at Lance ``offsets`` (any order, duplicates allowed), from Lance."""
-        unique, inverse = np.unique(offsets, return_inverse=True)
+        if len(offsets) < 2 or bool(np.all(offsets[1:] > offsets[:-1])):  # already in order
+            unique, inverse = offsets, None
+        else:
+            unique, inverse = np.unique(offsets, return_inverse=True)
         table, order = self._read_sorted(unique)
-        if not (_is_identity(order) and _is_identity(inverse)):
+        if not (_is_identity(order) and (inverse is None or _is_identity(inverse))):
             # one take: from the order read to the unique offsets' order, then to the request's
-            table = table.take(pa.array(_inverse(order)[inverse]))
+            back = inverse_permutation(order)
+            table = table.take(pa.array(back if inverse is None else back[inverse]))
         return table.select(self.columns)
 
     def _fill_plan(self) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -619,7 +623,7 @@ class Source:
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         where = np.concatenate(placed) if len(placed) > 1 else placed[0]
         if not _is_identity(where):
-            table = table.take(pa.array(_inverse(where)))
+            table = table.take(pa.array(inverse_permutation(where)))
         return table.select(self.columns), cached
 
     def _read_sorted(self, offsets: np.ndarray) -> tuple[pa.Table, np.ndarray]:
@@ -632,21 +636,18 @@ class Source:
         breaks = np.flatnonzero((np.diff(offsets) != 1) | (np.diff(fragment_of) != 0)) + 1
         starts = np.concatenate(([0], breaks))
         stops = np.concatenate((breaks, [len(offsets)]))
+        long = stops - starts >= MIN_RANGE_ROWS
         pieces: list[pa.Table] = []
         order: list[np.ndarray] = []
-        scattered: list[np.ndarray] = []
-        for lo, hi in zip(starts.tolist(), stops.tolist(), strict=True):
-            if hi - lo < MIN_RANGE_ROWS:
-                scattered.append(np.arange(lo, hi))
-                continue
+        for lo, hi in zip(starts[long].tolist(), stops[long].tolist(), strict=True):
             frag = int(fragment_of[lo])
             local = int(offsets[lo] - self._fragment_starts[frag])
             pieces.append(
                 self._fragments[frag].to_table(columns=self.columns, offset=local, limit=hi - lo)
             )
             order.append(np.arange(lo, hi))
-        if scattered:
-            idx = np.concatenate(scattered)
+        if not long.all():  # the rows of short runs: one take (no per-run Python)
+            idx = np.flatnonzero(np.repeat(~long, stops - starts))
             pieces.append(ds.take(offsets[idx], columns=self.columns))
             order.append(idx)
         if not pieces:
@@ -800,7 +801,7 @@ def _check_columns(columns: list[str] | None, schema: pa.Schema, what: str = "co
     return columns
 
 
-def _inverse(placed: np.ndarray) -> np.ndarray:
+def inverse_permutation(placed: np.ndarray) -> np.ndarray:
     """The inverse of the permutation ``placed`` (row ``i`` goes to place ``placed[i]``): taking
     it from the rows puts each in its place."""
     where = np.empty_like(placed)
