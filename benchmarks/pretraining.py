@@ -20,6 +20,8 @@ Cases
     (c) the plan: seconds to compute it at construction, and its padding fraction next to
     first-fit decreasing over the same window and to next-fit (rows filled in storage order,
     a new row when the next document does not fit). Target: padding <= first-fit.
+    (d) the language-model recipe: a mix of three packed token datasets vs one packed dataset
+    with as many documents, tokens/s with 2 workers (no target; what mixing costs there).
 ``state``
     ``len(json.dumps(state_dict()))`` of a mix loader and of a packed loader, and the time from
     ``load_state_dict`` to the first batch at 10% and at 90% of an epoch. Targets: <= 2 KB;
@@ -73,12 +75,12 @@ def datasets(root: Path, rows: int) -> tuple[str, list[str]]:
     return str(single), parts
 
 
-def token_dataset(root: Path, docs: int) -> tuple[str, np.ndarray]:
-    lengths = np.random.default_rng(1).integers(1, 2000, docs)
-    uri = root / f"tokens-{docs}.lance"
+def token_dataset(root: Path, docs: int, seed: int = 1) -> tuple[str, np.ndarray]:
+    lengths = np.random.default_rng(seed).integers(1, 2000, docs)
+    uri = root / f"tokens-{docs}-{seed}.lance"
     if not uri.exists():
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        values = pa.array(np.random.default_rng(2).integers(0, 50_000, int(offsets[-1]),
+        values = pa.array(np.random.default_rng(seed + 1).integers(0, 50_000, int(offsets[-1]),
                                                             dtype=np.int32))
         lists = pa.LargeListArray.from_arrays(pa.array(offsets), values).cast(
             pa.list_(pa.int32()))
@@ -111,6 +113,39 @@ def mix_case(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
                      "ratio": statistics.median(mixed) / statistics.median(one),
                      "runs": {"single": one, "mix": mixed}}
     return out
+
+
+def packed_mix_case(root: Path, uri: str, docs: int, repeats: int) -> dict[str, Any]:
+    """A mix of three packed token datasets (docs / 3 documents each) vs one packed dataset of
+    ``docs`` documents: the language-model recipe, tokens/s through the loader (2 workers)."""
+    parts = [token_dataset(root, docs // 3, seed=10 + k)[0] for k in range(3)]
+
+    def packed(path: str) -> ll.Loader:
+        return ll.Loader(path, columns=["input_ids"], pack=ll.pack("input_ids", SEQ_LEN),
+                         shuffle=True, shuffle_block_size=64)
+
+    def rate(loader: ll.Loader) -> float:
+        t0 = time.perf_counter()
+        tokens = sum(int((b["segment_ids"] > 0).sum()) for b in loader)
+        return tokens / (time.perf_counter() - t0)
+
+    one, mixed = [], []
+    for r in range(repeats):
+        def run_one() -> float:
+            return rate(ll.Loader(uri, columns=["input_ids"], batch_size=16, num_workers=2,
+                                  pack=ll.pack("input_ids", SEQ_LEN), shuffle=True,
+                                  shuffle_block_size=64))
+
+        def run_mix() -> float:
+            mix = ll.Mix({f"s{k}": packed(p) for k, p in enumerate(parts)})
+            return rate(ll.Loader(mix, batch_size=16, num_workers=2))
+
+        for f, sink in ((run_one, one), (run_mix, mixed))[:: 1 if r % 2 == 0 else -1]:
+            sink.append(f())
+    return {"one_packed_tokens_per_s": statistics.median(one),
+            "mix_of_packed_tokens_per_s": statistics.median(mixed),
+            "ratio": statistics.median(mixed) / statistics.median(one),
+            "runs": {"one": one, "mix": mixed}}
 
 
 def next_fit_rows(lengths: np.ndarray, seq_len: int) -> int:
@@ -223,6 +258,7 @@ def main() -> None:
               "args": vars(args)}
     result["mix"] = mix_case(single, parts, args.repeats)
     result["pack"] = pack_case(uri, lengths, args.repeats)
+    result["mix"]["packed_tokens"] = packed_mix_case(root, uri, args.docs, args.repeats)
     result["state"] = state_case(parts, uri, args.repeats)
     result["machine"]["load_after"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

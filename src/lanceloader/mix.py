@@ -407,15 +407,23 @@ class MixedSource:
         """For indices into the mixed endless stream: each one's source, its index in that
         source's own endless stream, and ``(source, where)`` groups (in stream order)."""
         mix = self.mix
-        epoch, sample = np.divmod(np.asarray(stream, dtype=np.int64), mix.samples_per_epoch)
+        stream = np.asarray(stream, dtype=np.int64)
+        epoch, sample = np.divmod(stream, mix.samples_per_epoch)
         which = mix.interleave.source_of(sample)
         index = np.empty_like(sample)
         groups = [(k, np.flatnonzero(which == k)) for k, q in enumerate(mix.interleave.quotas)
                   if q]
         groups = [(k, sel) for k, sel in groups if len(sel)]
+        one_run = len(stream) > 0 and epoch[0] == epoch[-1] and \
+            int(sample[-1] - sample[0]) == len(stream) - 1  # one contiguous run (the usual read)
         for k, sel in groups:
-            index[sel] = (mix.offsets[k] + epoch[sel] * mix.per_epoch[k]
-                          + mix.interleave.count(k, sample[sel]))
+            base = mix.offsets[k] + int(epoch[sel[0]]) * mix.per_epoch[k]
+            if one_run:  # a run of mixed samples takes a run of each source's stream
+                first = base + int(mix.interleave.count(k, int(sample[sel[0]])))
+                index[sel] = np.arange(first, first + len(sel))
+            else:
+                index[sel] = (mix.offsets[k] + epoch[sel] * mix.per_epoch[k]
+                              + mix.interleave.count(k, sample[sel]))
         return which, index, groups
 
     def read_table_with_io(self, stream: np.ndarray) -> tuple[pa.Table, int, int, int]:

@@ -66,6 +66,7 @@ _logger = logging.getLogger("lanceloader")
 # where range reads one after another each wait for the store (S3 emulated with 20 ms per
 # request: sequential 1.19x, block shuffle 1.05x the rows/s of range reads of >= 4,096 rows).
 MIN_RANGE_ROWS = 4096
+FEW_SHORT_RUNS = 2
 # Object-store requests Lance makes give up after these (given as storage_options where the user
 # set none of them): a request may take 30 s, its retries 30 s more. Without them, opening a
 # dataset on a server that accepts connections but never answers had not ended after 400 s
@@ -632,11 +633,17 @@ class Source:
         ds = self.dataset
         if is_object_store(self.uri):  # one take: Lance sends all its requests at once
             return ds.take(offsets, columns=self.columns), np.arange(len(offsets))
+        if not len(offsets):
+            return self.schema_table().slice(0, 0), np.zeros(0, dtype=np.int64)
         fragment_of = self._fragment_of(offsets)
         breaks = np.flatnonzero((np.diff(offsets) != 1) | (np.diff(fragment_of) != 0)) + 1
         starts = np.concatenate(([0], breaks))
         stops = np.concatenate((breaks, [len(offsets)]))
+        # Runs of >= MIN_RANGE_ROWS are range reads, and so are a few short ones (a run cut by a
+        # fragment's end); many short runs (a block shuffle's blocks) are one take.
         long = stops - starts >= MIN_RANGE_ROWS
+        if np.count_nonzero(~long) <= FEW_SHORT_RUNS:
+            long[:] = True
         pieces: list[pa.Table] = []
         order: list[np.ndarray] = []
         for lo, hi in zip(starts[long].tolist(), stops[long].tolist(), strict=True):
