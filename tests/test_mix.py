@@ -230,3 +230,17 @@ def test_bad_mixes_are_named(sources) -> None:
         ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, shuffle=True)
     with pytest.raises(ValueError, match="filter"):
         ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, filter="id > 3")
+
+
+def test_torch_iterable_dataset_over_a_mix(sources) -> None:
+    torch = pytest.importorskip("torch")
+    from lanceloader.torch import IterableDataset
+
+    mix = _mix(sources, {"a": 1, "b": 1, "c": 2})
+    expected, _ = _global(lambda: mix, 8, 1)
+    ds = IterableDataset(mix, batch_size=8)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    got = [int(i) for batch in loader for i in batch["id"]]
+    assert sorted(got) == sorted(expected)  # DataLoader workers interleave whole batches
+    with pytest.raises(ValueError, match="each source's Loader"):
+        ll.Loader(mix, batch_size=8).mixing_report()

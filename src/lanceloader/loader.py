@@ -362,6 +362,9 @@ class Loader:
 
         >>> print(loader.mixing_report())                   # doctest: +SKIP
         """
+        if isinstance(self.source, MixedSource):
+            raise ValueError("a mix has no order of its own to report on: its sources' orders "
+                             "are interleaved; call mixing_report() on each source's Loader")
         c = self._cursor
         return mixing_report(self.order, self.plan(c.sample), c.epoch, self.batches_per_read,
                              batches, places)

@@ -456,7 +456,9 @@ class MixedSource:
             return self.schema_table(), 0, 0, 0
         table = pa.concat_tables(parts)
         if not (len(take) == done and bool(np.all(take == np.arange(done)))):
-            table = table.take(pa.array(take))
+            # One chunk first: Arrow's take over several chunks costs more than combining them
+            # and taking from one (3 chunks of 42k rows of 264 B: 14.7 ms vs 3.3 + 5.1 ms).
+            table = table.combine_chunks().take(pa.array(take))
         if self.mix.source_column:
             table = table.append_column(self.mix.source_column, pa.array(which, pa.int16()))
         return table, io_bytes, iops, cached
