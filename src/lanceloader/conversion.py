@@ -211,6 +211,29 @@ def check_schema(schema: pa.Schema, output: str | Conversion = "numpy") -> None:
             )
 
 
+def check_bytes_for_tensors(schema: pa.Schema, output: str) -> None:
+    """Refuse binary columns for a plain tensor ``output`` (``"torch"``, ``"jax"``, ``"tf"``)
+    without a transform: they would arrive as a list of ``bytes``, and fail later in the model
+    (``'list' object has no attribute 'permute'``). An explicit ``Conversion(output=...)`` keeps
+    the bytes as a list, for code that decodes them itself (on a GPU, say).
+
+    >>> check_bytes_for_tensors(pa.schema([("image", pa.binary())]), "torch")
+    Traceback (most recent call last):
+    ...
+    lanceloader.ConversionError: column 'image' holds encoded bytes, which output='torch' cannot make a tensor of: they would arrive as a list of bytes. Decode them in the workers with transform=ll.decode_images('image') (JPEG/PNG), leave the column out with columns=[...], or pass output=ll.Conversion(output='torch') to get the list of bytes on purpose
+    """
+    if output not in FRAMEWORKS:
+        return
+    for f in schema:
+        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
+            raise ConversionError(
+                f"column {f.name!r} holds encoded bytes, which output={output!r} cannot make a "
+                "tensor of: they would arrive as a list of bytes. Decode them in the workers "
+                f"with transform=ll.decode_images({f.name!r}) (JPEG/PNG), leave the column out "
+                f"with columns=[...], or pass output=ll.Conversion(output={output!r}) to get "
+                "the list of bytes on purpose")
+
+
 def to_output(
     batch: pa.RecordBatch | pa.Table | Mapping[str, Any], output: str | Conversion = "numpy"
 ) -> Any:

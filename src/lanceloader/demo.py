@@ -1,6 +1,6 @@
 """A synthetic dataset for the demo, the benchmarks and the tests.
 
-Columns: ``id`` (int64, equal to the row offset), ``label`` (int32 in [0, 10)), ``x``
+Columns: ``id`` (int64, equal to the row offset), ``label`` (int64 in [0, 10), what ``cross_entropy`` takes), ``x``
 (64 float32 as a fixed-size list, 256 B) and ``text`` (a short string). Deterministic for a given
 number of rows.
 
@@ -34,7 +34,7 @@ def demo_table(rows: int, start: int = 0, seed: int = 0) -> pa.Table:
     return pa.table(
         {
             "id": ids,
-            "label": (ids % 10).astype(np.int32),
+            "label": (ids % 10).astype(np.int64),
             "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 64),
             "text": pa.array(text, pa.string()),
         }

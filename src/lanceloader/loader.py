@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -41,7 +42,12 @@ import lance
 
 from lanceloader.arguments import check_bool, check_int, check_numbers, check_seconds
 from lanceloader.cache import MemoryCache
-from lanceloader.conversion import Conversion, check_output, check_schema
+from lanceloader.conversion import (
+    Conversion,
+    check_bytes_for_tensors,
+    check_output,
+    check_schema,
+)
 from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
 from lanceloader.engine import (
@@ -83,6 +89,28 @@ def _no_iterator() -> None:
 
 
 _dead_ref: Any = _no_iterator
+
+
+_hinted: set[str] = set()
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _hint_process_workers(workers: int) -> None:
+    """Say once per process when there are more process workers than cores: each is a whole
+    interpreter, and they take turns on the cores (4 on 2 cores ran 2.3x slower than 2)."""
+    cores = _cores()
+    if workers > cores and "process-workers" not in _hinted:
+        _hinted.add("process-workers")
+        warnings.warn(
+            f"num_workers={workers} process workers on {cores} cores: the processes take turns "
+            f"on the cores (4 on 2 cores ran 2.3x slower than 2); pass num_workers={cores} or "
+            "fewer (this hint is shown once)", UserWarning, stacklevel=3)
 
 
 class Loader:
@@ -229,6 +257,8 @@ class Loader:
                              "cache='/dev/shm/lance-cache' (in RAM, shared by the workers)")
         if transform is None:
             check_schema(self.source.schema_table().schema, conversion)
+            if isinstance(output, str):
+                check_bytes_for_tensors(self.source.schema_table().schema, output)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.rank = rank
@@ -260,6 +290,7 @@ class Loader:
         if worker_type == "process":
             check_picklable(self._work(), f"transform {transform_name(transform)}")
             start_forkserver()
+            _hint_process_workers(self.num_workers)
         self._cursor = self._new_cursor()
         # The live iterator is held weakly, so a `break` out of a for loop lets it be collected
         # (which stops its workers); the cursor outlives it.

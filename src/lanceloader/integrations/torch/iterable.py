@@ -5,6 +5,7 @@ workers, resumable through torchdata's ``StatefulDataLoader``.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -98,6 +99,7 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         # Every iter() is an iteration (DataLoaders call it once per epoch and worker); the first
         # after construction, set_epoch or load_state_dict continues where that put the cursor,
         # even when nothing is left (a worker restored after it had finished delivers nothing).
+        _refuse_auto_collation(sys._getframe(1), self.loader.batch_size)
         c = self._cursor
         if not self._fresh:
             c.end_epoch()
@@ -167,3 +169,21 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
 
     def __repr__(self) -> str:
         return f"IterableDataset({self.loader!r})"
+
+
+def _refuse_auto_collation(caller: Any, batch_size: int) -> None:
+    """Raise when a DataLoader with its own ``batch_size`` iterates this dataset: it would stack
+    that many of our batches into one (a 5-D batch of images) without a word. The DataLoader's
+    fetcher calls ``iter()`` from its ``__init__``; its ``auto_collation`` says whether it
+    batches."""
+    fetcher = caller.f_locals.get("self") if caller is not None else None
+    fetch = sys.modules.get("torch.utils.data._utils.fetch")
+    if fetch is None or not isinstance(fetcher, getattr(fetch, "_IterableDatasetFetcher", ())):
+        return
+    if getattr(fetcher, "auto_collation", False):
+        raise ValueError(
+            "DataLoader(IterableDataset(...)) was given a batch_size: the dataset yields whole "
+            f"batches (batch_size={batch_size} rows each), so the DataLoader would stack several "
+            "of them into one. Pass batch_size=None to the DataLoader (and set the batch size "
+            "on the IterableDataset)")
+
