@@ -121,7 +121,10 @@ def _import(module: str, output: str, install: str) -> Any:
 
 def _import_torch() -> Any:
     if "torch" not in _modules:
-        _import("torch", "torch", "'lanceloader[torch]'")
+        _import("torch", "torch", "torch --index-url https://download.pytorch.org/whl/cpu "
+                "(the CPU build; for CUDA pick the command for your driver at "
+                "https://pytorch.org/get-started/locally/: a plain 'pip install torch' on Linux "
+                "downloads a multi-GB CUDA build)")
         # Arrow buffers are read-only; the tensors are fresh per batch and never shared, so the
         # warning torch gives for wrapping them is noise. Silence exactly that message, once.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
