@@ -17,6 +17,11 @@ What this module does:
   ``exec``), which opens the pinned dataset, reads, and hands the rows back as Arrow IPC in a
   ``/dev/shm`` file that the child maps without copying. It costs one interpreter start per
   process (about a second), and never hangs.
+* Warnings: Lance warns "lance is not fork-safe" at *every* fork of a process that imported it,
+  even where nothing is at risk (a forkserver that never ran Lance, a parent before its first
+  read). That warning is silenced here; instead the first fork of a process that *has* run Lance
+  warns once, naming the user's line (the first frame outside multiprocessing, torch, Lance and
+  lanceloader) and the faster fix. Tainted children read silently.
 
 Example::
 
@@ -46,6 +51,7 @@ from lanceloader.processes import picklable_error
 LANCE_THREAD_PREFIXES = ("lance_backgroun", "lance-cpu")  # thread names, cut to 15 characters
 
 _threads_at_fork = 0
+_warned = False  # the one fork warning of this process was given
 _tainted = False
 _lance_used_here = False  # fallback where /proc is missing
 
@@ -78,8 +84,37 @@ def tainted() -> bool:
 
 
 def _before_fork() -> None:
-    global _threads_at_fork
+    global _threads_at_fork, _warned
     _threads_at_fork = lance_runtime_threads()
+    if _threads_at_fork > 0 and not _warned:
+        _warned = True
+        _warn_at_user_line(
+            "lanceloader: forking a process that has already run Lance (e.g. DataLoader workers "
+            "with the default 'fork'). lanceloader's datasets in the children read through a "
+            "clean helper process each (about a second to start) instead of hanging; Lance "
+            "called directly in a child would hang. Faster: start workers with 'forkserver', "
+            "e.g. DataLoader(..., multiprocessing_context='forkserver', persistent_workers=True) "
+            "(docs/fork-safety.md). Said once per process.")
+
+
+# Frames of these packages are not the user's line.
+_NOT_USER = ("multiprocessing", "torch", "lance", "lanceloader", "concurrent", "threading")
+
+
+def _warn_at_user_line(message: str) -> None:
+    """A ``RuntimeWarning`` attributed to the innermost frame that is the user's code."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        parts = Path(frame.f_code.co_filename).parts
+        if not any(p in _NOT_USER for p in parts) and "importlib" not in frame.f_code.co_filename:
+            break
+        frame = frame.f_back
+    if frame is None:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return
+    warnings.warn_explicit(message, RuntimeWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=frame.f_globals.get("__name__", "__main__"),
+                           registry=frame.f_globals.setdefault("__warningregistry__", {}))
 
 
 def _after_fork_in_child() -> None:
@@ -90,6 +125,8 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+# Lance's own warning fires at every fork, safe or not; the one above fires when it matters.
+warnings.filterwarnings("ignore", message="lance is not fork-safe", category=UserWarning)
 
 
 class CleanReader:
@@ -101,14 +138,7 @@ class CleanReader:
     """
 
     def __init__(self, source: Any) -> None:
-        warnings.warn(
-            f"lanceloader: process {os.getpid()} was forked from a process that had already "
-            "used Lance, where Lance would hang or crash; reading through a clean helper "
-            "process instead (about a second to start). Start workers with 'forkserver' or "
-            "'spawn' to avoid this, e.g. DataLoader(..., multiprocessing_context='forkserver')",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        # No warning here: the parent said so once, at the fork (``_before_fork``).
         self._lock = threading.Lock()  # one request at a time on the pipe
         self._prefix = lifetime.shm_name("reader", os.getpid(), uuid.uuid4().hex[:8])
         self._proc = subprocess.Popen(
