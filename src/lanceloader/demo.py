@@ -1,6 +1,6 @@
 """A synthetic dataset for the demo, the benchmarks and the tests.
 
-Columns: ``id`` (int64, equal to the row offset), ``label`` (int64 in [0, 10), what ``cross_entropy`` takes), ``x``
+Columns: ``id`` (int64, equal to the row offset), ``label`` (int64 in [0, 10)), ``x``
 (64 float32 as a fixed-size list, 256 B) and ``text`` (a short string). Deterministic for a given
 number of rows.
 

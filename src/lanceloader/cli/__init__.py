@@ -209,6 +209,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--rows", type=positive_int, default=300_000, help="rows of the generated dataset"
     )
+    d.add_argument("--runs", type=positive_int, default=3,
+                   help="epochs per mode; the table shows medians (default 3)")
+    d.add_argument("--workers", type=positive_int, default=None,
+                   help="thread workers (default: one per core)")
     d.set_defaults(run=demo.demo)
     add_bench(sub)
     add_inspect(sub)
