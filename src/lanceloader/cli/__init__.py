@@ -1,7 +1,8 @@
 """Command line: ``lanceloader demo``, ``bench``, ``inspect`` and ``convert``.
 
-``demo`` runs one epoch of each order mode (sequential, block shuffle, full shuffle) on a
-generated or given dataset and prints rows/s, MB/s and time to first batch. ``bench`` runs the
+``demo`` reads a generated or given dataset in each order mode (sequential, block shuffle, full
+shuffle) next to raw Lance, ``--runs`` epochs each, and prints the medians of rows/s, MB/s and
+time to first batch with what each mode means, then the next commands to try. ``bench`` runs the
 Loader with the given settings and a progress bar, then prints ``loader.stats()`` (a table and
 the bottleneck verdict); it can also write the stats and a throughput time series as JSON, a PNG
 plot and a Perfetto trace. ``inspect`` describes a dataset: versions, schema, rows, fragments,
