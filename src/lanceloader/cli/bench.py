@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from lanceloader.cli.errors import CommandError, input_errors
@@ -104,15 +105,40 @@ def describe_order(loader: Loader) -> str:
     return f"block shuffle ({order.block_size} rows x {order.window} blocks, seed {order.seed})"
 
 
-def series_point(loader: Loader, start: float, previous: dict[str, float], epoch: int
-                 ) -> dict[str, float]:
+def series_point(loader: Loader, start: float, previous: dict[str, float], epoch: int,
+                 end: bool = False) -> dict[str, float]:
     """One point of the throughput series: seconds since ``start``, rows so far, rows/s since
-    ``previous``. Rows come from the loader's recorder, so they reconcile with its stats."""
+    ``previous``, and whether it closes an epoch (``epoch_end``: its interval is short and
+    ends with the prefetched batches draining, so its rate is no steady-state figure). Rows
+    come from the loader's recorder, so they reconcile with its stats."""
     t = time.perf_counter() - start
     rows = int(loader.recorder.total_counters()["rows"])
     dt = t - previous["t"]
     rate = (rows - previous["rows"]) / dt if dt > 0 else 0.0
-    return {"t": round(t, 4), "epoch": epoch, "rows": rows, "rows_per_s": rate}
+    return {"t": round(t, 4), "epoch": epoch, "rows": rows, "rows_per_s": rate,
+            "epoch_end": end}
+
+
+def resampled_rates(points: list[dict[str, Any]], every_s: float = SAMPLE_EVERY_S
+                    ) -> tuple[list[float], list[float]]:
+    """Rows/s over equal intervals of ``every_s``, from the rows delivered so far interpolated
+    between the points: an epoch-end point, whose own interval is short and ends as the
+    prefetched batches drain, then counts for what it is (rows at a time) instead of a spike.
+
+    >>> points = [{"t": 0, "rows": 0}, {"t": 0.1, "rows": 100}, {"t": 0.101, "rows": 190},
+    ...           {"t": 0.2, "rows": 200}]
+    >>> [round(r) for r in resampled_rates(points)[1]]
+    [1000, 1000]
+    """
+    t = [p["t"] for p in points]
+    rows = [p["rows"] for p in points]
+    if len(t) < 2 or t[-1] <= 0:
+        return [], []
+    steps = max(1, round(t[-1] / every_s))
+    width = t[-1] / steps
+    edges = [k * width for k in range(steps + 1)]
+    at = np.interp(edges, t, rows)
+    return edges[1:], (np.diff(at) / width).tolist()
 
 
 @dataclass
@@ -174,7 +200,7 @@ def run_epoch_with_series(
                 bar.set_postfix_str(f"{series[-1]['rows_per_s']:,.0f} rows/s", refresh=False)
             if done >= total:
                 break
-        series.append(series_point(loader, start, series[-1], epoch))  # before close() joins
+        series.append(series_point(loader, start, series[-1], epoch, end=True))  # before close()
     if loader.epoch == epoch:  # cut short: the cursor stays mid-epoch until told otherwise
         loader.set_epoch(epoch + 1)
 
@@ -221,30 +247,31 @@ def require_matplotlib() -> None:
 
 
 def write_plot(path: str, report: dict[str, Any]) -> None:
-    """A PNG: throughput over time (left) and time per stage (right), titled with the verdict."""
+    """A PNG: throughput over time in equal intervals (epoch ends marked), the workers' time per
+    stage (summed over workers) and the training loop's wall time, with the verdict."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
     stats = report["stats"]
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    over_time, per_stage = fig.subplots(1, 2)
-    points = report["series"]  # each rate holds from the previous point to its own
-    over_time.plot(
-        [p["t"] for p in points], [p["rows_per_s"] for p in points], drawstyle="steps-pre"
-    )
-    over_time.set(title="throughput", xlabel="seconds", ylabel="rows/s", ylim=(0, None))
-    stages = {
-        "read (workers)": stats["read_s"],
-        "transform (workers)": stats["transform_s"],
-        "convert (workers)": stats["convert_s"],
-        "loop waited": stats["wait_s"],
-        "loop worked": stats["step_s"],
-    }
-    per_stage.barh(list(stages)[::-1], list(stages.values())[::-1])
-    per_stage.set(
-        title=f"time per stage; bottleneck: {stats['bottleneck']['stage']}",
-        xlabel="seconds (worker stages: summed over workers)",
-    )
-    fig.suptitle(f"lanceloader bench {report['uri']} ({report['settings']['order']})")
+    fig = Figure(figsize=(14, 4), layout="constrained")
+    over_time, workers, loop = fig.subplots(1, 3, width_ratios=(2, 1, 1))
+    points = report["series"]
+    times, rates = resampled_rates(points)
+    over_time.plot(times, rates, drawstyle="steps-pre", label="rows/s per 0.1 s")
+    for i, p in enumerate(p for p in points if p.get("epoch_end")):
+        over_time.axvline(p["t"], color="grey", linewidth=0.6, linestyle=":",
+                          label="epoch end" if i == 0 else None)
+    over_time.set(title="throughput", xlabel="seconds", ylabel="rows/s",
+                  ylim=(0, 1.15 * max(rates) if rates else None))
+    over_time.legend(loc="lower right", fontsize="small")
+    worker_stages = {"read": stats["read_s"], "transform": stats["transform_s"],
+                     "convert": stats["convert_s"]}
+    workers.barh(list(worker_stages)[::-1], list(worker_stages.values())[::-1])
+    workers.set(title=f"workers ({stats['workers']})", xlabel="seconds, summed over workers")
+    loop_stages = {"waited for data": stats["wait_s"], "worked (training step)": stats["step_s"]}
+    loop.barh(list(loop_stages)[::-1], list(loop_stages.values())[::-1], color="tab:orange")
+    loop.set(title="training loop", xlabel="wall seconds")
+    fig.suptitle(f"lanceloader bench {report['uri']} ({report['settings']['order']}); "
+                 f"bottleneck: {stats['bottleneck']['stage']}")
     fig.savefig(path, dpi=100)
 
 
