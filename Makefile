@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,12 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks examples
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet
 	$(BIN)/python -m pytest
+
+# The documentation site into site/ (mkdocs.yml: strict, so a broken link or reference fails).
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks examples
@@ -32,4 +37,4 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .hypothesis .ruff_cache

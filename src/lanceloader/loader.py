@@ -166,8 +166,9 @@ class Loader:
             least one per worker, so ``max(prefetch, num_workers * rows_per_read // batch_size)``
             batches are in flight, plus the rest of the read being consumed: that bounds the
             memory (see :mod:`lanceloader.engine`).
-        rank, world_size: this process's slice of each global batch; default: detected from
-            torch.distributed, Ray Train or the RANK/WORLD_SIZE environment variables.
+        rank: this process's slice of each global batch; with ``world_size``, default detected
+            from torch.distributed, Ray Train or the RANK/WORLD_SIZE environment variables.
+        world_size: the number of ranks (see ``rank``).
         rows_per_read: rows fetched by one Lance call (several batches); default 65,536 rows,
             16,384 for a full shuffle, at most 32 MiB, and 2 batches with a transform.
         log_every: log a one-line summary (logger ``lanceloader``) every N batches.

@@ -55,15 +55,19 @@ class MapDataset(torch.utils.data.Dataset):
         filter: SQL predicate, evaluated once at construction against the pinned version.
         version: version number or tag to pin; default the latest at construction.
         storage_options: object-store options passed to Lance.
-        splits, split, split_key: deterministic named splits, as for ``Loader``.
-        cache, cache_size: a local cache of the data, as for ``Loader``: a directory is shared
-            by the DataLoader's workers; ``"memory"`` is per worker process.
+        splits: deterministic named splits, as for ``Loader``.
+        split: which split to read, as for ``Loader``.
+        split_key: the column that decides a row's split, as for ``Loader``.
+        cache: a local cache of the data, as for ``Loader``: a directory is shared by the
+            DataLoader's workers; ``"memory"`` is per worker process.
+        cache_size: the cache's cap in bytes, as for ``Loader``.
         transform: ``fn(pyarrow.RecordBatch) -> batch`` run on each batch read, or a list of
             them (applied in order); a returned RecordBatch is converted to ``output``,
             anything else is passed through.
-        on_error, max_skip_fraction: what a row-aware transform (``ll.map_rows``,
-            ``ll.decode_images``) does with a row that fails, as for ``Loader``: ``"raise"``, or
-            ``"skip"`` the row (the batch comes back shorter) up to that share of a batch.
+        on_error: what a row-aware transform (``ll.map_rows``, ``ll.decode_images``) does with
+            a row that fails, as for ``Loader``: ``"raise"``, or ``"skip"`` the row (the batch
+            comes back shorter).
+        max_skip_fraction: the share of a batch's rows that may be skipped, as for ``Loader``.
         output: ``"torch"`` (default), ``"numpy"``, ``"python"``, ``"arrow"`` or a ``Conversion``.
         read_ahead: when the indices come from a :class:`BatchSampler`, read the batches this
             process will be asked for next ahead, many per Lance call, on one background thread
