@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test lint docs bench bench-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ lint: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/throughput.py
+
+# lanceloader against raw Lance and its peers; rewrites docs/performance.md (~10 minutes)
+bench-peers: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/peers.py
 
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .hypothesis .ruff_cache

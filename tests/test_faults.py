@@ -588,3 +588,33 @@ def test_a_stuck_process_worker_with_a_big_task_queued_still_stalls_in_time(
         next(iter(loader))
     assert time.perf_counter() - started < 1.0 + 3.0
     leaks.check()
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import lanceloader as ll
+    loader = ll.Loader(sys.argv[1], batch_size=64, shuffle=True, num_workers=2,
+                       columns=["id", "x"])
+    if sys.argv[2] == "live":
+        it = iter(loader)          # still referenced when the interpreter exits
+        for _ in range(int(sys.argv[3])):
+            next(it)
+    else:
+        for i, _ in enumerate(loader):
+            if i == int(sys.argv[3]):
+                break              # closed, its busy workers detached
+    print("done")
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["live", "break"])
+def test_exiting_with_reads_in_flight_exits_cleanly(medium_uri: str, how: str) -> None:
+    """A daemon worker still inside Lance when the interpreter finalizes used to abort the
+    process (exit 134, "FATAL: exception not rethrown"); the pools now finish their reads at
+    exit, within a bound."""
+    for batches in (3, 40, 120):
+        done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, medium_uri, how, str(batches)],
+                              capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stdout.strip()) == (0, "done"), done.stderr[-2000:]

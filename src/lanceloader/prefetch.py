@@ -14,6 +14,10 @@ Contract:
   *detached*: its result is dropped, and the thread exits after it. Threads are daemons, so a
   task that never returns cannot block the interpreter's exit. ``close()`` runs on exhaustion, on
   error, on ``with`` exit, and when the iterator is garbage-collected (``break``, Ctrl-C).
+* At interpreter exit every live pool is closed and its busy threads are waited for, at most
+  :data:`EXIT_WAIT_S` in all: a daemon thread still inside Lance's native code when the
+  interpreter finalizes is stopped by a forced unwind, which aborts the whole process ("FATAL:
+  exception not rethrown", exit code 134) instead of exiting cleanly.
 
 Example::
 
@@ -24,12 +28,14 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import sys
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -104,6 +110,25 @@ def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
         del job  # drop the result with the job: a detached thread keeps nothing alive
 
 
+EXIT_WAIT_S = 10.0  # at exit, for busy workers to finish their task (reads take ms to seconds)
+WORKER_NAME = "lanceloader-worker-"
+_live: weakref.WeakSet[OrderedPrefetcher[Any, Any]] = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """Close every live pool, then wait (bounded) for every worker thread, those of pools
+    already closed and collected too (detached, finishing a task); see the module text."""
+    for pool in [p for p in list(_live) if p._pid == os.getpid()]:
+        pool.close()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for thread in threading.enumerate():
+        if thread.name.startswith(WORKER_NAME) and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_close_at_exit)
+
+
 class OrderedPrefetcher(Generic[T, R]):
     """Apply ``fn`` to each task of ``tasks`` on ``num_workers`` threads, ``depth`` in flight."""
 
@@ -123,11 +148,12 @@ class OrderedPrefetcher(Generic[T, R]):
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=_serve, args=(self._jobs,), daemon=True,
-                             name=f"lanceloader-worker-{i}")
+                             name=f"{WORKER_NAME}{i}")
             for i in range(num_workers)
         ]
         for thread in self._threads:
             thread.start()
+        _live.add(self)
         self._fill()
 
     def _fill(self) -> None:
