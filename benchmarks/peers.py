@@ -232,6 +232,11 @@ def render(result: dict[str, Any], page: Path, chart: Path) -> None:
         "",
         "![rows/s per case](performance.png)",
         "",
+        "Process workers (`worker_type=\"process\"`) are for pure-Python transforms; with no "
+        "transform, as here, threads are faster: processes copy each batch through shared "
+        "memory. The full-shuffle runs vary most on 2 shared cores (per-run rows/s are in "
+        "`benchmarks/results/peers.json`).",
+        "",
         "Resume: lanceloader's first batch after resuming at 90% of an epoch is the time above "
         "(it reads nothing it skips). `LanceDataset`, `SafeLanceDataset` and a plain "
         "`DataLoader` over Hugging Face `datasets` have no resume of their own (torchdata's "
@@ -263,12 +268,17 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(HERE / "data"))
     parser.add_argument("--out", default=str(HERE / "results" / "peers.json"))
     parser.add_argument("--page", default=str(ROOT / "docs" / "performance.md"))
+    parser.add_argument("--render", metavar="JSON", help="only render the page from a results file")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     parser.add_argument("--hf", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         print(json.dumps(run_case(args.case, args.uri, args.hf, args.seconds)))
+        return
+    if args.render:
+        page = Path(args.page)
+        render(json.loads(Path(args.render).read_text()), page, page.with_suffix(".png"))
         return
     root = Path(args.data_dir)
     root.mkdir(parents=True, exist_ok=True)
