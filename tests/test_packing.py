@@ -157,3 +157,21 @@ def test_bad_packing_is_named(tokens_uri) -> None:
         ll.pack("input_ids", 0)
     with pytest.raises(TypeError, match=r"ll\.pack"):
         ll.Loader(uri, pack={"column": "input_ids"})
+
+
+def test_packing_lengths_are_shared_through_the_cache_directory(tokens_uri, tmp_path,
+                                                                 monkeypatch) -> None:
+    import lanceloader.packing as packing
+
+    uri, _ = tokens_uri
+    cache = tmp_path / "cache"
+    first = ll.Loader(uri, columns=["input_ids"], cache=cache, pack=ll.pack("input_ids", 128))
+    assert len(list(cache.glob("lengths-*.npy"))) == 1
+
+    def no_scan(*args):
+        raise AssertionError("the lengths were read again instead of coming from the cache")
+
+    monkeypatch.setattr(packing, "document_lengths", no_scan)
+    again = ll.Loader(uri, columns=["input_ids"], cache=cache, pack=ll.pack("input_ids", 128))
+    assert np.array_equal(first.packing.starts, again.packing.starts)
+    assert np.array_equal(first.packing.doc, again.packing.doc)

@@ -36,6 +36,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lanceloader.cache import DiskCache
 from lanceloader.transforms import tensor_array
 
 DEFAULT_WINDOW = 1024  # documents packed together: padding falls as it grows, cost grows with it
@@ -234,6 +237,18 @@ def document_lengths(source: Any, column: str) -> np.ndarray:
     return out
 
 
+def _lengths(inner: Any, column: str) -> np.ndarray:
+    """The documents' lengths, computed once per cache directory when the source has one (every
+    rank and process that names it shares them, as they share the filter's plan)."""
+    if not isinstance(inner.cache, DiskCache):
+        return document_lengths(inner, column)
+    key = json.dumps([inner.identity, inner.filter, inner.splits, inner.split, inner.split_key,
+                      column])
+    name = "lengths-" + hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
+    lengths, _ = inner.cache.load_or_make(name, lambda: document_lengths(inner, column))
+    return lengths
+
+
 class PackedSource:
     """The packed rows of a source, read like a ``Source``: position *r* is packed row *r*.
 
@@ -260,7 +275,7 @@ class PackedSource:
                              f"{inner.columns})")
         self.inner, self.packing = inner, packing
         self.dtype = typ.value_type.to_pandas_dtype()
-        self.plan = pack_plan(document_lengths(inner, column), packing.seq_len, packing.window,
+        self.plan = pack_plan(_lengths(inner, column), packing.seq_len, packing.window,
                               packing.long_documents, packing.algorithm)
         for name in ("uri", "version", "identity", "filter", "splits", "split", "split_key",
                      "plan_origin", "storage_options"):
