@@ -34,7 +34,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.transforms import BatchTransform, ErrorPolicy, current_row_keys, rows_to_batch
+from lanceloader.transforms import (
+    BatchTransform,
+    ErrorPolicy,
+    current_row_keys,
+    map_each,
+    rows_to_batch,
+)
 
 RowFn = Callable[[dict[str, Any], np.random.Generator], Mapping[str, Any]]
 
@@ -50,19 +56,10 @@ class RandomMap(BatchTransform):
         keys = current_row_keys(batch.num_rows)
         name = f"random_map({getattr(self.fn, '__name__', type(self.fn).__name__)})"
         columns = {n: _row_values(batch.column(n)) for n in batch.schema.names}
-        results = []
-        for i, sample in enumerate(keys.samples.tolist()):
-            row = {n: values[i] for n, values in columns.items()}
-            rng = sample_rng(keys.seed, self.seed, keys.epoch, sample)
-            try:
-                result = self.fn(row, rng)
-            except Exception as exc:
-                errors.row_failed(exc, i, lambda row=row: row, name)
-                continue
-            if not isinstance(result, Mapping):
-                raise TypeError(f"{name} must return a dict of column name to value, got "
-                                f"{type(result).__name__} for row {i}")
-            results.append(result)
+        rows = [{n: values[i] for n, values in columns.items()} for i in range(batch.num_rows)]
+        samples = keys.samples.tolist()
+        results = map_each(rows, lambda i, row: self.fn(
+            row, sample_rng(keys.seed, self.seed, keys.epoch, samples[i])), errors, name)
         if not results:
             return batch.slice(0, 0)
         return rows_to_batch(results)

@@ -257,9 +257,10 @@ class Loader:
                              "worker_type='process' give a directory, e.g. "
                              "cache='/dev/shm/lance-cache' (in RAM, shared by the workers)")
         if transform is None:
-            check_schema(self.source.schema_table().schema, conversion)
+            schema = self.source.schema_table().schema
+            check_schema(schema, conversion)
             if isinstance(output, str):
-                check_bytes_for_tensors(self.source.schema_table().schema, output)
+                check_bytes_for_tensors(schema, output)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.rank = rank

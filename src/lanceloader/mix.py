@@ -48,6 +48,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Mapping
@@ -60,7 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lanceloader.order import Order
-from lanceloader.source import to_record_batch
+from lanceloader.source import sorted_unique, to_record_batch
 from lanceloader.state import fingerprint, order_settings
 from lanceloader.transforms import TransformOutputError, transform_name
 
@@ -189,7 +190,6 @@ class Mix:
         weights_by: str = "samples",
         token_column: str | None = None,
         source_column: str | None = None,
-        _offsets: Mapping[str, int] | None = None,
     ) -> None:
         from lanceloader.loader import Loader  # a Loader reads a Mix; a Mix holds Loaders
 
@@ -210,22 +210,17 @@ class Mix:
             raise ValueError("weights_by='tokens' needs token_column=, the column whose length "
                              "counts a row's tokens (e.g. 'input_ids')")
         self.loaders = {n: s if isinstance(s, Loader) else Loader(s) for n, s in sources.items()}
-        self.given_weights = {n: weights[n] for n in self.names}
-        self.weights_by, self.token_column = weights_by, token_column
         self.source_column = source_column
         self.rows = [self.loaders[n].source.num_rows for n in self.names]
         per_sample = [float(weights[n]) for n in self.names]
         if weights_by == "tokens":
-            self.tokens_per_row = [mean_tokens(self.loaders[n].source, token_column)
-                                   for n in self.names]
-            per_sample = [w / t if w else 0.0 for w, t in zip(per_sample, self.tokens_per_row,
-                                                               strict=True)]
+            tokens = [mean_tokens(self.loaders[n].source, token_column) for n in self.names]
+            per_sample = [w / t if w else 0.0 for w, t in zip(per_sample, tokens, strict=True)]
         self.interleave = Interleave(tuple(rational_weights(per_sample)))
         self.samples_per_epoch = self._epoch_length(samples_per_epoch)
         self.epoch_length = samples_per_epoch
         self.per_epoch = self.interleave.counts(self.samples_per_epoch)
-        offsets = dict(_offsets or {})
-        self.offsets = [int(offsets.get(n, 0)) for n in self.names]
+        self.offsets = [0] * len(self.names)  # shifts of the sources' streams (with_offsets)
         self.schema = self._common_schema()
 
     @property
@@ -283,12 +278,6 @@ class Mix:
             "source_column": self.source_column,
         }
 
-    def consumed(self, epoch: int, sample: int) -> list[int]:
-        """Samples of each source's own stream that the mixed samples before ``(epoch, sample)``
-        took."""
-        return consumed(self.settings()["quotas"], self.settings()["offsets"],
-                        self.samples_per_epoch, epoch, sample)
-
     def resumed(self, state: Mapping[str, Any]) -> tuple[Mix, int]:
         """This mix (new weights) continuing a checkpoint of a mix of the same sources (old
         weights): offsets that make each source continue its stream exactly where the state
@@ -307,9 +296,9 @@ class Mix:
     def with_offsets(self, offsets: Mapping[str, int]) -> Mix:
         """This mix with each source's stream shifted by ``offsets`` (what a weight change at a
         resume sets, and its later checkpoints carry)."""
-        return Mix(self.loaders, self.given_weights, samples_per_epoch=self.epoch_length,
-                   weights_by=self.weights_by, token_column=self.token_column,
-                   source_column=self.source_column, _offsets=offsets)
+        mix = copy.copy(self)  # the offsets alone differ: nothing is measured or read again
+        mix.offsets = [int(offsets[n]) for n in self.names]
+        return mix
 
     def source(self) -> MixedSource:
         return MixedSource(self)
@@ -443,14 +432,11 @@ class MixedSource:
                     positions[at] = self.orders[k].positions(int(e), sample[at])
             # Sorted and unique, the source reads without reordering (or repeating) rows: the
             # one take below puts every row in its mixed place.
-            if bool(np.all(positions[1:] > positions[:-1])):
-                unique, where = positions, np.arange(len(positions))
-            else:
-                unique, where = np.unique(positions, return_inverse=True)
+            unique, where = sorted_unique(positions)
             table, b, i, c = self.sources[k].read_table_with_io(unique)
             io_bytes, iops, cached = io_bytes + b, iops + i, cached + c
             parts.append(self._conform(k, table))
-            take[sel] = done + where
+            take[sel] = done + (np.arange(len(unique)) if where is None else where)
             done += len(unique)
         if not parts:
             return self.schema_table(), 0, 0, 0

@@ -36,8 +36,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,8 +184,8 @@ def pack_plan(lengths: np.ndarray, seq_len: int, window: int = DEFAULT_WINDOW,
     whole_rank = np.arange(len(whole_doc)) - np.repeat(np.cumsum(whole_count) - whole_count,
                                                         whole_count)
     whole_row = row_base[np.searchsorted(all_windows, w_whole)] + whole_rank
-    piece_row = (row_base[np.searchsorted(all_windows, p_win)] +
-                 whole_count[np.searchsorted(all_windows, p_win)] + bin_of)
+    at = np.searchsorted(all_windows, p_win)
+    piece_row = row_base[at] + whole_count[at] + bin_of
     num_rows = int((whole_count + packed_count).sum())
     row = np.concatenate([whole_row, piece_row])
     doc = np.concatenate([whole_doc, p_doc])
@@ -242,10 +240,8 @@ def _lengths(inner: Any, column: str) -> np.ndarray:
     rank and process that names it shares them, as they share the filter's plan)."""
     if not isinstance(inner.cache, DiskCache):
         return document_lengths(inner, column)
-    key = json.dumps([inner.identity, inner.filter, inner.splits, inner.split, inner.split_key,
-                      column])
-    name = "lengths-" + hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
-    lengths, _ = inner.cache.load_or_make(name, lambda: document_lengths(inner, column))
+    lengths, _ = inner.cache.load_or_make(inner.cache_key("lengths", column),
+                                          lambda: document_lengths(inner, column))
     return lengths
 
 
@@ -255,8 +251,6 @@ class PackedSource:
     Reading packed rows reads each document they hold once (one call of the inner source) and
     copies the tokens into place with NumPy. Picklable (the plan travels to process workers).
     """
-
-    cache = None
 
     def __init__(self, inner: Any, packing: Packing) -> None:
         column = packing.column
@@ -278,9 +272,8 @@ class PackedSource:
         self.plan = pack_plan(_lengths(inner, column), packing.seq_len, packing.window,
                               packing.long_documents, packing.algorithm)
         for name in ("uri", "version", "identity", "filter", "splits", "split", "split_key",
-                     "plan_origin", "storage_options"):
+                     "plan_origin", "storage_options", "cache"):
             setattr(self, name, getattr(inner, name, None))
-        self.cache = inner.cache
         self.columns = [column, "segment_ids", "position_ids"]
         value = pa.from_numpy_dtype(self.dtype)
         self.schema = pa.schema([

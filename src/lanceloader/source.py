@@ -347,11 +347,18 @@ class Source:
         if not isinstance(self.cache, DiskCache):
             self.plan_origin = "scan"
             return self._scan_rows(ds)
-        plan = json.dumps([self.identity, self.filter, self.splits, self.split, self.split_key])
-        name = "plan-" + hashlib.blake2b(plan.encode(), digest_size=12).hexdigest()
-        rows, made = self.cache.load_or_make(name, lambda: self._scan_rows(ds))
+        rows, made = self.cache.load_or_make(self.cache_key("plan"),
+                                             lambda: self._scan_rows(ds))
         self.plan_origin = "scan" if made else "cache"
         return rows
+
+    def cache_key(self, kind: str, *extra: Any) -> str:
+        """The cache name of an array derived from this source's rows (the filter/split plan,
+        a packing's lengths): ``kind`` plus a hash of the identity, filter, split and
+        ``extra``, so every rank and process reading the same rows finds the same file."""
+        key = json.dumps([self.identity, self.filter, self.splits, self.split, self.split_key,
+                          *extra])
+        return f"{kind}-" + hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
 
     def _scan_rows(self, ds: lance.LanceDataset) -> np.ndarray:
         """The planning scan: the Lance row offsets of the rows the filter and split keep."""
@@ -517,10 +524,7 @@ class Source:
 
     def _read_offsets(self, offsets: np.ndarray) -> pa.Table:
         """The rows at Lance ``offsets`` (any order, duplicates allowed), from Lance."""
-        if len(offsets) < 2 or bool(np.all(offsets[1:] > offsets[:-1])):  # already in order
-            unique, inverse = offsets, None
-        else:
-            unique, inverse = np.unique(offsets, return_inverse=True)
+        unique, inverse = sorted_unique(offsets)
         table, order = self._read_sorted(unique)
         if not (_is_identity(order) and (inverse is None or _is_identity(inverse))):
             # one take: from the order read to the unique offsets' order, then to the request's
@@ -806,6 +810,18 @@ def _check_columns(columns: list[str] | None, schema: pa.Schema, what: str = "co
     if not columns:
         raise ValueError(f"{what} is empty; name at least one of {schema.names}, or pass None for all")
     return columns
+
+
+def sorted_unique(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``positions`` sorted and deduplicated, and where each request lies in them (``None``
+    when they already were: strictly increasing, the common case, costs no sort).
+
+    >>> sorted_unique(np.array([1, 2, 5]))[1] is None, sorted_unique(np.array([5, 1, 5]))[1]
+    (True, array([1, 0, 1]))
+    """
+    if len(positions) < 2 or bool(np.all(positions[1:] > positions[:-1])):
+        return positions, None
+    return np.unique(positions, return_inverse=True)
 
 
 def inverse_permutation(placed: np.ndarray) -> np.ndarray:

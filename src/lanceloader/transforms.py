@@ -359,20 +359,29 @@ class MapRows(BatchTransform):
 
     def apply(self, batch: pa.RecordBatch, errors: ErrorPolicy) -> pa.RecordBatch:
         source = f"map_rows({getattr(self.fn, '__name__', type(self.fn).__name__)})"
-        results = []
-        for i, row in enumerate(batch.to_pylist()):
-            try:
-                result = self.fn(row)
-            except Exception as exc:
-                errors.row_failed(exc, i, lambda row=row: row, source)
-                continue
-            if not isinstance(result, Mapping):
-                raise TypeError(
-                    f"{source} must return a dict of column name to value, got "
-                    f"{type(result).__name__} for row {i}"
-                )
-            results.append(result)
-        return rows_to_batch(results)
+        return rows_to_batch(map_each(batch.to_pylist(), lambda i, row: self.fn(row), errors,
+                                      source))
+
+
+def map_each(rows: Sequence[dict[str, Any]], call: Callable[[int, dict[str, Any]], Any],
+             errors: ErrorPolicy, source: str) -> list[Mapping[str, Any]]:
+    """``call(i, row)`` for each row: a row that raises goes to ``errors`` (skipped, or the
+    error re-raised); a result that is not a dict is an error naming ``source`` and the row.
+    The loop of the per-row transforms (:func:`map_rows`, ``ll.random_map``)."""
+    results = []
+    for i, row in enumerate(rows):
+        try:
+            result = call(i, row)
+        except Exception as exc:
+            errors.row_failed(exc, i, lambda row=row: row, source)
+            continue
+        if not isinstance(result, Mapping):
+            raise TypeError(
+                f"{source} must return a dict of column name to value, got "
+                f"{type(result).__name__} for row {i}"
+            )
+        results.append(result)
+    return results
 
 
 def map_rows(fn: Callable[[dict[str, Any]], Mapping[str, Any]]) -> MapRows:
