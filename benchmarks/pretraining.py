@@ -11,7 +11,8 @@ Cases
     ``Loader(Mix({a, b, c}, equal weights))`` over three datasets of ``--rows / 3`` rows each vs
     ``Loader`` over one dataset of ``--rows`` rows with the same columns (an int64 id and 64
     float32) and fragments of the same size (12 in all on each side), both in sequential order and in block shuffle (each source block-shuffled),
-    numpy output, 2 thread workers, batch 256. Target: mix >= 0.9x single source.
+    numpy output, 2 thread workers, batch 256. Target: mix >= 0.9x single source. Also the
+    mix with ``run_length=256`` (one source per batch, its rows not copied into mixed order).
 ``pack``
     Packing ``--docs`` documents of 1-2,000 tokens (mean ~700) into 2,048-token rows:
     (a) ``pack_tokens`` alone (the per-batch work, one core) in tokens/s, target >= 5M;
@@ -29,7 +30,7 @@ Cases
 
 Usage::
 
-    python benchmarks/pretraining.py                    # 600k rows, 200k documents, 5 repeats
+    python benchmarks/pretraining.py                    # 2.4M rows, 200k documents, 5 repeats
     python benchmarks/pretraining.py --rows 60000 --docs 20000 --repeats 1   # smoke run
 """
 
@@ -97,21 +98,27 @@ def epoch_rate(loader: ll.Loader) -> float:
 def mix_case(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mode, kw in (("sequential", {}), ("block", {"shuffle": True, "shuffle_block_size": 1024})):
-        one, mixed = [], []
+        one, mixed, per_batch = [], [], []
         for r in range(repeats):
             def run_single(kw: dict[str, Any] = kw) -> float:
                 return epoch_rate(ll.Loader(single, batch_size=BATCH, num_workers=2, **kw))
 
-            def run_mix(kw: dict[str, Any] = kw) -> float:
-                mix = ll.Mix({f"s{k}": ll.Loader(p, **kw) for k, p in enumerate(parts)})
+            def run_mix(kw: dict[str, Any] = kw, run_length: int = 1) -> float:
+                mix = ll.Mix({f"s{k}": ll.Loader(p, **kw) for k, p in enumerate(parts)},
+                             run_length=run_length)
                 return epoch_rate(ll.Loader(mix, batch_size=BATCH, num_workers=2))
 
-            for f, sink in ((run_single, one), (run_mix, mixed))[:: 1 if r % 2 == 0 else -1]:
+            cases = [(run_single, one), (run_mix, mixed),
+                     (lambda kw=kw: run_mix(kw, BATCH), per_batch)]
+            for f, sink in cases[:: 1 if r % 2 == 0 else -1]:
                 sink.append(f())
         out[mode] = {"single_rows_per_s": statistics.median(one),
                      "mix_rows_per_s": statistics.median(mixed),
                      "ratio": statistics.median(mixed) / statistics.median(one),
-                     "runs": {"single": one, "mix": mixed}}
+                     "mix_one_source_per_batch_rows_per_s": statistics.median(per_batch),
+                     "ratio_one_source_per_batch":
+                         statistics.median(per_batch) / statistics.median(one),
+                     "runs": {"single": one, "mix": mixed, "one_source_per_batch": per_batch}}
     return out
 
 
@@ -242,7 +249,7 @@ def state_case(parts: list[str], uri: str, repeats: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=600_000)
+    parser.add_argument("--rows", type=int, default=2_400_000)
     parser.add_argument("--docs", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--data-dir", default=str(Path(__file__).parent / "data"))

@@ -18,17 +18,22 @@ from lanceloader.mix import Interleave, interleave, rational_weights
 from lanceloader.state import StateMismatchError
 
 
-@given(st.lists(st.integers(0, 40), min_size=1, max_size=6).filter(any))
-def test_every_prefix_is_within_one_of_its_share(quotas: list[int]) -> None:
-    il = Interleave(tuple(quotas))
-    period = il.period
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=6).filter(any),
+       st.sampled_from([1, 1, 2, 5]))
+def test_every_prefix_is_within_one_run_of_its_share(quotas: list[int], run: int) -> None:
+    il = Interleave(tuple(quotas), run)
+    period = il.period * run
     n = np.arange(3 * period + 1)
     total = np.zeros(len(n), np.int64)
     slots = interleave(tuple(quotas))
     for k, q in enumerate(quotas):
         counts = il.count(k, n)
-        assert np.all(np.abs(counts - n * q / period) < 1)
+        assert np.all(np.abs(counts - n * q / il.period) < run)
         assert np.all(np.diff(counts) == (il.source_of(n[:-1]) == k))  # one sample at a time
+        assert np.all(il.source_of(n[:-1]).reshape(-1, run) == il.source_of(n[:-1:run])[:, None])
+        for i in range(0, int(counts[-1]), 7):  # position_of inverts count
+            at = il.position_of(k, i)
+            assert il.source_of(np.array([at]))[0] == k and il.count(k, at) == i
         total += counts
     assert np.array_equal(total, n)
     assert np.array_equal(np.bincount(slots, minlength=len(quotas)), quotas)
@@ -103,11 +108,11 @@ def _sources_of(ids: list[int]) -> np.ndarray:
 @given(w=st.lists(st.integers(0, 5), min_size=3, max_size=3).filter(any),
        epoch=st.sampled_from(["first_exhausted", "all_exhausted", 57]),
        batch=st.integers(1, 9), world_before=st.integers(1, 3), world_after=st.integers(1, 3),
-       cut=st.integers(1, 12))
+       cut=st.integers(1, 12), run=st.sampled_from([1, 1, 3]))
 def test_resume_anywhere_continues_the_stream(sources, w, epoch, batch, world_before,
-                                              world_after, cut) -> None:
+                                              world_after, cut, run) -> None:
     weights = dict(zip("abc", w, strict=True))
-    factory = lambda: _mix(sources, weights, epoch)  # noqa: E731
+    factory = lambda: _mix(sources, weights, epoch, run_length=run)  # noqa: E731
     whole, _ = _global(factory, batch * world_before, 1, epochs=2)
     first, state = _global(factory, batch, world_before, batches=cut)
     assert len(json.dumps(state)) <= 2048
@@ -122,12 +127,36 @@ def test_resume_anywhere_continues_the_stream(sources, w, epoch, batch, world_be
     joined = first + rest
     # The first run may end its epoch early; the second finishes it and reads one more epoch.
     assert joined[: len(whole)] == whole[: len(joined)]
-    # Proportions are exact at every prefix of the epoch, within ±1 per source.
+    # Proportions are exact at every prefix of the epoch, within ±1 per source (±1 run).
     mix = factory()
     src = _sources_of(whole[:n])
     for k, share in enumerate(mix.weights.values()):
         counts = np.cumsum(src == k)
-        assert np.all(np.abs(counts - np.arange(1, n + 1) * share) < 1)
+        assert np.all(np.abs(counts - np.arange(1, n + 1) * share) < run)
+
+
+def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_path) -> None:
+    mix = _mix(sources, {"a": 1, "b": 2, "c": 3}, 300, run_length=8, source_column="source")
+    batches = list(ll.Loader(mix, batch_size=8))
+    assert len(batches) == 300 // 8 + 1 and all(len(set(b["source"].tolist())) == 1
+                                                 for b in batches)
+    src = np.array([b["source"][0] for b in batches[:-1]])
+    assert np.bincount(src[:36], minlength=3).tolist() == [6, 12, 18]  # 1:2:3, counted in batches
+    assert np.array_equal(_sources_of(np.concatenate([b["id"] for b in batches])),
+                          np.concatenate([b["source"] for b in batches]))
+    # "first_exhausted" in runs: the epoch ends as the first source gives its last row.
+    first = _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=4)
+    ids = np.concatenate([b["id"] for b in ll.Loader(first, batch_size=5)])
+    assert len(ids) == len(set(ids.tolist())) and sum(ids // 1000 == 1) == 13
+    # Long runs are slices of each source's read, not a copy in mixed order.
+    for name in ("d", "e"):
+        lance.write_dataset(pa.table({"id": np.arange(500)}), tmp_path / f"{name}.lance")
+    long = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=64)
+    table = long.source().read_table(np.arange(256))
+    assert table["id"].num_chunks == 4 and table["id"].to_pylist() == (
+        list(range(64)) + list(range(64)) + list(range(64, 128)) * 2)
+    with pytest.raises(ValueError, match="run_length"):
+        _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=0)
 
 
 def test_oversampled_source_repeats_in_fresh_orders(sources) -> None:
@@ -196,6 +225,13 @@ def test_a_source_transform_conforms_columns(sources, tmp_path) -> None:
                   "o": ll.Loader(other, transform=rename)}, samples_per_epoch=10)
     ids = np.concatenate([b["id"] for b in ll.Loader(mix, batch_size=4)]).tolist()
     assert sorted(i for i in ids if i >= 9000) == list(range(9000, 9005))  # int32 cast to int64
+
+    # The first source's transform sets the common schema (the others conform to it).
+    first = ll.Mix({"o": ll.Loader(other, transform=rename),
+                    "a": ll.Loader(sources["a"], columns=["id"])}, samples_per_epoch=10)
+    assert first.schema.names == ["id"] and first.schema.field("id").type == pa.int32()
+    ids = np.concatenate([b["id"] for b in ll.Loader(first, batch_size=4)]).tolist()
+    assert sorted(i for i in ids if i >= 9000) == list(range(9000, 9005))
 
     def drop_half(batch: pa.RecordBatch) -> pa.RecordBatch:
         return pa.record_batch({"id": batch.column("ident")}).slice(0, 1)

@@ -115,12 +115,10 @@ def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
 
 
 def batches_per_read(order: Order, batch_size: int, transform: bool,
-                     bytes_per_row: float = 0.0, sources: int = 1) -> int:
+                     bytes_per_row: float = 0.0) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
     cost more per call), at most :data:`READ_BYTES` of data, and with a transform at most two
-    batches (still in the CPU cache when they are transformed). Never less than one batch. A
-    mix of ``sources`` sources reads that many times the rows (each source's share of a read is
-    then as large as a single source's read), within the same byte bound.
+    batches (still in the CPU cache when they are transformed). Never less than one batch.
 
     >>> batches_per_read(Order(10**6), 256, transform=False)
     256
@@ -128,7 +126,7 @@ def batches_per_read(order: Order, batch_size: int, transform: bool,
     11
     """
     random_reads = order.shuffle and order.block_size < 64
-    rows = (ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL) * sources
+    rows = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
     if bytes_per_row > 0:
         rows = min(rows, int(READ_BYTES // bytes_per_row))
     per_read = max(1, rows // batch_size)
