@@ -3,7 +3,7 @@
 A ```` ```python ```` block right after a ``<!-- test -->`` line (invisible on the site) is part
 of its page's script: the page's marked blocks run in order, in one namespace, in a fresh
 temporary working directory, exactly as a reader pasting them into a file would run them.
-``>>>`` blocks are doctests (pytest's ``--doctest-glob``) and run separately.
+The guide has no ``>>>`` sessions (checked below); docstrings keep theirs (doctests).
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ def test_blocks_are_found_with_their_lines() -> None:
     text = "# t\n<!-- test -->\n```python\nx = 1\n```\n\n```python\ny = 2\n```\n"
     assert page_blocks(text) == [(4, "x = 1\n")]  # an unmarked block is not run
     assert PAGES, "no page has runnable blocks"
+
+
+def test_guide_pages_have_no_prompts_to_strip() -> None:
+    """Guide examples are plain blocks a reader can paste; ``>>>`` sessions are for docstrings."""
+    prompted = [p.name for p in DOCS.glob("*.md")
+                if re.search(r"^>>> ", p.read_text(), re.M)]
+    assert not prompted, f"write these pages' examples as <!-- test --> blocks: {prompted}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
