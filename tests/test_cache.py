@@ -256,6 +256,33 @@ def test_a_filler_killed_while_holding_a_piece_does_not_block_the_others(tmp_pat
     assert time.monotonic() - started < 5
 
 
+def test_a_stuck_holder_makes_waiters_fail_with_a_bound(tmp_path, monkeypatch):
+    """A holder that is alive but stuck: a blocking fill and a plan wait LOCK_WAIT_S, then
+    raise naming the lock file, instead of hanging."""
+    root = str(tmp_path)
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    holders = [context.Process(target=hold_lock, args=(root, name, ready))
+               for name in ("piece", "plan")]
+    try:
+        for holder in holders:
+            ready.clear()
+            holder.start()
+            assert ready.wait(60)
+        monkeypatch.setattr(cache_module, "LOCK_WAIT_S", 0.3)
+        cache = DiskCache(root, 1 << 20)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"\.piece\.lock.*seems stuck.*fuser"):
+            cache.fill("piece", lambda: pa.table({"x": [1]}), block=True)
+        with pytest.raises(TimeoutError, match=r"\.plan\.lock"):
+            cache.load_or_make("plan", lambda: np.arange(3))
+        assert 0.5 < time.monotonic() - started < 10
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.join(10)
+
+
 def test_a_damaged_piece_is_filled_again_and_a_half_written_one_never_read(uri, tmp_path,
                                                                            small_pieces):
     cache = str(tmp_path / "c")

@@ -18,7 +18,7 @@ import lanceloader as ll
 from conftest import ids_of
 from lanceloader.cli import main
 from lanceloader.demo import write_demo_dataset
-from lanceloader.materialize import PROGRESS_FILE
+from lanceloader.materialize import PROGRESS_FILE, Job
 
 SETTINGS = dict(batch_size=100, columns=["id", "label", "x"], filter="label < 7",
                 splits={"a": 0.8, "b": 0.2}, split="a", shuffle=True, seed=4)
@@ -117,6 +117,16 @@ def test_a_run_killed_midway_resumes_to_the_same_dataset(uri, tmp_path):
     got, want = lance.dataset(out), lance.dataset(whole)
     assert got.version == 1 and got.to_table().equals(want.to_table())
     assert got.count_rows() == 5000
+
+
+def test_a_second_run_into_the_same_output_fails_at_once(uri, tmp_path):
+    loader = ll.Loader(uri, batch_size=100, columns=["id"])
+    out = tmp_path / "busy.lance"
+    # A run in progress holds the lock.
+    with Job.start(loader, out, 0, "create", 1000), \
+            pytest.raises(RuntimeError, match="another materialize is writing"):
+        ll.materialize(loader, out)
+    assert ll.materialize(loader, out).count_rows() == 5000  # released: the next run proceeds
 
 
 def test_modes_and_an_empty_epoch(uri, tmp_path):

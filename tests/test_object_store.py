@@ -258,3 +258,40 @@ def test_a_filled_cache_serves_while_the_store_is_down(s3, remote: str, tmp_path
             ids_of(plain)
     finally:
         proxy.set()
+
+
+def test_materialize_to_s3_commits_once_and_resumes(s3, remote: str, local: str, tmp_path,
+                                                    monkeypatch) -> None:
+    """A copy written to S3: the same rows as on local disk; a failed run leaves no version and
+    its progress record (in this machine's cache directory) lets the rerun reuse its pieces."""
+    from lanceloader.materialize import progress_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    settings = {"batch_size": 100, "columns": ["id", "label"], "shuffle": True, "seed": 5}
+    out = f"s3://{s3.bucket()}/copy.lance"
+    calls, fail_at = [], [12]  # the 12th batch: in the third piece of 500 rows
+
+    def counted(batch):  # one transform for both runs (another would not reuse the pieces)
+        calls.append(batch.num_rows)
+        if len(calls) == fail_at[0]:
+            raise RuntimeError("worker lost")
+        return batch
+
+    broken = ll.Loader(remote, storage_options=s3.storage_options, transform=counted, **settings)
+    with pytest.raises(RuntimeError, match="worker lost"):
+        ll.materialize(broken, out, rows_per_fragment=500, storage_options=s3.storage_options,
+                       num_workers=1)
+    with pytest.raises((ValueError, OSError)):
+        lance.dataset(out, storage_options=s3.storage_options)  # no version visible
+    record = progress_path(out)
+    assert str(record).startswith(str(tmp_path / "cache"))
+    assert len(json.loads(record.read_text())["pieces"]) == 2
+    calls.clear()
+    fail_at[0] = -1
+    fixed = ll.Loader(remote, storage_options=s3.storage_options, transform=counted, **settings)
+    copy = ll.materialize(fixed, out, rows_per_fragment=500, storage_options=s3.storage_options,
+                          num_workers=1)
+    assert sum(calls) == ROWS - 1000  # the two pieces written before are reused
+    assert not record.exists() and copy.version == 1
+    want = ll.materialize(ll.Loader(local, **settings), tmp_path / "local.lance")
+    assert copy.to_table().equals(want.to_table())

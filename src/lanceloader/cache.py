@@ -22,7 +22,8 @@ Two kinds:
 ``DiskCache`` (``cache="/path"``)
     Arrow IPC files in one directory, shared by every worker, loader and process of the machine
     that uses it. Filling is safe under concurrency: a piece's lock (``flock``, released by the
-    kernel when its holder dies, so never stale) makes one download per piece; the file is
+    kernel when its holder dies, so never stale; a wait for a live but stuck holder ends with
+    an error after :data:`LOCK_WAIT_S`) makes one download per piece; the file is
     written under a temporary name and renamed (atomic publish: no reader sees half a file).
     Readers map files (``mmap``) without copying. Eviction: least recently used first (a read
     touches the file's mtime), under the directory's lock, before a piece is published, so the
@@ -80,6 +81,9 @@ LOCK = ".lock"  # empty files whose flock guards a piece (and the directory): ne
 TEMPORARY = ".tmp-"
 # Temporary files of a writer that died are removed by the next eviction once this old.
 STALE_TEMPORARY_S = 3600.0
+# The longest wait for a lock that another thread or process holds (a piece being filled, the
+# directory, a plan being made): far longer than any fill, so only a stuck holder reaches it.
+LOCK_WAIT_S = 600.0
 
 
 def piece_rows(bytes_per_row: float) -> int:
@@ -185,14 +189,30 @@ class DiskCache:
     @contextlib.contextmanager
     def _lock(self, name: str, block: bool) -> Iterator[bool]:
         """Hold the lock of ``name`` (``.lock`` file; a dead holder's lock is released by the
-        kernel). Yields False, without waiting, when another holds it and ``block`` is False."""
-        fd = os.open(self.root / f".{name}{LOCK}", os.O_CREAT | os.O_RDWR, 0o644)
+        kernel). Yields False, without waiting, when another holds it and ``block`` is False;
+        with ``block``, waits at most :data:`LOCK_WAIT_S` (polling), then raises TimeoutError:
+        a holder that is alive but stuck never hangs its waiters."""
+        path = self.root / f".{name}{LOCK}"
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
+            deadline, pause = time.monotonic() + LOCK_WAIT_S, 0.001
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not block:
+                        yield False
+                        return
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(
+                            f"waited {LOCK_WAIT_S:.0f} s for {os.fspath(path)!r}, held by another "
+                            f"thread or process using the cache {os.fspath(self.root)!r} that "
+                            "seems stuck (a dead one releases it at once). Find it with `fuser "
+                            f"{os.fspath(path)}` and stop it, or give this loader another "
+                            "cache directory") from None
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.05)
             yield True
         finally:
             os.close(fd)  # closing releases the lock

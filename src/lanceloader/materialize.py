@@ -13,10 +13,15 @@ Contract:
   NumPy arrays (an array of shape ``(n, a, b)`` becomes nested fixed-size lists).
 * **Resumable, committed once.** The epoch is cut into pieces of ``rows_per_fragment`` rows; each
   piece is written as a Lance fragment (data files only, invisible) and recorded in
-  ``<out>/_lanceloader_materialize.json``. A rerun after a crash (even SIGKILL) with the same
-  settings reuses the pieces recorded there and writes the rest; the dataset version appears
-  only at the end, in one commit, so a half-finished run leaves no visible version (and an
-  existing dataset at ``out_uri`` keeps its current version until then).
+  ``<out>/_lanceloader_materialize.json`` (for an object-store ``out_uri``, in this machine's
+  ``~/.cache/lanceloader/materialize/``, so a rerun on the same machine resumes). A rerun after
+  a crash (even SIGKILL) with the same settings reuses the pieces recorded there and writes the
+  rest; the dataset version appears only at the end, in one commit, so a half-finished run
+  leaves no visible version (and an existing dataset at ``out_uri`` keeps its current version
+  until then).
+* **One run per output.** A run holds a lock on its progress record (``flock``, released when
+  the process ends, even by SIGKILL); a second run into the same output on the same machine
+  fails at once with an error instead of interleaving its pieces with the first's.
 * **Lineage.** The output's schema metadata ``lanceloader.lineage`` (JSON) records the source URI,
   version and identity, filter, splits, columns, transform, order settings, seed and epoch;
   ``lanceloader inspect`` shows it.
@@ -35,6 +40,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import itertools
 import json
@@ -49,11 +55,12 @@ import pyarrow as pa
 from lance.fragment import FragmentMetadata, write_fragments
 from tqdm import tqdm
 
-from lanceloader.arguments import check_int
+from lanceloader.arguments import check_int, check_storage_options
 from lanceloader.conversion import as_conversion
 from lanceloader.engine import Stream
 from lanceloader.ingest import dataset_version
 from lanceloader.plan import Plan
+from lanceloader.source import is_object_store
 from lanceloader.state import order_settings
 from lanceloader.stats import Recorder
 from lanceloader.transforms import transform_name
@@ -76,8 +83,8 @@ def lineage(loader: Any, epoch: int) -> dict[str, Any]:
 
 def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
                 mode: str = "create", rows_per_fragment: int = 256 * 1024,
-                num_workers: int | None = None, progress: bool | None = None
-                ) -> lance.LanceDataset:
+                num_workers: int | None = None, progress: bool | None = None,
+                storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
     """Write epoch ``epoch`` of ``loader`` (all ranks' rows, in order) to ``out_uri``; returns
     the new dataset. See the module's text for the contract (``lanceloader.ray.materialize``
     does the same on a Ray cluster).
@@ -88,24 +95,27 @@ def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
             rounded to whole batches.
         num_workers: the loader's workers by default.
         progress: a progress bar on stderr; default when stderr is a terminal.
+        storage_options: for an object-store ``out_uri``, passed to Lance (as for ``Loader``).
     """
-    job = Job.start(loader, out_uri, epoch, mode, rows_per_fragment)
-    show = sys.stderr.isatty() if progress is None else progress
-    with tqdm(total=len(job.pieces), initial=len(job.pieces) - len(job.todo()), unit="piece",
-              desc="materialize", file=sys.stderr, disable=not show) as bar:
-        for number in job.todo():
-            job.record(number, *write_piece(job.loader, job.out, job.epoch, job.pieces[number],
-                                            job.metadata, num_workers))
-            bar.update(1)
-    return job.commit()
+    with Job.start(loader, out_uri, epoch, mode, rows_per_fragment, storage_options) as job:
+        show = sys.stderr.isatty() if progress is None else progress
+        with tqdm(total=len(job.pieces), initial=len(job.pieces) - len(job.todo()),
+                  unit="piece", desc="materialize", file=sys.stderr, disable=not show) as bar:
+            for number in job.todo():
+                job.record(number, *write_piece(job.loader, job.out, job.epoch,
+                                                job.pieces[number], job.metadata, num_workers,
+                                                job.storage_options))
+                bar.update(1)
+        return job.commit()
 
 
 @dataclasses.dataclass
 class Job:
     """One materialisation: the epoch cut into pieces of whole batches, the pieces already
-    written (``<out>/_lanceloader_materialize.json``, kept only for the same settings) and the
-    one commit. Pieces can be written anywhere (:func:`write_piece`: this process, or Ray
-    workers); the job records them and commits, in this process."""
+    written (the progress record, kept only for the same settings) and the one commit. Pieces
+    can be written anywhere (:func:`write_piece`: this process, or Ray workers); the job
+    records them and commits, in this process. Use it as a context manager: it holds the
+    output's lock from :meth:`start` to the end of the ``with`` block."""
 
     loader: Any
     out: str
@@ -113,28 +123,48 @@ class Job:
     pieces: list[range]
     metadata: dict[bytes, bytes]
     done: dict[str, Any]
+    progress: Path
+    storage_options: dict[str, str] | None = None
+    lock: Any = None
 
     @classmethod
     def start(cls, loader: Any, out_uri: str | os.PathLike[str], epoch: int, mode: str,
-              rows_per_fragment: int) -> Job:
+              rows_per_fragment: int, storage_options: dict[str, str] | None = None) -> Job:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         check_int("rows_per_fragment", rows_per_fragment, minimum=1)
         check_int("epoch", epoch, minimum=0)
+        check_storage_options(storage_options)
         out = os.fspath(out_uri)
-        if mode == "create" and dataset_version(out) is not None:
-            raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
-                                  "mode='overwrite' to replace it with a new version")
-        plan = epoch_plan(loader)
-        per_piece = max(1, rows_per_fragment // loader.batch_size)
-        pieces = [range(start, min(start + per_piece, len(plan)))
-                  for start in range(0, len(plan), per_piece)]
-        facts = lineage(loader, epoch)
-        fingerprint = hashlib.blake2b(json.dumps([facts, per_piece], sort_keys=True, default=str)
-                                      .encode(), digest_size=12).hexdigest()
-        done = _progress(Path(out) / PROGRESS_FILE, fingerprint)
+        progress = progress_path(out)
+        lock = _hold(progress.with_name(progress.name + ".lock"), out)
+        try:
+            if mode == "create" and dataset_version(out, storage_options) is not None:
+                raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
+                                      "mode='overwrite' to replace it with a new version")
+            plan = epoch_plan(loader)
+            per_piece = max(1, rows_per_fragment // loader.batch_size)
+            pieces = [range(start, min(start + per_piece, len(plan)))
+                      for start in range(0, len(plan), per_piece)]
+            facts = lineage(loader, epoch)
+            fingerprint = hashlib.blake2b(json.dumps([facts, per_piece], sort_keys=True,
+                                                     default=str).encode(),
+                                          digest_size=12).hexdigest()
+            done = _progress(progress, fingerprint)
+        except BaseException:
+            lock.close()
+            raise
         return cls(loader, out, epoch, pieces,
-                   {LINEAGE_KEY: json.dumps(facts, default=str).encode()}, done)
+                   {LINEAGE_KEY: json.dumps(facts, default=str).encode()}, done, progress,
+                   storage_options, lock)
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lock is not None:
+            self.lock.close()  # closing releases the flock
+            self.lock = None
 
     def todo(self) -> list[int]:
         """The numbers of the pieces still to write."""
@@ -144,7 +174,7 @@ class Job:
         """Piece ``number`` is written (its fragments' metadata and schema, as
         :func:`write_piece` returns them): saved at once, so a rerun skips it."""
         self.done["pieces"][str(number)] = {"fragments": fragments, "schema": schema}
-        _save_progress(Path(self.out) / PROGRESS_FILE, self.done)
+        _save_progress(self.progress, self.done)
 
     def commit(self) -> lance.LanceDataset:
         """The one commit: every piece's fragments, in order, as a new version."""
@@ -154,13 +184,40 @@ class Job:
                              "materialise")
         dataset = commit_fragments(self.out, written, "the transform returned different "
                                    "columns or types in different batches; make it return one "
-                                   "schema")
-        (Path(self.out) / PROGRESS_FILE).unlink(missing_ok=True)
+                                   "schema", self.storage_options)
+        self.progress.unlink(missing_ok=True)
         return dataset
 
 
-def commit_fragments(out: str, written: list[dict[str, Any]], mismatch: str
-                     ) -> lance.LanceDataset:
+def progress_path(out: str) -> Path:
+    """Where a run into ``out`` records its pieces: in the output directory, or for an object
+    store in this machine's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``), named by a
+    hash of the URI."""
+    if not is_object_store(out):
+        return Path(out.removeprefix("file://")) / PROGRESS_FILE
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    name = hashlib.blake2b(out.rstrip("/").encode(), digest_size=12).hexdigest()
+    return base / "lanceloader" / "materialize" / f"{name}.json"
+
+
+def _hold(path: Path, out: str) -> Any:
+    """The open lock file ``path``, exclusively locked (released when closed or when the
+    process dies); a second run into ``out`` fails at once instead of waiting."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    file = open(path, "a+")  # noqa: SIM115 (held for the job's lifetime, closed by Job)
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.close()
+        raise RuntimeError(
+            f"another materialize is writing {out!r} (it holds {os.fspath(path)!r}); wait "
+            "for it to finish, or write to another output. Its pieces are reused by a rerun "
+            "with the same settings once it has stopped") from None
+    return file
+
+
+def commit_fragments(out: str, written: list[dict[str, Any]], mismatch: str,
+                     storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
     """Commit, as one new version of ``out`` (``Overwrite``), the fragments of ``written``
     (``{"fragments": [metadata as JSON], "schema": IPC hex}`` each, in order), which must all
     have one schema (else ``ValueError(mismatch)``)."""
@@ -171,7 +228,8 @@ def commit_fragments(out: str, written: list[dict[str, Any]], mismatch: str
     fragments = [FragmentMetadata.from_json(json.dumps(f))
                  for piece in written for f in piece["fragments"]]
     return lance.LanceDataset.commit(out, lance.LanceOperation.Overwrite(schema, fragments),
-                                     read_version=dataset_version(out))
+                                     read_version=dataset_version(out, storage_options),
+                                     storage_options=storage_options)
 
 
 def epoch_plan(loader: Any) -> Plan:
@@ -180,7 +238,8 @@ def epoch_plan(loader: Any) -> Plan:
 
 
 def write_piece(loader: Any, out: str, epoch: int, batches: range,
-                metadata: dict[bytes, bytes], num_workers: int | None = None
+                metadata: dict[bytes, bytes], num_workers: int | None = None,
+                storage_options: dict[str, str] | None = None
                 ) -> tuple[list[dict[str, Any]], str]:
     """Run ``loader``'s pipeline over ``batches`` of its epoch ``epoch`` and write them to
     ``out`` as uncommitted fragments; returns their metadata and the schema (hex of its IPC
@@ -201,7 +260,8 @@ def write_piece(loader: Any, out: str, epoch: int, batches: range,
                 yield batch.replace_schema_metadata(metadata)
     try:
         fragments = write_fragments(pa.RecordBatchReader.from_batches(schema, rows()), out,
-                                    schema=schema, max_rows_per_file=1 << 30)  # larger: a file a batch
+                                    schema=schema, max_rows_per_file=1 << 30,  # one file per piece
+                                    storage_options=storage_options)
     finally:
         stream.close()
     return [f.to_json() for f in fragments], schema.serialize().to_pybytes().hex()

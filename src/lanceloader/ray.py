@@ -49,34 +49,38 @@ __all__ = ["convert", "materialize"]
 
 def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
                 mode: str = "create", rows_per_fragment: int = 256 * 1024,
-                concurrency: int | None = None, num_workers: int = 1) -> lance.LanceDataset:
+                concurrency: int | None = None, num_workers: int = 1,
+                storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
     """:func:`lanceloader.materialize` with each piece written by a Ray Data task.
 
     Args:
         concurrency: Ray tasks at once; default Ray's choice.
         num_workers: the loader's worker threads inside each task.
+        storage_options: for an object-store ``out_uri``, passed to Lance in every task.
     """
-    job = Job.start(loader, out_uri, epoch, mode, rows_per_fragment)
-    todo = job.todo()
-    if todo:
-        out, metadata = job.out, job.metadata
-        pieces = {n: (job.pieces[n].start, job.pieces[n].stop) for n in todo}
+    with Job.start(loader, out_uri, epoch, mode, rows_per_fragment, storage_options) as job:
+        todo = job.todo()
+        if todo:
+            out, metadata = job.out, job.metadata
+            pieces = {n: (job.pieces[n].start, job.pieces[n].stop) for n in todo}
 
-        def write(batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
-            numbers, fragments, schemas = [], [], []
-            for number in batch["piece"].tolist():
-                start, stop = pieces[number]
-                written, schema = write_piece(loader, out, epoch, range(start, stop), metadata,
-                                              num_workers)
-                numbers.append(number)
-                fragments.append(json.dumps(written))
-                schemas.append(schema)
-            return {"piece": numbers, "fragments": fragments, "schema": schemas}
+            def write(batch: dict[str, np.ndarray]) -> dict[str, list[Any]]:
+                numbers, fragments, schemas = [], [], []
+                for number in batch["piece"].tolist():
+                    start, stop = pieces[number]
+                    written, schema = write_piece(loader, out, epoch, range(start, stop),
+                                                  metadata, num_workers, storage_options)
+                    numbers.append(number)
+                    fragments.append(json.dumps(written))
+                    schemas.append(schema)
+                return {"piece": numbers, "fragments": fragments, "schema": schemas}
 
-        tasks = ray.data.from_items([{"piece": n} for n in todo], override_num_blocks=len(todo))
-        for row in tasks.map_batches(write, batch_size=1, concurrency=concurrency).iter_rows():
-            job.record(int(row["piece"]), json.loads(row["fragments"]), row["schema"])
-    return job.commit()
+            tasks = ray.data.from_items([{"piece": n} for n in todo],
+                                        override_num_blocks=len(todo))
+            for row in tasks.map_batches(write, batch_size=1,
+                                         concurrency=concurrency).iter_rows():
+                job.record(int(row["piece"]), json.loads(row["fragments"]), row["schema"])
+        return job.commit()
 
 
 def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
