@@ -150,3 +150,28 @@ def test_changed_settings_do_not_reuse_pieces_of_another_run(uri, tmp_path):
     copy = ll.materialize(ll.Loader(uri, batch_size=100, columns=["id"]), out)
     assert copy.to_table()["id"].to_pylist() == list(range(5000))
     assert Path(out).exists()
+
+
+def test_a_mix_and_a_packed_loader_materialise_their_epoch(tmp_path):
+    """The pretraining stream (mixed, packed) written once holds exactly what it delivers."""
+    uris = {}
+    for name, rows in (("a", 100), ("b", 300)):
+        uris[name] = str(tmp_path / f"{name}.lance")
+        lance.write_dataset(pa.table({
+            "id": np.arange(rows) + (1000 if name == "a" else 2000),
+            "input_ids": pa.array([[i] * (i % 7 + 1) for i in range(rows)],
+                                  pa.list_(pa.int32()))}), uris[name])
+    mix = ll.Mix({"a": ll.Loader(uris["a"], columns=["id"], shuffle=True, seed=1),
+                  "b": ll.Loader(uris["b"], columns=["id"])}, weights={"a": 1, "b": 3},
+                 source_column="source")
+    mixed = ll.Loader(mix, batch_size=16)
+    copy = ll.materialize(mixed, tmp_path / "mix.lance", progress=False).to_table()
+    assert copy["id"].to_pylist() == np.concatenate([b["id"] for b in mixed]).tolist()
+    assert copy["source"].to_pylist() == (copy["id"].to_numpy() // 1000 - 1).tolist()
+    packed = ll.Loader(uris["b"], columns=["input_ids"], batch_size=4,
+                       pack=ll.pack("input_ids", seq_len=16))
+    rows = ll.materialize(packed, tmp_path / "packed.lance", progress=False).to_table()
+    want = [b for b in packed]
+    for name in ("input_ids", "segment_ids", "position_ids"):
+        got = np.stack(rows[name].to_numpy(zero_copy_only=False))
+        assert np.array_equal(got, np.concatenate([b[name] for b in want]))
