@@ -36,8 +36,10 @@ lint: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/throughput.py
 
-# lanceloader against raw Lance and its peers; rewrites docs/performance.md (~10 minutes)
+# lanceloader against raw Lance and its peers (the bench extra: lancedb); rewrites
+# docs/performance.md (~15 minutes)
 bench-peers: $(VENV)/.installed-dev
+	$(PIP) -e '.[dev,torch,bench]'
 	$(BIN)/python benchmarks/peers.py
 
 clean:
