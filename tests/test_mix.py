@@ -148,13 +148,17 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     first = _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=4)
     ids = np.concatenate([b["id"] for b in ll.Loader(first, batch_size=5)])
     assert len(ids) == len(set(ids.tolist())) and sum(ids // 1000 == 1) == 13
-    # Long runs are slices of each source's read, not a copy in mixed order.
+    # Runs of >= 256 KiB are slices of each source's read, not a copy in mixed order.
     for name in ("d", "e"):
-        lance.write_dataset(pa.table({"id": np.arange(500)}), tmp_path / f"{name}.lance")
-    long = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=64)
+        x = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(500 * 1024, np.float32)), 1024)
+        lance.write_dataset(pa.table({"id": np.arange(500), "x": x}), tmp_path / f"{name}.lance")
+    long = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=64)  # 256 KiB
     table = long.source().read_table(np.arange(256))
     assert table["id"].num_chunks == 4 and table["id"].to_pylist() == (
         list(range(64)) + list(range(64)) + list(range(64, 128)) * 2)
+    short = ll.Mix({n: ll.Loader(str(tmp_path / f"{n}.lance"), columns=["id"]) for n in "de"},
+                   run_length=64)  # runs of 512 B: copied into one chunk
+    assert short.source().read_table(np.arange(256))["id"].num_chunks == 1
     with pytest.raises(ValueError, match="run_length"):
         _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=0)
 

@@ -15,8 +15,9 @@ contributed ``n q_k / P`` samples within ±1 (strictly). The period repeats, so 
 
 **Runs.** With ``run_length=r`` the interleave schedules runs of ``r`` consecutive samples
 instead of single samples (exact within ±1 run, i.e. ±r samples). ``r`` equal to the Loader's
-``batch_size`` gives every batch from one source (MosaicML's ``per_stream`` batching), and its
-rows are handed out as slices of that source's read instead of copied into mixed order.
+``batch_size`` gives every batch from one source (MosaicML's ``per_stream`` batching); runs of
+at least :data:`MIN_SLICE_BYTES` are handed out as slices of that source's read instead of
+copied into mixed order.
 
 **Each source's own stream.** A source is a ``Loader`` (its dataset, filter, split, columns,
 order, seed and per-source transform; its batch size, workers and output are the mix's loader's
@@ -73,8 +74,10 @@ from lanceloader.transforms import TransformOutputError, transform_name
 MAX_PERIOD = 1 << 16  # slots of one interleave period at most: a 65,536 x sources table
 TOKEN_SAMPLE_ROWS = 4096  # rows read to measure a source's mean tokens per row (weights_by)
 EPOCH_LENGTHS = ("first_exhausted", "all_exhausted")
-# Mixed rows are slices of the sources' reads (no copy) when their runs average this many rows.
-MIN_SLICE_ROWS = 64
+# Mixed rows are slices of the sources' reads (no copy) when their runs average this many bytes:
+# a slice is a chunk the worker converts on its own (~11 us), more than copying a shorter run
+# (runs of 256 rows of 264 B, 67 KB: 0.56x single-source throughput as slices, 0.64x copied).
+MIN_SLICE_BYTES = 256 << 10
 
 
 def rational_weights(weights: list[float]) -> list[int]:
@@ -199,8 +202,8 @@ class Mix:
         run_length: consecutive samples that come from one source (default 1: the sources
             alternate sample by sample). Set it to the Loader's ``batch_size`` and every batch
             comes from one source, in the same exact proportions counted in batches (MosaicML's
-            ``per_stream`` batching): the loader then hands out the sources' rows without
-            copying them into mixed order (see Performance).
+            ``per_stream`` batching); runs of at least 256 KiB are handed out as slices of
+            the sources' reads instead of copied into mixed order.
 
     >>> mix = Mix({"a": "a.lance", "b": "b.lance"}, weights={"a": 3, "b": 1})  # doctest: +SKIP
     >>> loader = Loader(mix, batch_size=256)                                    # doctest: +SKIP
@@ -370,22 +373,23 @@ def consumed(quotas: Mapping[str, int], offsets: Mapping[str, int], samples_per_
 
 
 def take_rows(table: pa.Table, take: np.ndarray) -> pa.Table:
-    """The rows of ``table`` at ``take``. Where ``take`` has long runs of consecutive rows (a mix
-    with a ``run_length``), they are slices of ``table`` (no copy; a batch within one slice then
-    converts without a copy too); otherwise one Arrow take from one chunk (combined first:
-    Arrow's take over several chunks costs more, 3 chunks of 42k rows of 264 B: 14.7 ms vs
-    3.3 + 5.1 ms).
+    """The rows of ``table`` at ``take``. Where ``take`` has runs of consecutive rows of at least
+    :data:`MIN_SLICE_BYTES` on average (a mix with a ``run_length`` of large rows), they are
+    slices of ``table`` (no copy; a batch within one slice then converts without a copy too);
+    otherwise one Arrow take from one chunk (combined first: Arrow's take over several chunks
+    costs more, 3 chunks of 42k rows of 264 B: 14.7 ms vs 3.3 + 5.1 ms).
 
-    >>> t = pa.table({"x": range(200)})
-    >>> halves = take_rows(t, np.r_[100:200, 0:100])  # two runs of 100: two slices
-    >>> halves["x"][:2].to_pylist(), halves["x"].num_chunks
-    ([100, 101], 2)
-    >>> take_rows(t, np.array([5, 3]))["x"].to_pylist()  # short runs: one take
+    >>> t = pa.table({"x": np.arange(80_000)})             # 80,000 rows of 8 B
+    >>> halves = take_rows(t, np.r_[40_000:80_000, 0:40_000])  # two runs of 320 KB: slices
+    >>> halves["x"].num_chunks, halves["x"][0].as_py()
+    (2, 40000)
+    >>> take_rows(t, np.array([5, 3]))["x"].to_pylist()   # short runs: one take
     [5, 3]
     """
     n = len(take)
     breaks = np.flatnonzero(np.diff(take) != 1) + 1
-    if len(breaks) + 1 > max(1, n // MIN_SLICE_ROWS):
+    run_bytes = table.nbytes / max(1, table.num_rows) * n / (len(breaks) + 1)
+    if len(breaks) and run_bytes < MIN_SLICE_BYTES:
         return table.combine_chunks().take(pa.array(take))
     starts = np.concatenate(([0], breaks)).tolist()
     stops = np.concatenate((breaks, [n])).tolist()
