@@ -34,6 +34,7 @@ import ray
 import ray.data
 from lance.fragment import write_fragments
 
+from lanceloader.arguments import check_storage_options
 from lanceloader.ingest import (
     CLASSES_KEY,
     ConvertSummary,
@@ -85,10 +86,12 @@ def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
 
 def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
             mode: str = "create", files_per_task: int = 256,
-            concurrency: int | None = None) -> ConvertSummary:
+            concurrency: int | None = None,
+            storage_options: dict[str, str] | None = None) -> ConvertSummary:
     """:func:`lanceloader.convert` of an ImageFolder tree or of Parquet files, read and written
     by Ray Data tasks and committed once. Rows come in the same order as the single-machine
-    version (class by class, files sorted; Parquet files in name order)."""
+    version (class by class, files sorted; Parquet files in name order). ``storage_options``:
+    for an object-store ``out_uri``, passed to Lance in every task."""
     import time
 
     started = time.perf_counter()
@@ -96,7 +99,8 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
     out = os.fspath(out_uri)
     if mode not in ("create", "overwrite"):
         raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
-    if mode == "create" and dataset_version(out) is not None:
+    check_storage_options(storage_options)
+    if mode == "create" and dataset_version(out, storage_options) is not None:
         raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
                               "mode='overwrite' to replace it")
     if root.is_file() or any(root.rglob("*.parquet")):
@@ -137,7 +141,8 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
             table, left_out = read(chunks[number])
             table = table.cast(int64_labels(table.schema)).replace_schema_metadata(metadata or None)
             written = write_fragments(table, out, schema=table.schema,
-                                      max_rows_per_file=max(1, table.num_rows)) \
+                                      max_rows_per_file=max(1, table.num_rows),
+                                      storage_options=storage_options) \
                 if table.num_rows else []
             numbers.append(number)
             fragments.append(json.dumps([f.to_json() for f in written]))
@@ -156,7 +161,7 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
                 "schema": r["schema"]} for r in results]
     dataset = commit_fragments(out, written, "the files disagree on their schema (or hold no "
                                "rows): convert them with lanceloader.convert to see which two "
-                               "disagree")
+                               "disagree", storage_options)
     skipped = tuple(tuple(s) for r in results for s in json.loads(r["skipped"]))
     return ConvertSummary(out, dataset.version, sum(int(r["rows"]) for r in results),
                           sum(int(r["nbytes"]) for r in results),
