@@ -125,8 +125,7 @@ def batches_per_read(order: Order, batch_size: int, transform: bool,
     >>> batches_per_read(Order(10**6), 256, transform=False, bytes_per_row=11_000)
     11
     """
-    random_reads = order.shuffle and order.block_size < 64
-    rows = ROWS_PER_READ_RANDOM if random_reads else ROWS_PER_READ_SEQUENTIAL
+    rows = ROWS_PER_READ_RANDOM if order.random_reads else ROWS_PER_READ_SEQUENTIAL
     if bytes_per_row > 0:
         rows = min(rows, int(READ_BYTES // bytes_per_row))
     per_read = max(1, rows // batch_size)

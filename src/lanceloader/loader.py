@@ -305,7 +305,7 @@ class Loader:
         if not isinstance(self.source, MixedSource):
             return self.order
         orders = self.source.orders
-        return ([o for o in orders if o.shuffle and o.block_size < 64] or orders)[0]
+        return ([o for o in orders if o.random_reads] or orders)[0]
 
     def _new_cursor(self) -> Cursor:
         src = self.source
@@ -517,9 +517,8 @@ class Loader:
         >>> print(loader.stats().bottleneck)                # doctest: +SKIP
         bottleneck: training loop (the loop waited for data 2% of the time). Try: ...
         """
-        order = self._read_order()
-        random_reads = order.shuffle and order.block_size < 64
-        stats = self.recorder.snapshot(workers=self.num_workers, shuffle_random=random_reads,
+        stats = self.recorder.snapshot(workers=self.num_workers,
+                                       shuffle_random=self._read_order().random_reads,
                                        epoch=epoch)
         if self.packing is not None:
             stats = dataclasses.replace(stats, padding_fraction=self.packing.padding_fraction)

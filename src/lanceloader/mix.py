@@ -295,15 +295,8 @@ class Mix:
         schema = schemas[first]
         loader = self.loaders[first]
         if loader.transform is not None:
-            source = loader.source
-            rows = np.arange(min(1, source.num_rows), dtype=np.int64)
-            out = loader.transform(to_record_batch(source.read_table(rows)))
-            if not isinstance(out, pa.RecordBatch | pa.Table):
-                raise TransformOutputError(
-                    f"the transform {transform_name(loader.transform)} of mix source {first!r} "
-                    f"must return Arrow (a RecordBatch or Table), got {type(out).__name__}: a "
-                    "source's transform conforms its rows to the common schema")
-            schema = out.schema.remove_metadata()
+            rows = loader.source.read_table(np.arange(min(1, loader.source.num_rows)))
+            schema = source_rows(loader.transform, first, rows).schema.remove_metadata()
         if self.source_column:
             schema = schema.append(pa.field(self.source_column, pa.int16()))
         return schema
@@ -370,6 +363,20 @@ def consumed(quotas: Mapping[str, int], offsets: Mapping[str, int], samples_per_
     per_epoch = il.counts(samples_per_epoch)
     return {n: offsets[n] + epoch * per_epoch[k] + int(il.count(k, sample))
             for k, n in enumerate(quotas)}
+
+
+def source_rows(transform: Any, name: str, table: pa.Table) -> pa.Table:
+    """Mix source ``name``'s rows through its transform, which must return Arrow with every row
+    it was given (else :class:`TransformOutputError`): used at construction (the first
+    source's output sets the mix's schema) and on every read."""
+    out = transform(to_record_batch(table))
+    if not isinstance(out, pa.RecordBatch | pa.Table) or out.num_rows != table.num_rows:
+        raise TransformOutputError(
+            f"the transform {transform_name(transform)} of mix source {name!r} must return "
+            f"Arrow with every row it was given ({table.num_rows}), got {type(out).__name__}: a "
+            "source's transform conforms its rows to the common schema; put transforms that "
+            "drop or add rows on the mix's Loader")
+    return out if isinstance(out, pa.Table) else pa.Table.from_batches([out])
 
 
 def take_rows(table: pa.Table, take: np.ndarray) -> pa.Table:
@@ -523,14 +530,7 @@ class MixedSource:
         """Source ``k``'s rows through its transform, checked against the common schema."""
         transform, name = self.transforms[k], self.names[k]
         if transform is not None:
-            out = transform(to_record_batch(table))
-            if not isinstance(out, pa.RecordBatch | pa.Table) or out.num_rows != table.num_rows:
-                raise TransformOutputError(
-                    f"the transform {transform_name(transform)} of mix source {name!r} must "
-                    f"return Arrow with every row it was given ({table.num_rows}), got "
-                    f"{type(out).__name__}: a source's transform conforms its rows to the common "
-                    "schema; put transforms that drop or add rows on the mix's Loader")
-            table = out if isinstance(out, pa.Table) else pa.Table.from_batches([out])
+            table = source_rows(transform, name, table)
         base = self.mix.schema
         if self.mix.source_column:
             base = base.remove(base.get_field_index(self.mix.source_column))

@@ -108,6 +108,8 @@ def _round_keys(key: int | np.ndarray, shape: tuple[int, ...]) -> list[np.ndarra
 
 
 DEFAULT_SHUFFLE_WINDOW = 8
+# A block shuffle with blocks smaller than this reads rows at random, like a full shuffle.
+RANDOM_BLOCK_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,13 @@ class Order:
         """
         window = shuffle_window or (DEFAULT_SHUFFLE_WINDOW if shuffle_block_size > 1 else 1)
         return cls(num_rows, bool(shuffle), shuffle_block_size, window, seed)
+
+    @property
+    def random_reads(self) -> bool:
+        """Whether this order reads rows at random (a full shuffle, or blocks under
+        :data:`RANDOM_BLOCK_ROWS`): such takes cost more per call, so reads are sized smaller
+        and ``stats()`` judges their speed as random reads."""
+        return self.shuffle and self.block_size < RANDOM_BLOCK_ROWS
 
     @property
     def window_rows(self) -> int | None:
