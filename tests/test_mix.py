@@ -148,17 +148,22 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     first = _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=4)
     ids = np.concatenate([b["id"] for b in ll.Loader(first, batch_size=5)])
     assert len(ids) == len(set(ids.tolist())) and sum(ids // 1000 == 1) == 13
-    # Runs of >= 256 KiB are slices of each source's read, not a copy in mixed order.
+    # Runs of >= 64 rows are slices of each source's read, not a copy in mixed order; a batch
+    # within a run is a view of its source's rows (two batches of one source share a buffer).
     for name in ("d", "e"):
-        x = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(500 * 1024, np.float32)), 1024)
+        x = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(500 * 16, np.float32)), 16)
         lance.write_dataset(pa.table({"id": np.arange(500), "x": x}), tmp_path / f"{name}.lance")
-    long = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=64)  # 256 KiB
+    long = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=64)
     table = long.source().read_table(np.arange(256))
     assert table["id"].num_chunks == 4 and table["id"].to_pylist() == (
         list(range(64)) + list(range(64)) + list(range(64, 128)) * 2)
-    short = ll.Mix({n: ll.Loader(str(tmp_path / f"{n}.lance"), columns=["id"]) for n in "de"},
-                   run_length=64)  # runs of 512 B: copied into one chunk
-    assert short.source().read_table(np.arange(256))["id"].num_chunks == 1
+    views = list(ll.Loader(long, batch_size=64, num_workers=1))  # reads of 1, 2, 4 batches
+    address = [b["x"].__array_interface__["data"][0] for b in views]
+    assert [b["id"][0] for b in views[3:7]] == [64, 128, 128, 192]  # e, d, e, d
+    assert address[6] - address[4] == 64 * 16 * 4  # d's next rows in the same buffer
+    short = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=8)
+    copied = short.source().read_table(np.arange(256))  # runs of 8 rows: copied into one chunk
+    assert copied["id"].num_chunks == 1 and copied["id"].to_pylist()[:10] == [*range(8), 0, 1]
     with pytest.raises(ValueError, match="run_length"):
         _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=0)
 

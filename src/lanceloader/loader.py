@@ -58,7 +58,7 @@ from lanceloader.engine import (
     default_prefetch,
     reads_in_flight,
 )
-from lanceloader.mix import Mix, MixedSource, MixOrder
+from lanceloader.mix import Mix, MixedSource
 from lanceloader.mixing import MixingReport, mixing_report
 from lanceloader.order import Order
 from lanceloader.packing import PackedSource, Packing, PackPlan
@@ -271,7 +271,7 @@ class Loader:
         self.max_skip_fraction = max_skip_fraction
         self.transform = transform
         if isinstance(self.source, MixedSource):
-            self.order: Order = MixOrder(self.source.num_rows, seed=seed)
+            self.order: Order = self.source.order(seed)
         else:
             self.order = Order.from_options(self.source.num_rows, shuffle, shuffle_block_size,
                                             shuffle_window, seed)
@@ -455,7 +455,7 @@ class Loader:
         else:
             mix, sample = self.source.mix.resumed(state)
         self.source = mix.source()
-        self.order = MixOrder(self.source.num_rows, seed=self.order.seed)
+        self.order = self.source.order(self.order.seed)
         self._cursor = self._new_cursor()
         spec = self._cursor.spec
         return {**state, "order": dict(spec.order), "fingerprint": spec.fingerprint,

@@ -16,8 +16,8 @@ contributed ``n q_k / P`` samples within ±1 (strictly). The period repeats, so 
 **Runs.** With ``run_length=r`` the interleave schedules runs of ``r`` consecutive samples
 instead of single samples (exact within ±1 run, i.e. ±r samples). ``r`` equal to the Loader's
 ``batch_size`` gives every batch from one source (MosaicML's ``per_stream`` batching); runs of
-at least :data:`MIN_SLICE_BYTES` are handed out as slices of that source's read instead of
-copied into mixed order.
+at least :data:`MIN_SLICE_ROWS` rows are handed out as slices of that source's read instead of
+copied into mixed order (no copy: a batch within a run is a slice of its source's rows).
 
 **Each source's own stream.** A source is a ``Loader`` (its dataset, filter, split, columns,
 order, seed and per-source transform; its batch size, workers and output are the mix's loader's
@@ -67,17 +67,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lanceloader.order import Order
-from lanceloader.source import sorted_unique, to_record_batch
+from lanceloader.source import Pieces, as_table, sorted_unique, to_record_batch
 from lanceloader.state import fingerprint, order_settings
 from lanceloader.transforms import TransformOutputError, transform_name
 
 MAX_PERIOD = 1 << 16  # slots of one interleave period at most: a 65,536 x sources table
 TOKEN_SAMPLE_ROWS = 4096  # rows read to measure a source's mean tokens per row (weights_by)
 EPOCH_LENGTHS = ("first_exhausted", "all_exhausted")
-# Mixed rows are slices of the sources' reads (no copy) when their runs average this many bytes:
-# a slice is a chunk the worker converts on its own (~11 us), more than copying a shorter run
-# (runs of 256 rows of 264 B, 67 KB: 0.56x single-source throughput as slices, 0.64x copied).
-MIN_SLICE_BYTES = 256 << 10
+# Mixed rows are runs of the sources' reads (no copy) when their runs average this many rows: a
+# run costs ~2 us to hand out, copying its rows ~70 ns a row of 264 B.
+MIN_SLICE_ROWS = 64
 
 
 def rational_weights(weights: list[float]) -> list[int]:
@@ -202,7 +201,7 @@ class Mix:
         run_length: consecutive samples that come from one source (default 1: the sources
             alternate sample by sample). Set it to the Loader's ``batch_size`` and every batch
             comes from one source, in the same exact proportions counted in batches (MosaicML's
-            ``per_stream`` batching); runs of at least 256 KiB are handed out as slices of
+            ``per_stream`` batching); runs of 64 rows or more are handed out as slices of
             the sources' reads instead of copied into mixed order.
 
     >>> mix = Mix({"a": "a.lance", "b": "b.lance"}, weights={"a": 3, "b": 1})  # doctest: +SKIP
@@ -255,6 +254,7 @@ class Mix:
         self.per_epoch = self.interleave.counts(self.samples_per_epoch)
         self.offsets = [0] * len(self.names)  # shifts of the sources' streams (with_offsets)
         self.schema = self._common_schema()
+        self.window_samples = self._window_samples()
 
     @property
     def weights(self) -> dict[str, float]:
@@ -277,6 +277,19 @@ class Mix:
             raise ValueError(f"samples_per_epoch must be a number >= 1 or one of {EPOCH_LENGTHS}, "
                              f"got {spec!r}")
         return spec
+
+    def _window_samples(self) -> int | None:
+        """Mixed samples in which every block-shuffled source gives whole windows of its order
+        (``Order.window_rows``), or ``None`` if no source has windows. Reads of whole units fetch
+        whole blocks of each source; a read cutting a source's window fetches a part of each of
+        its blocks, read again by the next read (3 sources of 8 blocks of 1,024 rows, unaligned:
+        1.27x the bytes and 2x the requests of one source)."""
+        il, units = self.interleave, []
+        for k, n in enumerate(self.names):
+            window = self.loaders[n].order.window_rows
+            if window and il.quotas[k]:  # multiples of the window at whole periods of slots
+                units.append(window // math.gcd(il.quotas[k] * il.run, window))
+        return il.period * il.run * math.lcm(*units) if units else None
 
     def _common_schema(self) -> pa.Schema:
         """The first source's columns as it delivers them: its raw schema, or, when it has a
@@ -379,29 +392,46 @@ def source_rows(transform: Any, name: str, table: pa.Table) -> pa.Table:
     return out if isinstance(out, pa.Table) else pa.Table.from_batches([out])
 
 
-def take_rows(table: pa.Table, take: np.ndarray) -> pa.Table:
-    """The rows of ``table`` at ``take``. Where ``take`` has runs of consecutive rows of at least
-    :data:`MIN_SLICE_BYTES` on average (a mix with a ``run_length`` of large rows), they are
-    slices of ``table`` (no copy; a batch within one slice then converts without a copy too);
-    otherwise one Arrow take from one chunk (combined first: Arrow's take over several chunks
-    costs more, 3 chunks of 42k rows of 264 B: 14.7 ms vs 3.3 + 5.1 ms).
+def mixed_rows(parts: list[pa.Table], picks: list[tuple[np.ndarray, np.ndarray | None]],
+               n: int) -> pa.Table | Pieces:
+    """The ``n`` rows of a mixed read: row ``rows[i]`` of ``parts[k]`` goes to row ``sel[i]``,
+    for ``(sel, rows) = picks[k]`` (``rows`` None: the part's rows in their order).
 
-    >>> t = pa.table({"x": np.arange(80_000)})             # 80,000 rows of 8 B
-    >>> halves = take_rows(t, np.r_[40_000:80_000, 0:40_000])  # two runs of 320 KB: slices
-    >>> halves["x"].num_chunks, halves["x"][0].as_py()
-    (2, 40000)
-    >>> take_rows(t, np.array([5, 3]))["x"].to_pylist()   # short runs: one take
-    [5, 3]
+    Where the mixed rows are runs of consecutive rows of a part of :data:`MIN_SLICE_ROWS` or more
+    on average (a mix with a ``run_length``, read in order), they are :class:`Pieces` of the
+    parts: nothing is copied, and the worker hands out each batch within a run as a slice of its
+    part's conversion (as it does for one source). Otherwise the rows are copied into mixed
+    order with one Arrow take from one chunk (combined first: Arrow's take over several chunks
+    costs more, 3 chunks of 42k rows of 264 B: 14.7 ms vs 3.3 + 5.1 ms; a NumPy scatter, which
+    holds the GIL, made a 2-thread loader slower: 0.50x single-source throughput against 0.61x).
+
+    >>> a, b = pa.table({"x": [10, 11]}), pa.table({"x": [20, 21]})
+    >>> mixed_rows([a, b], [(np.array([0, 2]), np.array([1, 0])), (np.array([1, 3]), None)],
+    ...            4)["x"].to_pylist()
+    [11, 20, 10, 21]
+    >>> t = pa.table({"x": np.arange(1000)})
+    >>> runs = mixed_rows([t.slice(500), t.slice(0, 500)],
+    ...                   [(np.arange(0, 500), None), (np.arange(500, 1000), None)], 1000)
+    >>> runs.runs, runs.table()["x"][0].as_py()          # two runs of 500 rows: not copied
+    ([(0, 0, 500), (1, 0, 500)], 500)
     """
-    n = len(take)
+    table = pa.concat_tables(parts)
+    take = np.empty(n, dtype=np.int64)  # row of the concatenated parts per mixed row
+    done = 0
+    for part, (sel, rows) in zip(parts, picks, strict=True):
+        take[sel] = done + (np.arange(len(sel)) if rows is None else rows)
+        done += part.num_rows
     breaks = np.flatnonzero(np.diff(take) != 1) + 1
-    run_bytes = table.nbytes / max(1, table.num_rows) * n / (len(breaks) + 1)
-    if len(breaks) and run_bytes < MIN_SLICE_BYTES:
+    if len(breaks) and n / (len(breaks) + 1) < MIN_SLICE_ROWS:
         return table.combine_chunks().take(pa.array(take))
-    starts = np.concatenate(([0], breaks)).tolist()
-    stops = np.concatenate((breaks, [n])).tolist()
-    return pa.concat_tables([table.slice(int(take[a]), b - a)
-                             for a, b in zip(starts, stops, strict=True)])
+    batches = table.to_batches()
+    bounds = np.cumsum([0] + [len(b) for b in batches])  # where each batch begins in `take`
+    cuts = np.union1d(np.concatenate(([0], breaks, [n])),  # runs also end where a batch does
+                      np.flatnonzero(np.isin(take, bounds[1:-1])))
+    which = np.searchsorted(bounds, take[cuts[:-1]], side="right") - 1
+    runs = list(zip(which.tolist(), (take[cuts[:-1]] - bounds[which]).tolist(),
+                    np.diff(cuts).tolist(), strict=True))
+    return Pieces(batches, runs)
 
 
 def _schema_text(schema: pa.Schema) -> str:
@@ -429,7 +459,16 @@ def mean_tokens(source: Any, column: str | None) -> float:
 class MixOrder(Order):
     """The (sequential) order of a mixed stream. Its "positions" are indices into the mix's
     endless stream, ``epoch * samples_per_epoch + sample``, which :class:`MixedSource` maps to
-    each source's own order: the mix's epoch travels with every read."""
+    each source's own order: the mix's epoch travels with every read.
+
+    Its "windows" are :attr:`Mix.window_samples`: reads are cut on them (as on a block
+    shuffle's windows), so each source reads whole windows of its own order."""
+
+    window_samples: int | None = None
+
+    @property
+    def window_rows(self) -> int | None:
+        return self.window_samples
 
     def positions(self, epoch: int, samples: np.ndarray) -> np.ndarray:
         samples = np.asarray(samples, dtype=np.int64)
@@ -499,8 +538,8 @@ class MixedSource:
     def read_table_with_io(self, stream: np.ndarray) -> tuple[pa.Table, int, int, int]:
         which, index, groups = self.locate(stream)
         parts: list[pa.Table] = []
-        io_bytes = iops = cached = done = 0
-        take = np.empty(len(which), dtype=np.int64)  # row of the concatenated parts per sample
+        io_bytes = iops = cached = 0
+        picks: list[tuple[np.ndarray, np.ndarray | None]] = []
         for k, sel in groups:
             rows = self.sources[k].num_rows
             source_epoch, sample = np.divmod(index[sel], rows)
@@ -511,20 +550,20 @@ class MixedSource:
                 for e in np.unique(source_epoch).tolist():
                     at = source_epoch == e
                     positions[at] = self.orders[k].positions(int(e), sample[at])
-            # Sorted and unique, the source reads without reordering (or repeating) rows: the
-            # one take below puts every row in its mixed place.
+            # Sorted and unique, the source reads without reordering (or repeating) rows:
+            # mixed_rows puts every row in its mixed place, moving it once.
             unique, where = sorted_unique(positions)
             table, b, i, c = self.sources[k].read_table_with_io(unique)
             io_bytes, iops, cached = io_bytes + b, iops + i, cached + c
-            parts.append(self._conform(k, table))
-            take[sel] = done + (np.arange(len(unique)) if where is None else where)
-            done += len(unique)
+            table = self._conform(k, table)
+            if self.mix.source_column:
+                table = table.append_column(self.mix.source_column,
+                                            pa.array(np.full(len(table), k, np.int16)))
+            parts.append(table)
+            picks.append((sel, where))
         if not parts:
             return self.schema_table(), 0, 0, 0
-        table = take_rows(pa.concat_tables(parts), take)
-        if self.mix.source_column:
-            table = table.append_column(self.mix.source_column, pa.array(which, pa.int16()))
-        return table, io_bytes, iops, cached
+        return mixed_rows(parts, picks, len(which)), io_bytes, iops, cached
 
     def _conform(self, k: int, table: pa.Table) -> pa.Table:
         """Source ``k``'s rows through its transform, checked against the common schema."""
@@ -545,7 +584,11 @@ class MixedSource:
         return table
 
     def read_table(self, stream: np.ndarray) -> pa.Table:
-        return self.read_table_with_io(stream)[0]
+        return as_table(self.read_table_with_io(stream)[0])
+
+    def order(self, seed: int) -> MixOrder:
+        """The order a Loader reads this mix in (the sources' own orders live in the reads)."""
+        return MixOrder(self.num_rows, seed=seed, window_samples=self.mix.window_samples)
 
     def schema_table(self) -> pa.Table:
         return self.schema.empty_table()

@@ -37,6 +37,7 @@ import logging
 import numbers
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -844,3 +845,37 @@ def to_record_batch(table: pa.Table) -> pa.RecordBatch:
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=table.schema)
     return table.combine_chunks().to_batches()[0]
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A read's rows as runs of a few record batches, in order, not yet copied into one table:
+    what a mix with long runs of one source reads (:func:`lanceloader.mix.mixed_rows`).
+
+    ``runs`` are ``(batch, start, length)``: rows ``[start, start + length)`` of
+    ``batches[batch]``. The worker converts each of ``batches`` once and hands out every batch
+    of the task that lies within one run as a slice of that conversion (no copy), as it does
+    with a single source's chunks; :meth:`table` is the same rows as one table (slices, no copy)
+    for the rest.
+
+    >>> t = pa.record_batch({"x": [0, 1, 2, 3]})
+    >>> Pieces([t], [(0, 2, 2), (0, 0, 2)]).table()["x"].to_pylist()
+    [2, 3, 0, 1]
+    """
+
+    batches: list[pa.RecordBatch]
+    runs: list[tuple[int, int, int]]
+
+    @property
+    def bytes_per_row(self) -> float:
+        """Arrow bytes per row of the record batches (what a run's rows average)."""
+        return sum(b.nbytes for b in self.batches) / max(1, sum(len(b) for b in self.batches))
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_batches([self.batches[b].slice(s, n) for b, s, n in self.runs],
+                                     schema=self.batches[0].schema)
+
+
+def as_table(rows: pa.Table | Pieces) -> pa.Table:
+    """The rows of a source's read as one table (a :class:`Pieces` joined, no copy)."""
+    return rows.table() if isinstance(rows, Pieces) else rows

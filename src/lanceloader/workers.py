@@ -12,6 +12,7 @@ it returns, so results are independent of ``num_workers`` and ``prefetch``.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import sys
@@ -28,7 +29,7 @@ import pyarrow as pa
 from lanceloader.conversion import Conversion, as_conversion, to_output
 from lanceloader.order import Order
 from lanceloader.plan import ReadTask
-from lanceloader.source import ReadError, Source, to_record_batch
+from lanceloader.source import Pieces, ReadError, Source, as_table, to_record_batch
 from lanceloader.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError, apply_transform, row_keys
 
 Transform = Callable[[Any], Any]
@@ -87,22 +88,31 @@ class BatchWork:
     def conversion(self) -> Conversion:
         return as_conversion(self.output)
 
-    def _convert_chunks(self, table: pa.Table) -> list[tuple[int, int, Any]] | None:
-        """Convert each of Lance's chunks once, so batches are NumPy slices of them.
+    def _convert_chunks(self, rows: pa.Table | Pieces
+                        ) -> list[tuple[int, int, Any, int]] | None:
+        """Convert each of Lance's chunks (or each record batch of a :class:`Pieces`) once, so
+        batches are NumPy slices of them: ``(start, stop, converted, base)`` says rows
+        ``[start, stop)`` of the read are rows ``base...`` of ``converted``.
 
         Only without a transform, and only where slicing gives what per-batch conversion would
         (no per-batch padding or string widths); on any error, batches convert one by one (and
         report the error with their batch index).
         """
         conv = self.conversion
-        if self.transform is not None or not _sliceable(table.schema, conv):
+        pieces = rows if isinstance(rows, Pieces) else Pieces(
+            rows.to_batches(), [(i, 0, n) for i, n in enumerate(map(len, rows.to_batches()))])
+        if self.transform is not None or not pieces.batches or \
+                not _sliceable(pieces.batches[0].schema, conv):
             return None
         in_numpy = conv if conv.output == "numpy" else dataclasses.replace(conv, output="numpy")
+        converted: dict[int, Any] = {}
         chunks, start = [], 0
         try:
-            for chunk in table.to_batches():
-                chunks.append((start, start + chunk.num_rows, to_output(chunk, in_numpy)))
-                start += chunk.num_rows
+            for b, first, n in pieces.runs:
+                if b not in converted:
+                    converted[b] = to_output(pieces.batches[b], in_numpy)
+                chunks.append((start, start + n, converted[b], first))
+                start += n
         except Exception:
             return None
         return chunks
@@ -116,7 +126,7 @@ class BatchWork:
         positions = self.order.positions(task.epoch, task.samples)
         with _annotate("lanceloader.read"):
             try:
-                table, io_bytes, io_iops, cached = self.source.read_table_with_io(positions)
+                rows, io_bytes, io_iops, cached = self.source.read_table_with_io(positions)
             except ReadError as exc:
                 exc.batches, exc.epoch = task.batches, task.epoch
                 raise
@@ -128,25 +138,28 @@ class BatchWork:
         result = TaskResult([], [], [], seconds, io_bytes, io_iops, cached, spans=spans, lane=lane)
         # Arrow bytes per row, once per read (per batch it costs ~10 µs): exact for fixed-width
         # columns, the read's average for strings.
-        bytes_per_row = table.nbytes / max(1, table.num_rows)
+        bytes_per_row = (rows.bytes_per_row if isinstance(rows, Pieces) else
+                         rows.nbytes / max(1, rows.num_rows))
         t0 = clock()
-        chunks = self._convert_chunks(table)
+        chunks = self._convert_chunks(rows)
         seconds["convert"] += clock() - t0
+        conv = self.conversion
+        table: pa.Table | None = None  # the rows as one table, made once a batch needs Arrow
         offset = 0
         for i, size in enumerate(sizes):
-            batch: Any = to_record_batch(table.slice(offset, size))
-            result.rows.append(batch.num_rows)
-            result.nbytes.append(round(bytes_per_row * batch.num_rows))
+            result.rows.append(size)  # a read gives a row per position
+            result.nbytes.append(round(bytes_per_row * size))
             ready = _slice_of(chunks, offset, size)
             if ready is not None:  # already converted with its read: slice it (no copy)
                 t0 = clock()
-                result.batches.append(_slice_rows(ready[0], ready[1], ready[1] + size)
-                                      if self.conversion.output == "numpy" else
-                                      to_output(_slice_rows(ready[0], ready[1], ready[1] + size),
-                                                self.conversion))
+                view = _slice_rows(ready[0], ready[1], ready[1] + size)
+                result.batches.append(view if conv.output == "numpy" else to_output(view, conv))
                 seconds["convert"] += clock() - t0
                 offset += size
                 continue
+            if table is None:
+                table = as_table(rows)
+            batch: Any = to_record_batch(table.slice(offset, size))
             try:
                 if self.transform is not None:
                     t0 = clock()
@@ -165,7 +178,7 @@ class BatchWork:
                 # A transform may return Arrow or a dict (converted as usual), or its own format.
                 if isinstance(batch, pa.RecordBatch | dict):
                     t0 = clock()
-                    batch = to_output(batch, self.conversion)
+                    batch = to_output(batch, conv)
                     t1 = clock()
                     seconds["convert"] += t1 - t0
                     if self.trace:
@@ -203,17 +216,16 @@ def _has_var_list(typ: pa.DataType) -> bool:
     return False
 
 
-def _slice_of(chunks: list[tuple[int, int, Any]] | None, offset: int, size: int
+def _slice_of(chunks: list[tuple[int, int, Any, int]] | None, offset: int, size: int
               ) -> tuple[Any, int] | None:
     """The converted chunk holding rows ``[offset, offset + size)`` and the offset in it."""
     if not chunks:
         return None
-    for start, stop, converted in chunks:
-        if start <= offset and offset + size <= stop:
-            return converted, offset - start
-        if stop > offset:
-            return None  # the batch spans two chunks
-    return None
+    i = bisect.bisect_right(chunks, offset, key=lambda chunk: chunk[0]) - 1  # starts ascend
+    start, stop, converted, base = chunks[max(i, 0)]
+    if start <= offset and offset + size <= stop:
+        return converted, base + offset - start
+    return None  # the batch spans two chunks
 
 
 def _slice_rows(value: Any, lo: int, hi: int) -> Any:
