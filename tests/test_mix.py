@@ -3,6 +3,7 @@ stream on any world size (weights changed or not), small sources repeat in fresh
 
 from __future__ import annotations
 
+import itertools
 import json
 from fractions import Fraction
 
@@ -14,7 +15,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import lanceloader as ll
-from lanceloader.mix import Interleave, interleave, rational_weights
+from lanceloader.mix import Interleave, Runs, interleave, mixed_rows, rational_weights
+from lanceloader.source import as_table
 from lanceloader.state import StateMismatchError
 
 
@@ -166,6 +168,39 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     assert copied["id"].num_chunks == 1 and copied["id"].to_pylist()[:10] == [*range(8), 0, 1]
     with pytest.raises(ValueError, match="run_length"):
         _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_mixed_rows_puts_every_row_in_its_place(data) -> None:
+    """Copied (short runs, reordered parts) or handed out as pieces (long runs crossing the
+    parts' record batches), the mixed rows are each source's next rows, in stream order."""
+    sources = data.draw(st.integers(1, 3))
+    runs = data.draw(st.lists(st.tuples(st.integers(0, sources - 1), st.integers(1, 150)),
+                              min_size=1, max_size=10))
+    parts, wheres, stream_rows = [], [], []
+    for k in range(sources):
+        n = sum(length for s, length in runs if s == k)
+        cuts = sorted(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=3)))
+        edges = [0, *[c for c in cuts if 0 < c < n], n]
+        values = np.arange(n) + 1000 * k
+        batches = [pa.record_batch({"x": values[a:b]}) for a, b in itertools.pairwise(edges)
+                   if b > a]
+        parts.append(pa.Table.from_batches(batches, schema=pa.schema([("x", pa.int64())])))
+        where = (np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n)))
+                 if n and data.draw(st.booleans()) else None)
+        wheres.append(where)
+        stream_rows.append(list(values[where] if where is not None else values))
+    source = np.array([s for s, _ in runs])
+    length = np.array([length for _, length in runs])
+    given = [0] * sources
+    index, expected = [], []
+    for s, n in runs:
+        index.append(given[s])
+        expected += stream_rows[s][given[s]:given[s] + n]
+        given[s] += n
+    out = mixed_rows(parts, wheres, Runs(source, np.array(index), length).merged())
+    assert as_table(out)["x"].to_pylist() == expected
 
 
 def test_oversampled_source_repeats_in_fresh_orders(sources) -> None:

@@ -392,46 +392,121 @@ def source_rows(transform: Any, name: str, table: pa.Table) -> pa.Table:
     return out if isinstance(out, pa.Table) else pa.Table.from_batches([out])
 
 
-def mixed_rows(parts: list[pa.Table], picks: list[tuple[np.ndarray, np.ndarray | None]],
-               n: int) -> pa.Table | Pieces:
-    """The ``n`` rows of a mixed read: row ``rows[i]`` of ``parts[k]`` goes to row ``sel[i]``,
-    for ``(sel, rows) = picks[k]`` (``rows`` None: the part's rows in their order).
+@dataclass(frozen=True)
+class Runs:
+    """A mixed read as runs, in stream order: run *i* is ``length[i]`` consecutive samples of
+    source ``source[i]``'s endless stream from its sample ``index[i]`` on.
 
-    Where the mixed rows are runs of consecutive rows of a part of :data:`MIN_SLICE_ROWS` or more
-    on average (a mix with a ``run_length``, read in order), they are :class:`Pieces` of the
-    parts: nothing is copied, and the worker hands out each batch within a run as a slice of its
-    part's conversion (as it does for one source). Otherwise the rows are copied into mixed
-    order with one Arrow take from one chunk (combined first: Arrow's take over several chunks
-    costs more, 3 chunks of 42k rows of 264 B: 14.7 ms vs 3.3 + 5.1 ms; a NumPy scatter, which
-    holds the GIL, made a 2-thread loader slower: 0.50x single-source throughput against 0.61x).
+    >>> runs = Runs(np.array([0, 0, 1]), np.array([5, 6, 0]), np.array([1, 2, 3])).merged()
+    >>> runs.source.tolist(), runs.index.tolist(), runs.length.tolist(), runs.indices(0).tolist()
+    ([0, 1], [5, 0], [3, 3], [5, 6, 7])
+    """
+
+    source: np.ndarray
+    index: np.ndarray
+    length: np.ndarray
+    spans: tuple[tuple[int, int], ...] | None = None  # (first, count) per source, if contiguous
+
+    def merged(self) -> Runs:
+        """Adjacent runs of one source that continue each other made one."""
+        if len(self.source) < 2:
+            return self
+        cont = (self.source[1:] == self.source[:-1]) & \
+            (self.index[1:] == self.index[:-1] + self.length[:-1])
+        if not cont.any():
+            return self
+        heads = np.flatnonzero(np.concatenate(([True], ~cont)))
+        return Runs(self.source[heads], self.index[heads], np.add.reduceat(self.length, heads))
+
+    def indices(self, k: int) -> np.ndarray:
+        """Source ``k``'s stream indices in this read, in stream order."""
+        if self.spans is not None:
+            first, count = self.spans[k]
+            return np.arange(first, first + count)
+        at = self.source == k
+        return _ranges(self.index[at], self.length[at])
+
+
+def _ranges(first: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The ranges ``[first[i], first[i] + length[i])`` one after the other.
+
+    >>> _ranges(np.array([5, 0]), np.array([2, 3])).tolist()
+    [5, 6, 0, 1, 2]
+    """
+    if len(first) == 1:
+        return np.arange(first[0], first[0] + length[0])
+    total = int(length.sum())
+    if total == len(first):  # runs of one sample
+        return first
+    begins = np.cumsum(length) - length
+    return np.repeat(first - begins, length) + np.arange(total)
+
+
+def mixed_rows(parts: list[pa.Table], wheres: list[np.ndarray | None], runs: Runs
+               ) -> pa.Table | Pieces:
+    """The rows of a mixed read: ``parts[k]`` holds the rows source ``k`` read for ``runs``, in
+    sorted order (``wheres[k]``: the row of each of its samples in stream order; ``None``: the
+    same order).
+
+    Where every part is in stream order and runs average :data:`MIN_SLICE_ROWS` rows or more
+    (a mix with a ``run_length``, read in order), the rows are :class:`Pieces` of the parts:
+    nothing is copied, and the worker hands out each batch within a run as a slice of its
+    part's conversion (as it does for one source). Otherwise they are copied into mixed order
+    with one Arrow take from one chunk (combined first: Arrow's take over several chunks costs
+    more, 3 chunks of 42k rows of 264 B: 14.7 ms vs 3.3 + 5.1 ms; a NumPy scatter, which holds
+    the GIL, made a 2-thread loader slower: 0.50x single-source throughput against 0.61x).
 
     >>> a, b = pa.table({"x": [10, 11]}), pa.table({"x": [20, 21]})
-    >>> mixed_rows([a, b], [(np.array([0, 2]), np.array([1, 0])), (np.array([1, 3]), None)],
-    ...            4)["x"].to_pylist()
+    >>> runs = Runs(np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1]), np.ones(4, np.int64))
+    >>> mixed_rows([a, b], [np.array([1, 0]), None], runs)["x"].to_pylist()
     [11, 20, 10, 21]
     >>> t = pa.table({"x": np.arange(1000)})
-    >>> runs = mixed_rows([t.slice(500), t.slice(0, 500)],
-    ...                   [(np.arange(0, 500), None), (np.arange(500, 1000), None)], 1000)
-    >>> runs.runs, runs.table()["x"][0].as_py()          # two runs of 500 rows: not copied
+    >>> long = Runs(np.array([0, 1]), np.array([0, 0]), np.array([500, 500]))
+    >>> pieces = mixed_rows([t.slice(500), t.slice(0, 500)], [None, None], long)
+    >>> pieces.runs, pieces.table()["x"][0].as_py()          # two runs of 500 rows: not copied
     ([(0, 0, 500), (1, 0, 500)], 500)
     """
+    sizes = np.array([p.num_rows for p in parts])
+    part_start = np.cumsum(sizes) - sizes  # where each part begins in their concatenation
     table = pa.concat_tables(parts)
-    take = np.empty(n, dtype=np.int64)  # row of the concatenated parts per mixed row
-    done = 0
-    for part, (sel, rows) in zip(parts, picks, strict=True):
-        take[sel] = done + (np.arange(len(sel)) if rows is None else rows)
-        done += part.num_rows
-    breaks = np.flatnonzero(np.diff(take) != 1) + 1
-    if len(breaks) and n / (len(breaks) + 1) < MIN_SLICE_ROWS:
+    n = int(runs.length.sum())
+    if len(runs.source) == n:  # runs of one sample (a mix without run_length): one take
+        take = np.empty(n, np.int64)
+        for k, where in enumerate(wheres):
+            at = np.flatnonzero(runs.source == k)
+            take[at] = part_start[k] + (np.arange(len(at)) if where is None else where)
         return table.combine_chunks().take(pa.array(take))
-    batches = table.to_batches()
-    bounds = np.cumsum([0] + [len(b) for b in batches])  # where each batch begins in `take`
-    cuts = np.union1d(np.concatenate(([0], breaks, [n])),  # runs also end where a batch does
-                      np.flatnonzero(np.isin(take, bounds[1:-1])))
-    which = np.searchsorted(bounds, take[cuts[:-1]], side="right") - 1
-    runs = list(zip(which.tolist(), (take[cuts[:-1]] - bounds[which]).tolist(),
-                    np.diff(cuts).tolist(), strict=True))
-    return Pieces(batches, runs)
+    # The row of its part (in stream order) at which each run begins.
+    if runs.spans is not None:  # each source's runs continue each other from its first
+        offset = runs.index - np.array([first for first, _ in runs.spans])[runs.source]
+    else:
+        offset = np.zeros(len(runs.source), np.int64)
+        for k in range(len(parts)):
+            at = np.flatnonzero(runs.source == k)
+            offset[at] = np.cumsum(runs.length[at]) - runs.length[at]
+    if all(w is None for w in wheres) and n >= MIN_SLICE_ROWS * len(runs.source):
+        batches = table.to_batches()
+        bounds = np.cumsum([0] + [len(b) for b in batches])  # where each batch begins
+        first = part_start[runs.source] + offset
+        batch = np.searchsorted(bounds, first, side="right") - 1
+        out = list(zip(batch.tolist(), (first - bounds[batch]).tolist(), runs.length.tolist(),
+                       strict=True))
+        for i in np.flatnonzero(first + runs.length > bounds[batch + 1])[::-1].tolist():
+            b, row, length = out[i]  # a run crossing a batch's end continues in the next ones
+            split = []
+            while length:
+                piece = min(length, int(bounds[b + 1] - bounds[b]) - row)
+                split.append((b, row, piece))
+                b, row, length = b + 1, 0, length - piece
+            out[i:i + 1] = split
+        return Pieces(batches, out)
+    rel = np.repeat(offset - (np.cumsum(runs.length) - runs.length), runs.length) + np.arange(n)
+    source = np.repeat(runs.source, runs.length)
+    for k, where in enumerate(wheres):
+        if where is not None:
+            at = source == k
+            rel[at] = where[rel[at]]
+    return table.combine_chunks().take(pa.array(part_start[source] + rel))
 
 
 def _schema_text(schema: pa.Schema) -> str:
@@ -511,38 +586,63 @@ class MixedSource:
     def num_rows(self) -> int:
         return self.mix.samples_per_epoch
 
-    def locate(self, stream: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                  list[tuple[int, np.ndarray]]]:
-        """For indices into the mixed endless stream: each one's source, its index in that
-        source's own endless stream, and ``(source, where)`` groups (in stream order)."""
-        mix = self.mix
-        stream = np.asarray(stream, dtype=np.int64)
-        epoch, sample = np.divmod(stream, mix.samples_per_epoch)
-        which = mix.interleave.source_of(sample)
-        index = np.empty_like(sample)
-        groups = [(k, np.flatnonzero(which == k)) for k, q in enumerate(mix.interleave.quotas)
-                  if q]
-        groups = [(k, sel) for k, sel in groups if len(sel)]
-        one_run = len(stream) > 0 and epoch[0] == epoch[-1] and \
-            int(sample[-1] - sample[0]) == len(stream) - 1  # one contiguous run (the usual read)
-        for k, sel in groups:
-            base = mix.offsets[k] + int(epoch[sel[0]]) * mix.per_epoch[k]
-            if one_run:  # a run of mixed samples takes a run of each source's stream
-                first = base + int(mix.interleave.count(k, int(sample[sel[0]])))
-                index[sel] = np.arange(first, first + len(sel))
-            else:
-                index[sel] = (mix.offsets[k] + epoch[sel] * mix.per_epoch[k]
-                              + mix.interleave.count(k, sample[sel]))
-        return which, index, groups
+    def locate(self, stream: np.ndarray) -> Runs:
+        """The :class:`Runs` of indices into the mixed endless stream.
 
-    def read_table_with_io(self, stream: np.ndarray) -> tuple[pa.Table, int, int, int]:
-        which, index, groups = self.locate(stream)
+        A read of consecutive samples of one epoch (what the loader asks for) is computed per
+        slot of the interleave (``run_length`` samples), without per-sample arrays; any other
+        read per sample."""
+        mix, il = self.mix, self.mix.interleave
+        stream = np.asarray(stream, dtype=np.int64)
+        n, per_epoch = len(stream), mix.samples_per_epoch
+        if n == 0:
+            return Runs(*(np.zeros(0, np.int64),) * 3)
+        epoch, first = divmod(int(stream[0]), per_epoch)
+        if first + n <= per_epoch and int(stream[-1] - stream[0]) == n - 1 and \
+                (n < 3 or bool(np.all(np.diff(stream) == 1))):
+            slot = first // il.run
+            table = interleave(il.quotas)  # one period, turned to begin at the first slot
+            count = (first + n - 1) // il.run + 1 - slot
+            which = np.tile(np.roll(table, -(slot % il.period)), -(-count // il.period))[:count]
+            if il.run == 1:  # a run per sample (cheaper than merging samples into runs)
+                source, length = which, np.ones(n, np.int64)
+            else:
+                new = np.concatenate(([0], np.flatnonzero(which[1:] != which[:-1]) + 1))
+                source = which[new]
+                start = (slot + new) * il.run
+                start[0] = first
+                length = np.diff(start, append=first + n)
+            index = np.empty(len(source), np.int64)
+            spans = []
+            for k in range(len(self.names)):  # a source's runs continue each other
+                at = np.flatnonzero(source == k)
+                begin = mix.offsets[k] + epoch * mix.per_epoch[k] + int(il.count(k, first))
+                given = np.arange(1, len(at) + 1) if il.run == 1 else np.cumsum(length[at])
+                index[at] = begin + given - length[at]
+                spans.append((begin, int(given[-1]) if len(at) else 0))
+            return Runs(source, index, length, tuple(spans))  # adjacent runs: other sources
+        epochs, samples = np.divmod(stream, per_epoch)
+        source = il.source_of(samples).astype(np.int64)
+        index = np.empty_like(samples)
+        for k in range(len(self.names)):
+            at = source == k
+            index[at] = (mix.offsets[k] + epochs[at] * mix.per_epoch[k]
+                         + il.count(k, samples[at]))
+        return Runs(source, index, np.ones(n, np.int64)).merged()
+
+    def read_table_with_io(self, stream: np.ndarray) -> tuple[pa.Table | Pieces, int, int, int]:
+        runs = self.locate(stream)
         parts: list[pa.Table] = []
+        wheres: list[np.ndarray | None] = []
         io_bytes = iops = cached = 0
-        picks: list[tuple[np.ndarray, np.ndarray | None]] = []
-        for k, sel in groups:
+        for k in range(len(self.names)):
+            index = runs.indices(k)
+            if not len(index):
+                parts.append(self.schema_table())
+                wheres.append(None)
+                continue
             rows = self.sources[k].num_rows
-            source_epoch, sample = np.divmod(index[sel], rows)
+            source_epoch, sample = np.divmod(index, rows)
             if source_epoch[0] == source_epoch[-1]:  # one epoch of the source (the usual case)
                 positions = self.orders[k].positions(int(source_epoch[0]), sample)
             else:
@@ -560,10 +660,10 @@ class MixedSource:
                 table = table.append_column(self.mix.source_column,
                                             pa.array(np.full(len(table), k, np.int16)))
             parts.append(table)
-            picks.append((sel, where))
-        if not parts:
+            wheres.append(where)
+        if not len(runs.source):
             return self.schema_table(), 0, 0, 0
-        return mixed_rows(parts, picks, len(which)), io_bytes, iops, cached
+        return mixed_rows(parts, wheres, runs), io_bytes, iops, cached
 
     def _conform(self, k: int, table: pa.Table) -> pa.Table:
         """Source ``k``'s rows through its transform, checked against the common schema."""
@@ -594,11 +694,13 @@ class MixedSource:
         return self.schema.empty_table()
 
     def describe_rows(self, stream: np.ndarray) -> str:
-        _, index, groups = self.locate(stream)
-        parts = []
-        for k, sel in groups:
-            parts.append(f"{len(sel)} from {self.names[k]!r} (its samples "
-                         f"{index[sel][:4].tolist()}{'...' if len(sel) > 4 else ''})")
+        runs, parts = self.locate(stream), []
+        for k in range(len(self.names)):
+            index = runs.indices(k)
+            if not len(index):
+                continue
+            parts.append(f"{len(index)} from {self.names[k]!r} (its samples "
+                         f"{index[:4].tolist()}{'...' if len(index) > 4 else ''})")
         return "mixed samples: " + ", ".join(parts)
 
     def __repr__(self) -> str:
