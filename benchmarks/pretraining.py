@@ -12,7 +12,9 @@ Cases
     ``Loader`` over one dataset of ``--rows`` rows with the same columns (an int64 id and 64
     float32) and fragments of the same size (12 in all on each side), both in sequential order and in block shuffle (each source block-shuffled),
     numpy output, 2 thread workers, batch 256. Target: mix >= 0.9x single source. Also the
-    mix with ``run_length=256`` (one source per batch, its rows not copied into mixed order).
+    mix with ``run_length=256`` (one source per batch, its rows not copied into mixed order),
+    and both in sequential order with 2 process workers (whose batches are copied into shared
+    memory, single source or not).
 ``pack``
     Packing ``--docs`` documents of 1-2,000 tokens (mean ~700) into 2,048-token rows:
     (a) ``pack_tokens`` alone (the per-batch work, one core) in tokens/s, target >= 5M;
@@ -97,19 +99,24 @@ def epoch_rate(loader: ll.Loader) -> float:
 
 def mix_case(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for mode, kw in (("sequential", {}), ("block", {"shuffle": True, "shuffle_block_size": 1024})):
+    block = {"shuffle": True, "shuffle_block_size": 1024}
+    for mode, kw, workers in (("sequential", {}, "thread"), ("block", block, "thread"),
+                              ("sequential_processes", {}, "process")):
         one, mixed, per_batch = [], [], []
         for r in range(repeats):
-            def run_single(kw: dict[str, Any] = kw) -> float:
-                return epoch_rate(ll.Loader(single, batch_size=BATCH, num_workers=2, **kw))
+            def run_single(kw: dict[str, Any] = kw, workers: str = workers) -> float:
+                return epoch_rate(ll.Loader(single, batch_size=BATCH, num_workers=2,
+                                            worker_type=workers, **kw))
 
-            def run_mix(kw: dict[str, Any] = kw, run_length: int = 1) -> float:
+            def run_mix(kw: dict[str, Any] = kw, run_length: int = 1,
+                        workers: str = workers) -> float:
                 mix = ll.Mix({f"s{k}": ll.Loader(p, **kw) for k, p in enumerate(parts)},
                              run_length=run_length)
-                return epoch_rate(ll.Loader(mix, batch_size=BATCH, num_workers=2))
+                return epoch_rate(ll.Loader(mix, batch_size=BATCH, num_workers=2,
+                                            worker_type=workers))
 
             cases = [(run_single, one), (run_mix, mixed),
-                     (lambda kw=kw: run_mix(kw, BATCH), per_batch)]
+                     (lambda kw=kw, workers=workers: run_mix(kw, BATCH, workers), per_batch)]
             for f, sink in cases[:: 1 if r % 2 == 0 else -1]:
                 sink.append(f())
         out[mode] = {"single_rows_per_s": statistics.median(one),

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import lanceloader as ll
 from lanceloader.mix import Interleave, Runs, interleave, mixed_rows, rational_weights
+from lanceloader.plan import read_tasks
 from lanceloader.source import as_table
 from lanceloader.state import StateMismatchError
 
@@ -201,6 +202,29 @@ def test_mixed_rows_puts_every_row_in_its_place(data) -> None:
         given[s] += n
     out = mixed_rows(parts, wheres, Runs(source, np.array(index), length).merged())
     assert as_table(out)["x"].to_pylist() == expected
+
+
+@pytest.mark.parametrize(("weights", "run"), [((1, 1, 1), 1), ((3, 2, 1), 1), ((1, 2, 1), 4)])
+def test_mixed_reads_fetch_whole_windows_of_every_block_shuffled_source(tmp_path, weights,
+                                                                         run) -> None:
+    """A read cutting a source's window fetches part of each of its blocks, and the next read
+    the rest: the loader's reads of a mix end where every source's window does."""
+    names = "pqr"
+    for name in names:
+        lance.write_dataset(pa.table({"id": np.arange(6000)}), tmp_path / f"{name}.lance")
+    mix = ll.Mix({n: ll.Loader(str(tmp_path / f"{n}.lance"), shuffle=True, shuffle_block_size=8,
+                               shuffle_window=4, seed=i) for i, n in enumerate(names)},
+                 weights=dict(zip(names, weights, strict=True)), run_length=run)
+    loader = ll.Loader(mix, batch_size=4, rows_per_read=512)
+    source = loader.source
+    tasks = list(read_tasks(0, loader.plan(0), loader.batches_per_read,
+                            window_rows=loader.order.window_rows))
+    assert loader.order.window_rows == mix.window_samples and len(tasks) > 10
+    for task in tasks[8:-1]:  # after the ramp, before the epoch's end
+        runs = source.locate(task.samples)
+        for k in range(3):
+            index = runs.indices(k)
+            assert index[0] % 32 == 0 and (index[-1] + 1) % 32 == 0  # whole windows of 32 rows
 
 
 def test_oversampled_source_repeats_in_fresh_orders(sources) -> None:

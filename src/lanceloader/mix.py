@@ -395,7 +395,9 @@ def source_rows(transform: Any, name: str, table: pa.Table) -> pa.Table:
 @dataclass(frozen=True)
 class Runs:
     """A mixed read as runs, in stream order: run *i* is ``length[i]`` consecutive samples of
-    source ``source[i]``'s endless stream from its sample ``index[i]`` on.
+    source ``source[i]``'s endless stream from its sample ``index[i]`` on. ``spans``, for a
+    read of consecutive mixed samples, is each source's ``(first index, count)``: its runs
+    then continue each other.
 
     >>> runs = Runs(np.array([0, 0, 1]), np.array([5, 6, 0]), np.array([1, 2, 3])).merged()
     >>> runs.source.tolist(), runs.index.tolist(), runs.length.tolist(), runs.indices(0).tolist()

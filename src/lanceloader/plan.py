@@ -146,20 +146,25 @@ def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = N
 
     With ``align=(first, every)`` (see :func:`window_alignment`), a read that would end past a
     batch number ``first + k * every`` ends at the last such number instead: reads then start
-    and end on a block shuffle's window boundaries and fetch whole blocks. Ranges with a step
-    other than 1 are not aligned.
+    and end on a block shuffle's window boundaries and fetch whole blocks. Only windows that fit
+    in a read (``every <= per_read``) are aligned to: reads of part of a larger window never
+    fetch whole blocks, and cutting them on its boundary would only add a short read per
+    window (a mix of 3 packed datasets: 0.67x single-source throughput aligned, 0.93x not).
+    Ranges with a step other than 1 are not aligned.
 
     >>> list(read_ranges(range(10), per_read=4))
     [range(0, 1), range(1, 3), range(3, 7), range(7, 10)]
     >>> list(read_ranges(range(10), per_read=4, align=(0, 4)))
     [range(0, 1), range(1, 3), range(3, 4), range(4, 8), range(8, 10)]
+    >>> list(read_ranges(range(10), per_read=3, align=(0, 4)))  # windows larger than a read
+    [range(0, 1), range(1, 3), range(3, 6), range(6, 9), range(9, 10)]
     >>> list(read_ranges(range(10), per_read=4, ramp=False))
     [range(0, 4), range(4, 8), range(8, 10)]
     """
     first, size = 0, 1 if ramp else per_read
     while first < len(batches):
         end = first + size
-        if align is not None and batches.step == 1:
+        if align is not None and batches.step == 1 and align[1] <= per_read:
             boundary, every = align[0] - batches.start, align[1]
             last = boundary + (end - boundary) // every * every  # the last boundary <= end
             if first < last < end:

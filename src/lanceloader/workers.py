@@ -99,8 +99,11 @@ class BatchWork:
         report the error with their batch index).
         """
         conv = self.conversion
-        pieces = rows if isinstance(rows, Pieces) else Pieces(
-            rows.to_batches(), [(i, 0, n) for i, n in enumerate(map(len, rows.to_batches()))])
+        if isinstance(rows, Pieces):
+            pieces = rows
+        else:  # a table: each of its chunks is one run
+            batches = rows.to_batches()
+            pieces = Pieces(batches, [(i, 0, len(b)) for i, b in enumerate(batches)])
         if self.transform is not None or not pieces.batches or \
                 not _sliceable(pieces.batches[0].schema, conv):
             return None
