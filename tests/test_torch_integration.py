@@ -480,7 +480,10 @@ def test_killed_dataloader_worker_leaves_no_batch_files(small_uri: str, tmp_path
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["in_flight"] > 0 and "exited unexpectedly" in out["error"]
+    # torch reports the death from its SIGCHLD handler or from its next queue poll, whichever
+    # comes first: "is killed by signal: Killed." or "exited unexpectedly".
+    assert out["in_flight"] > 0 and re.search(r"killed by signal|exited unexpectedly",
+                                                out["error"]), out["error"]
     left = [p.name for p in SHM_DIR.glob(f"lanceloader-batch-{out['pid']}-*")]
     # What was sent was taken (and deleted) by the training process; the surviving worker
     # deleted its own at exit, and the training process, at its exit, the killed worker's.
