@@ -164,11 +164,19 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     address = [b["x"].__array_interface__["data"][0] for b in views]
     assert [b["id"][0] for b in views[3:7]] == [64, 128, 128, 192]  # e, d, e, d
     assert address[6] - address[4] == 64 * 16 * 4  # d's next rows in the same buffer
+    arrow = list(ll.Loader(long, batch_size=48, output="arrow"))  # batches across two runs
+    assert np.concatenate([b["id"].to_numpy() for b in arrow]).tolist() == \
+        np.concatenate([b["id"] for b in views]).tolist()
     short = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=8)
     copied = short.source().read_table(np.arange(256))  # runs of 8 rows: copied into one chunk
     assert copied["id"].num_chunks == 1 and copied["id"].to_pylist()[:10] == [*range(8), 0, 1]
     with pytest.raises(ValueError, match="run_length"):
         _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=0)
+    torch = pytest.importorskip("torch")
+    tensors = list(ll.Loader(long, batch_size=64, output="torch"))  # slices, then tensors
+    assert all(isinstance(b["x"], torch.Tensor) for b in tensors)
+    assert torch.cat([b["id"] for b in tensors]).tolist() == \
+        np.concatenate([b["id"] for b in views]).tolist()
 
 
 @settings(max_examples=60, deadline=None)
