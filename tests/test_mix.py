@@ -179,6 +179,32 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
         np.concatenate([b["id"] for b in views]).tolist()
 
 
+@settings(max_examples=40, deadline=None)
+@given(w=st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any),
+       run=st.integers(1, 5), offsets=st.lists(st.integers(0, 30), min_size=3, max_size=3),
+       start=st.integers(0, 200), n=st.integers(1, 120), shuffled=st.booleans())
+def test_located_runs_are_the_stream_sample_by_sample(sources, w, run, offsets, start, n,
+                                                      shuffled) -> None:
+    """Reads of consecutive samples (located per slot) and any others (per sample) give each
+    sample's source and its index in that source's stream, as the interleave's counts say."""
+    mix = _mix(sources, dict(zip("abc", w, strict=True)), 57, run_length=run)
+    mix = mix.with_offsets(dict(zip("abc", offsets, strict=True)))
+    stream = np.arange(start, start + n)  # may cross the end of a mix epoch (57 samples)
+    if shuffled:
+        stream = np.random.default_rng(start).permutation(stream)
+    runs = mix.source().locate(stream)
+    source = np.repeat(runs.source, runs.length)
+    index = np.concatenate([np.arange(i, i + k) for i, k in zip(runs.index, runs.length,
+                                                                   strict=True)])
+    epoch, sample = np.divmod(stream, 57)
+    assert source.tolist() == mix.interleave.source_of(sample).tolist()
+    expected = [offsets[k] + e * mix.per_epoch[k] + int(mix.interleave.count(k, j))
+                for k, e, j in zip(source.tolist(), epoch.tolist(), sample.tolist(), strict=True)]
+    assert index.tolist() == expected
+    for k in range(3):  # and each source's indices, in stream order
+        assert runs.indices(k).tolist() == [i for s, i in zip(source, expected, strict=True) if s == k]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_mixed_rows_puts_every_row_in_its_place(data) -> None:
