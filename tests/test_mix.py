@@ -164,6 +164,9 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     address = [b["x"].__array_interface__["data"][0] for b in views]
     assert [b["id"][0] for b in views[3:7]] == [64, 128, 128, 192]  # e, d, e, d
     assert address[6] - address[4] == 64 * 16 * 4  # d's next rows in the same buffer
+    ranks = [list(ll.Loader(long, batch_size=64, rank=r, world_size=2)) for r in range(2)]
+    dealt = [i for pair in zip(*ranks, strict=True) for b in pair for i in b["id"].tolist()]
+    assert dealt == np.concatenate([b["id"] for b in views]).tolist()  # two ranks, in turn
     arrow = list(ll.Loader(long, batch_size=48, output="arrow"))  # batches across two runs
     assert np.concatenate([b["id"].to_numpy() for b in arrow]).tolist() == \
         np.concatenate([b["id"] for b in views]).tolist()
