@@ -472,12 +472,6 @@ def mixed_rows(parts: list[pa.Table], wheres: list[np.ndarray | None], runs: Run
     part_start = np.cumsum(sizes) - sizes  # where each part begins in their concatenation
     table = pa.concat_tables(parts)
     n = int(runs.length.sum())
-    if len(runs.source) == n:  # runs of one sample (a mix without run_length): one take
-        take = np.empty(n, np.int64)
-        for k, where in enumerate(wheres):
-            at = np.flatnonzero(runs.source == k)
-            take[at] = part_start[k] + (np.arange(len(at)) if where is None else where)
-        return table.combine_chunks().take(pa.array(take))
     # The row of its part (in stream order) at which each run begins.
     if runs.spans is not None:  # each source's runs continue each other from its first
         offset = runs.index - np.array([first for first, _ in runs.spans])[runs.source]
@@ -502,8 +496,12 @@ def mixed_rows(parts: list[pa.Table], wheres: list[np.ndarray | None], runs: Run
                 b, row, length = b + 1, 0, length - piece
             out[i:i + 1] = split
         return Pieces(batches, out)
-    rel = np.repeat(offset - (np.cumsum(runs.length) - runs.length), runs.length) + np.arange(n)
-    source = np.repeat(runs.source, runs.length)
+    if len(runs.source) == n:  # runs of one sample (a mix without run_length)
+        rel, source = offset, runs.source
+    else:  # each sample's row of its part, in stream order
+        rel = np.repeat(offset - (np.cumsum(runs.length) - runs.length), runs.length) + \
+            np.arange(n)
+        source = np.repeat(runs.source, runs.length)
     for k, where in enumerate(wheres):
         if where is not None:
             at = source == k
@@ -619,7 +617,7 @@ class MixedSource:
             for k in range(len(self.names)):  # a source's runs continue each other
                 at = np.flatnonzero(source == k)
                 begin = mix.offsets[k] + epoch * mix.per_epoch[k] + int(il.count(k, first))
-                given = np.arange(1, len(at) + 1) if il.run == 1 else np.cumsum(length[at])
+                given = np.cumsum(length[at])
                 index[at] = begin + given - length[at]
                 spans.append((begin, int(given[-1]) if len(at) else 0))
             return Runs(source, index, length, tuple(spans))  # adjacent runs: other sources
@@ -634,6 +632,8 @@ class MixedSource:
 
     def read_table_with_io(self, stream: np.ndarray) -> tuple[pa.Table | Pieces, int, int, int]:
         runs = self.locate(stream)
+        if not len(runs.source):
+            return self.schema_table(), 0, 0, 0
         parts: list[pa.Table] = []
         wheres: list[np.ndarray | None] = []
         io_bytes = iops = cached = 0
@@ -663,8 +663,6 @@ class MixedSource:
                                             pa.array(np.full(len(table), k, np.int16)))
             parts.append(table)
             wheres.append(where)
-        if not len(runs.source):
-            return self.schema_table(), 0, 0, 0
         return mixed_rows(parts, wheres, runs), io_bytes, iops, cached
 
     def _conform(self, k: int, table: pa.Table) -> pa.Table:
