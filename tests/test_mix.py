@@ -293,8 +293,9 @@ def test_changed_weights_continue_every_source_where_it_stood(sources, old, new,
     before = lambda: _mix(sources, dict(zip("abc", old, strict=True)), "all_exhausted")  # noqa: E731
     after = lambda: _mix(sources, dict(zip("abc", new, strict=True)), "all_exhausted")  # noqa: E731
     first, state = _global(before, 4, world, batches=cut)
-    with pytest.raises(StateMismatchError, match="allow_changes=\\('weights',\\)"):
-        ll.Loader(after(), batch_size=4).load_state_dict(state)
+    if rational_weights(old) != rational_weights(new):  # the same shares are no change
+        with pytest.raises(StateMismatchError, match="allow_changes=\\('weights',\\)"):
+            ll.Loader(after(), batch_size=4).load_state_dict(state)
     rest, end = _global(after, 4, 1, start_state=state, allow=("weights",), epochs=2)
     # Each source's rows, before and after, are a prefix of that source's own endless stream.
     for k, name in enumerate("abc"):
