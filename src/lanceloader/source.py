@@ -867,6 +867,10 @@ class Pieces:
     runs: list[tuple[int, int, int]]
 
     @property
+    def num_rows(self) -> int:
+        return sum(n for _, _, n in self.runs)
+
+    @property
     def bytes_per_row(self) -> float:
         """Arrow bytes per row of the record batches (what a run's rows average)."""
         return sum(b.nbytes for b in self.batches) / max(1, sum(len(b) for b in self.batches))

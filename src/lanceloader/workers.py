@@ -133,6 +133,10 @@ class BatchWork:
             except ReadError as exc:
                 exc.batches, exc.epoch = task.batches, task.epoch
                 raise
+        if rows.num_rows != len(positions):  # batches are counted and sliced by position
+            raise RuntimeError(f"lanceloader: a read of {len(positions)} positions from "
+                               f"{self.source.uri!r} returned {rows.num_rows} rows; this is a "
+                               "bug, please report it")
         t1 = clock()
         seconds["read"] = t1 - t0
         if self.trace:
