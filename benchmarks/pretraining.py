@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import lanceloader as ll
-from lanceloader.packing import pack_plan, pack_tokens
+from lanceloader.rows.packed import pack_plan, pack_tokens
 
 BATCH = 256
 SEQ_LEN = 2048

@@ -26,7 +26,7 @@ import lanceloader as ll
 from benchmarks.process_workers import python_heavy
 uri, worker_type, workers, batches, warm = sys.argv[1:6]
 if warm == "1":  # start the forkserver before timing: a long-running job pays this once
-    from lanceloader.processes import forkserver_context
+    from lanceloader.engine.processes import forkserver_context
     import multiprocessing.forkserver as fs
     forkserver_context(); fs.ensure_running()
 start = time.perf_counter()

@@ -2,7 +2,7 @@
 
 Method
 ------
-Every loader records what its stages did through one :class:`lanceloader.stats.Recorder`
+Every loader records what its stages did through one :class:`lanceloader.engine.stats.Recorder`
 (``loader.recorder``). "Stats off" replaces it with :class:`NullRecorder`, a subclass whose
 ``new_epoch``, ``task``, ``delivered`` and ``event`` do nothing (benchmark only; the library has
 no switch to turn stats off). What "off" cannot remove is the work inside the workers
@@ -55,8 +55,8 @@ import pyarrow as pa
 import lanceloader
 from lanceloader import Loader
 from lanceloader.demo import write_demo_dataset
-from lanceloader.source import to_record_batch
-from lanceloader.stats import COUNTERS, Recorder, count_delivered
+from lanceloader.engine.stats import COUNTERS, Recorder, count_delivered
+from lanceloader.rows.protocol import to_record_batch
 
 COLUMNS = ["id", "label", "x"]
 BATCH_SIZE = 256

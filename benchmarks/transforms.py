@@ -64,8 +64,8 @@ import pyarrow as pa
 
 import lanceloader
 from lanceloader import Loader
-from lanceloader.conversion import to_output
-from lanceloader.images import decode_images
+from lanceloader.batch.images import decode_images
+from lanceloader.batch.output import to_output
 
 HERE = Path(__file__).resolve().parent
 IMAGE_SIZE = 128

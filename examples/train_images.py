@@ -25,7 +25,7 @@ from PIL import Image
 from torch import nn
 
 import lanceloader as ll
-from lanceloader.images import decode_images
+from lanceloader.batch.images import decode_images
 
 COLOURS = np.array([[200, 40, 40], [40, 200, 40], [40, 40, 200], [200, 200, 40]])
 

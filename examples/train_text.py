@@ -24,7 +24,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from torch import nn
 
 import lanceloader as ll
-from lanceloader.text import tokenize
+from lanceloader.batch.text import tokenize
 
 SUBJECTS = ["the loader", "this dataset", "my model", "the epoch", "our shuffle", "that batch"]
 GOOD = ["is great", "looks fast", "works well", "feels smooth", "is brilliant"]

@@ -107,3 +107,16 @@ def test_vision_recipe_crops_and_flips_chw_images(tmp_path) -> None:
         outs.append([b["image"] for b in loader])
     assert tuple(outs[0][0].shape) == (8, 3, 6, 6)
     assert all((a == b).all() for a, b in zip(*outs, strict=True))
+
+
+def test_every_bit_of_the_seeds_counts() -> None:
+    """Seeds used to be cut to their low 32 bits: 7 and 7 + 2**32 drew the same."""
+    from lanceloader.batch.augment import sample_rng
+
+    def draw(*numbers: int) -> int:
+        return int(sample_rng(*numbers).integers(1 << 62))
+
+    assert draw(7, 0, 0, 0) != draw(7 + 2**32, 0, 0, 0)
+    assert draw(0, 7, 0, 0) != draw(0, 7 + 2**32, 0, 0)
+    assert draw(-7, 0, 0, 0) != draw(7, 0, 0, 0)
+    assert draw(5, 1, 2, 3) == draw(5, 1, 2, 3)

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 import lanceloader as ll
 from conftest import ids_of
-from lanceloader import cache as cache_module
-from lanceloader.cache import DiskCache, MemoryCache, make_cache
 from lanceloader.demo import demo_table, write_demo_dataset
-from lanceloader.source import Source
+from lanceloader.rows import cache as cache_module
+from lanceloader.rows.cache import DiskCache, MemoryCache, make_cache
+from lanceloader.rows.lance import Source
 
 COLUMNS = ["id", "label", "x"]
 ORDERS = {

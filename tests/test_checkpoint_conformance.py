@@ -9,7 +9,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
-from lanceloader.processes import PRELOAD
+from lanceloader.engine.processes import PRELOAD
 from lanceloader.torch import BatchSampler, IterableDataset, MapDataset, Sampler, collate
 
 pytestmark = [

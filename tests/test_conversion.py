@@ -15,14 +15,13 @@ import torch
 from lance.arrow import BFloat16Array
 
 import lanceloader as ll
-from lanceloader import tensors
-from lanceloader.conversion import (
+from lanceloader.batch import tensors
+from lanceloader.batch.checks import check_output, check_schema
+from lanceloader.batch.output import (
     Conversion,
     ConversionError,
     Padded,
     as_conversion,
-    check_output,
-    check_schema,
     column_to_numpy,
     to_output,
 )
@@ -505,7 +504,7 @@ def test_float64_is_not_mistaken_for_bfloat16_without_ml_dtypes() -> None:
     # float64 columns into garbage whenever ml_dtypes had not been imported yet.
     code = (
         "import sys, pyarrow as pa\n"
-        "from lanceloader.conversion import to_output\n"
+        "from lanceloader.batch.output import to_output\n"
         "out = to_output(pa.record_batch({'d': pa.array([1.5, 2.5])}), 'torch')\n"
         "assert 'ml_dtypes' not in sys.modules, 'test needs ml_dtypes unimported'\n"
         "print(out['d'].dtype, out['d'].tolist())\n"

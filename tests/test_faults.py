@@ -25,7 +25,7 @@ import pytest
 import lanceloader as ll
 import workerfns
 from conftest import lanceloader_threads
-from lanceloader.lifetime import NAMESPACE, SHM_DIR, alive, owner_of, shm_name
+from lanceloader.lifecycle.lifetime import NAMESPACE, SHM_DIR, alive, owner_of, shm_name
 
 TESTS = str(Path(__file__).parent)
 STOP_BOUND_S = 1.0  # control is back this soon after break / an error / Ctrl-C (target 0.5 s)
@@ -552,7 +552,7 @@ def test_review_cases_numpy_values_metadata_and_opt_out(small_uri: str) -> None:
 
     import numpy as np
 
-    from lanceloader.transforms import check_output_rows
+    from lanceloader.batch.transforms import check_output_rows
 
     loader = ll.Loader(small_uri, batch_size=100, shuffle=np.True_,
                        version=np.int64(1), stall_timeout=np.float64(60))

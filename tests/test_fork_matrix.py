@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 import lanceloader as ll
 from lanceloader.demo import demo_table
-from lanceloader.processes import PRELOAD
+from lanceloader.engine.processes import PRELOAD
 from lanceloader.torch import BatchSampler, MapDataset, collate
 
 RUNS = 30

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import lanceloader as ll
-from lanceloader import forksafe
+from lanceloader.lifecycle import forksafe
 
 
 def in_fork_child(fn, timeout: float = 60.0):
@@ -63,7 +63,7 @@ def test_a_child_of_a_lance_using_process_is_tainted(small_uri: str) -> None:
 
 def test_a_child_of_a_process_that_only_imported_lance_is_clean() -> None:
     code = textwrap.dedent("""
-        import os, lance, lanceloader.forksafe as f
+        import os, lance, lanceloader.lifecycle.forksafe as f
         pid = os.fork()
         if pid == 0:
             os._exit(0 if not f.tainted() else 1)

@@ -283,7 +283,7 @@ def test_reads_of_large_rows_stay_under_the_byte_cap(tmp_path) -> None:
     the memory in flight stays bounded whatever the row size."""
     import lance
 
-    from lanceloader.engine import READ_BYTES
+    from lanceloader.engine.stream import READ_BYTES
 
     blobs = [bytes([i % 256]) * 100_000 for i in range(600)]
     uri = str(tmp_path / "blobs.lance")

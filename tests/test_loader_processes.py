@@ -8,7 +8,7 @@ import torch
 import lanceloader as ll
 import workerfns
 from conftest import ids_of
-from lanceloader.processes import WorkerDiedError
+from lanceloader.engine.processes import WorkerDiedError
 
 
 @pytest.mark.parametrize("settings", [{}, {"shuffle": True}, {"shuffle": True, "shuffle_block_size": 16}])

@@ -3,6 +3,7 @@ SIGKILL, never a half version visible; lineage recorded and shown."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ import lanceloader as ll
 from conftest import ids_of
 from lanceloader.cli import main
 from lanceloader.demo import write_demo_dataset
-from lanceloader.materialize import PROGRESS_FILE, Job
+from lanceloader.write.materialize import PROGRESS_FILE, Job
 
 SETTINGS = dict(batch_size=100, columns=["id", "label", "x"], filter="label < 7",
                 splits={"a": 0.8, "b": 0.2}, split="a", shuffle=True, seed=4)
@@ -175,3 +176,27 @@ def test_a_mix_and_a_packed_loader_materialise_their_epoch(tmp_path):
     for name in ("input_ids", "segment_ids", "position_ids"):
         got = np.stack(rows[name].to_numpy(zero_copy_only=False))
         assert np.array_equal(got, np.concatenate([b[name] for b in want]))
+
+
+def test_a_decoded_chw_copy_reads_back_as_the_loader_made_it(tmp_path):
+    """decode_images(layout="CHW") writes a fixed-shape tensor column with a permutation; the
+    copy must open and give the arrays the loader gave (it raised NotImplementedError)."""
+    from PIL import Image
+
+    def png(i: int) -> bytes:
+        buf = io.BytesIO()
+        pixels = np.random.default_rng(i).integers(0, 256, (12, 10, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(buf, format="PNG")
+        return buf.getvalue()
+
+    lance.write_dataset(pa.table({"id": np.arange(20), "image": [png(i) for i in range(20)]}),
+                        tmp_path / "imgs.lance")
+    decode = ll.decode_images("image", size=(8, 8), layout="CHW")
+    loader = ll.Loader(tmp_path / "imgs.lance", batch_size=8, transform=decode)
+    ll.materialize(loader, tmp_path / "decoded.lance")
+    for output in ("numpy", "torch"):
+        copy = ll.Loader(tmp_path / "decoded.lance", batch_size=8, output=output)
+        got, want = list(copy), list(loader)
+        assert [tuple(b["image"].shape) for b in got] == [(8, 3, 8, 8)] * 2 + [(4, 3, 8, 8)]
+        for a, b in zip(got, want, strict=True):
+            assert np.array_equal(np.asarray(a["image"]), b["image"])

@@ -15,10 +15,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import lanceloader as ll
-from lanceloader.mix import Interleave, Runs, interleave, mixed_rows, rational_weights
-from lanceloader.plan import read_tasks
-from lanceloader.source import as_table
-from lanceloader.state import StateMismatchError
+from lanceloader.ordering.interleave import Interleave, Runs, interleave, rational_weights
+from lanceloader.ordering.plan import read_tasks
+from lanceloader.rows.mixed import mixed_rows
+from lanceloader.rows.protocol import as_table, read_table
+from lanceloader.state.format import StateMismatchError
 
 
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=6).filter(any),
@@ -157,7 +158,7 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
         x = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(500 * 16, np.float32)), 16)
         lance.write_dataset(pa.table({"id": np.arange(500), "x": x}), tmp_path / f"{name}.lance")
     long = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=64)
-    table = long.source().read_table(np.arange(256))
+    table = read_table(long.source(), np.arange(256))
     assert table["id"].num_chunks == 4 and table["id"].to_pylist() == (
         list(range(64)) + list(range(64)) + list(range(64, 128)) * 2)
     views = list(ll.Loader(long, batch_size=64, num_workers=1))  # reads of 1, 2, 4 batches
@@ -171,7 +172,7 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     assert np.concatenate([b["id"].to_numpy() for b in arrow]).tolist() == \
         np.concatenate([b["id"] for b in views]).tolist()
     short = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=8)
-    copied = short.source().read_table(np.arange(256))  # runs of 8 rows: copied into one chunk
+    copied = read_table(short.source(), np.arange(256))  # runs of 8 rows: copied into one chunk
     assert copied["id"].num_chunks == 1 and copied["id"].to_pylist()[:10] == [*range(8), 0, 1]
     with pytest.raises(ValueError, match="run_length"):
         _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=0)
@@ -362,7 +363,7 @@ def test_weights_by_tokens(tmp_path) -> None:
 def test_bad_mixes_are_named(sources) -> None:
     with pytest.raises(ValueError, match="one weight per source"):
         ll.Mix({"a": sources["a"]}, weights={"b": 1})
-    with pytest.raises(ValueError, match="not all 0"):
+    with pytest.raises(ValueError, match="not all be 0"):
         ll.Mix({"a": sources["a"]}, weights={"a": 0})
     with pytest.raises(ValueError, match="token_column"):
         ll.Mix({"a": sources["a"]}, weights_by="tokens")
@@ -372,6 +373,97 @@ def test_bad_mixes_are_named(sources) -> None:
         ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, shuffle=True)
     with pytest.raises(ValueError, match="filter"):
         ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, filter="id > 3")
+
+
+def test_weights_are_checked_whatever_their_form(sources) -> None:
+    """A weight too small to get a slot was silently 0; NumPy ints refused while floats
+    passed; inf overflowed; a list gave a dict-update TypeError."""
+    two = {"a": sources["a"], "b": sources["b"]}
+    with pytest.raises(ValueError, match=r"'a' \(1e-06\) is below 1/65536"):
+        ll.Mix(two, weights={"a": 1e-6, "b": 1})
+    mix = ll.Mix(two, weights={"a": np.int64(1), "b": np.float64(3)})
+    assert mix.weights == {"a": 0.25, "b": 0.75}
+    with pytest.raises(ValueError, match="finite number >= 0, got inf"):
+        ll.Mix(two, weights={"a": float("inf"), "b": 1})
+    with pytest.raises(TypeError, match=r"weights must be a dict .* got the list \[1, 2\]"):
+        ll.Mix(two, weights=[1, 2])
+
+
+def test_a_random_map_in_a_source_draws_per_sample_and_epoch(sources) -> None:
+    """A source's random_map draws what the same source's own Loader draws: per (source epoch,
+    sample), anew each epoch (it drew 1,426 distinct values for 6,001 rows, the same each epoch).
+    """
+    def draw(row, rng):
+        return {"id": row["id"], "draw": int(rng.integers(1 << 62))}
+
+    def source(name, **kw):
+        return ll.Loader(sources[name], columns=["id"], transform=ll.random_map(draw), **kw)
+
+    mix = ll.Mix({"a": source("a", shuffle=True, seed=3), "c": source("c", seed=5)},
+                 weights={"a": 1, "c": 1}, samples_per_epoch=60)
+    loader = ll.Loader(mix, batch_size=7, num_workers=2)
+    rows = [(i, d) for _ in range(2) for b in loader
+            for i, d in zip(b["id"].tolist(), b["draw"].tolist(), strict=True)]
+    for name, seed, shuffle in (("a", 3, True), ("c", 5, False)):
+        own = source(name, shuffle=shuffle, seed=seed, batch_size=5)
+        mine = [r for r in rows if r[0] // 1000 == " abc".index(name)]
+        alone = [(i, d) for _ in range(10) for b in own
+                 for i, d in zip(b["id"].tolist(), b["draw"].tolist(), strict=True)]
+        assert mine == alone[:len(mine)]  # the source's stream, drawn as on its own
+    draws = [d for _, d in rows]
+    assert len(set(draws)) == len(draws)  # 120 samples, 9 epochs of 'a': never a repeat
+
+
+def test_a_refused_state_changes_nothing_and_order_of_sources_does_not_matter(sources) -> None:
+    """A state refused for its batch_size had already shifted the sources' offsets; sources
+    listed in another order were refused as a moved dataset."""
+    def mix(weights, names="ab"):
+        return ll.Mix({n: ll.Loader(sources[n], columns=["id"], shuffle=True, seed=1)
+                       for n in names}, weights=weights, samples_per_epoch=40)
+
+    saved = ll.Loader(mix({"a": 1, "b": 2}), batch_size=4)
+    it = iter(saved)
+    for _ in range(5):
+        next(it)
+    state = saved.state_dict()
+    fresh = ll.Loader(mix({"a": 1, "b": 1}), batch_size=40)
+    before = [b["id"].tolist() for b in ll.Loader(mix({"a": 1, "b": 1}), batch_size=40)]
+    with pytest.raises(StateMismatchError, match="batch_size"):
+        fresh.load_state_dict(state, allow_changes=("weights",))
+    assert [b["id"].tolist() for b in fresh] == before
+    swapped = ll.Loader(mix({"b": 2, "a": 1}, names="ba"), batch_size=4)
+    swapped.load_state_dict(state)
+    rest = [b["id"].tolist() for b in it]
+    assert [b["id"].tolist() for b in swapped] == rest
+
+
+def test_malformed_mix_sections_are_named(sources) -> None:
+    from lanceloader.state.format import fingerprint
+    loader = ll.Loader(_mix(sources, {"a": 1, "b": 1, "c": 1}), batch_size=4)
+    for damage in (lambda m: m.pop("quotas"), lambda m: m["quotas"].update(a="1"),
+                   lambda m: m.__setitem__("sources", []), lambda m: m["offsets"].pop("b"),
+                   lambda m: m["sources"]["a"].pop("order")):
+        state = json.loads(json.dumps(loader.state_dict()))
+        damage(state["order"]["mix"])
+        state["fingerprint"] = fingerprint(state["dataset"], state["version"], state["order"])
+        with pytest.raises(StateMismatchError, match=r"state\['order'\]\['mix'\]"):
+            ll.Loader(_mix(sources, {"a": 1, "b": 1, "c": 1}), batch_size=4).load_state_dict(state)
+
+
+def test_a_mix_of_packed_sources_reports_its_padding(tmp_path) -> None:
+    for name, lengths in (("p", [3, 5, 2, 6, 7, 1]), ("q", [4, 4, 4, 9])):
+        tokens = [list(range(n)) for n in lengths * 5]
+        lance.write_dataset(pa.table({"tokens": tokens}), tmp_path / f"{name}.lance")
+    packed = {n: ll.Loader(tmp_path / f"{n}.lance", pack=ll.pack("tokens", 8)) for n in "pq"}
+    loader = ll.Loader(ll.Mix(packed, weights={"p": 1, "q": 1}), batch_size=4)
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    pads = [p.packing.padding_fraction for p in packed.values()]
+    counts = loader.source.mix.per_epoch  # packed rows of each source in an epoch (one length)
+    assert stats.padding_fraction == pytest.approx(
+        sum(p * c for p, c in zip(pads, counts, strict=True)) / sum(counts))
+    assert "padding" in str(stats)
 
 
 def test_torch_iterable_dataset_over_a_mix(sources) -> None:

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lanceloader as ll
-from lanceloader.mixing import mixing_report
-from lanceloader.order import Order
-from lanceloader.plan import Plan
+from lanceloader.ordering.order import Order
+from lanceloader.ordering.plan import Plan
+from lanceloader.ordering.report import mixing_report
 
 N = 1_000_000
 

@@ -155,7 +155,7 @@ def test_a_missing_bucket_and_an_unreachable_endpoint_are_named(s3, remote: str)
 ])
 def test_credential_and_region_errors_are_named(message: str, cause: str) -> None:
     """Errors moto does not produce (it accepts any key in any region), as S3 words them."""
-    from lanceloader.source import object_store_hint
+    from lanceloader.rows.dataset import object_store_hint
 
     assert cause in object_store_hint(message, "s3://b/d.lance", {"region": "us-east-1"})
 
@@ -264,7 +264,7 @@ def test_materialize_to_s3_commits_once_and_resumes(s3, remote: str, local: str,
                                                     monkeypatch) -> None:
     """A copy written to S3: the same rows as on local disk; a failed run leaves no version and
     its progress record (in this machine's cache directory) lets the rerun reuse its pieces."""
-    from lanceloader.materialize import progress_path
+    from lanceloader.write.materialize import progress_path
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     settings = {"batch_size": 100, "columns": ["id", "label"], "shuffle": True, "seed": 5}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lanceloader.order import Order, permute
+from lanceloader.ordering.order import Order, permute
 
 orders = st.builds(
     Order,

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lanceloader as ll
-from lanceloader.packing import pack_plan, pack_tokens
+from lanceloader.rows.packed import pack_plan, pack_tokens
 
 
 @settings(max_examples=200, deadline=None)
@@ -157,11 +157,22 @@ def test_bad_packing_is_named(tokens_uri) -> None:
         ll.pack("input_ids", 0)
     with pytest.raises(TypeError, match=r"ll\.pack"):
         ll.Loader(uri, pack={"column": "input_ids"})
+    with pytest.raises(ValueError, match=r"pad_id=4900000000 does not fit .* int32"):
+        ll.Loader(uri, columns=["input_ids"], pack=ll.pack("input_ids", 64, pad_id=70000 ** 2))
+
+
+def test_null_tokens_are_refused_with_their_documents(tmp_path) -> None:
+    """A null token was packed as -9223372036854775808 with only a NumPy warning."""
+    uri = tmp_path / "nulls.lance"
+    lance.write_dataset(pa.table({"t": pa.array([[1, 2], [1, None, 3], None, [4]],
+                                                pa.list_(pa.int64()))}), uri)
+    with pytest.raises(ValueError, match=r"1 null tokens, in the documents at positions \[1\]"):
+        ll.Loader(uri, pack=ll.pack("t", 4))
 
 
 def test_packing_lengths_are_shared_through_the_cache_directory(tokens_uri, tmp_path,
                                                                  monkeypatch) -> None:
-    import lanceloader.packing as packing
+    import lanceloader.rows.packed as packing
 
     uri, _ = tokens_uri
     cache = tmp_path / "cache"

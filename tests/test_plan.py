@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lanceloader.order import Order
-from lanceloader.plan import Plan, read_ranges, read_tasks, window_alignment
+from lanceloader.ordering.order import Order
+from lanceloader.ordering.plan import Plan, read_ranges, read_tasks, window_alignment
 
 settings_ = st.tuples(
     st.integers(0, 500),  # num_samples

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import lanceloader_threads
-from lanceloader.prefetch import OrderedPrefetcher
+from lanceloader.engine.threads import OrderedPrefetcher
 
 
 def slow_square(x: int) -> int:

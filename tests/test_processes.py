@@ -14,7 +14,7 @@ import pytest
 
 import workerfns
 from conftest import lanceloader_threads
-from lanceloader.processes import ProcessPool, WorkerDiedError, check_picklable
+from lanceloader.engine.processes import ProcessPool, WorkerDiedError, check_picklable
 
 
 def shm_files() -> set[str]:
@@ -92,7 +92,7 @@ def start_pool_script(tmp_path, then: str) -> tuple[subprocess.Popen, list[int]]
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import workerfns
-        from lanceloader.processes import ProcessPool
+        from lanceloader.engine.processes import ProcessPool
         if __name__ == "__main__":
             pool = ProcessPool(workerfns.slow, iter(range(1000)), 2, 4)
             print("pids", *pool.pids, flush=True)

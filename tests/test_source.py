@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import pickle
 
 import lance
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lanceloader.demo import demo_table
-from lanceloader.source import Source
+from lanceloader.rows.lance import Source
 
 
 def ids(batch: pa.RecordBatch) -> list[int]:
@@ -131,3 +132,30 @@ def test_split_by_key_column_follows_the_key(tmp_path) -> None:
     users = set(src.read(np.arange(src.num_rows)).column("user").to_pylist())
     other = Source(uri, splits={"train": 0.5, "val": 0.5}, split="train", split_key="user")
     assert users.isdisjoint(set(other.read(np.arange(other.num_rows)).column("user").to_pylist()))
+
+
+def test_a_column_named_twice_is_refused_as_such(small_uri: str) -> None:
+    """columns=["id", "id"] raised a ReadError blaming a damaged data file."""
+    with pytest.raises(ValueError, match=r"columns names \['id'\] more than once"):
+        Source(small_uri, columns=["id", "id"])
+
+
+def test_a_relative_path_and_an_absolute_one_are_one_dataset(small_uri: str, tmp_path,
+                                                             monkeypatch) -> None:
+    """A state saved with a relative path was refused from another working directory (as a
+    moved dataset). Local paths are named absolute, symlinks resolved."""
+    import lanceloader as ll
+    link = tmp_path / "link.lance"
+    link.symlink_to(small_uri)
+    monkeypatch.chdir(os.path.dirname(small_uri))
+    loader = ll.Loader(os.path.basename(small_uri), batch_size=10)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert state["uri"] == os.path.realpath(small_uri)
+    monkeypatch.chdir(tmp_path)
+    for uri in (small_uri, "link.lance"):
+        other = ll.Loader(uri, batch_size=10)
+        other.load_state_dict(state)
+        assert other.state_dict() == state
+    old = {**state, "uri": os.path.relpath(small_uri)}  # a state of a relative path, as before
+    ll.Loader(small_uri, batch_size=10).load_state_dict(old)

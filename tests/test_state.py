@@ -329,7 +329,7 @@ def test_edited_states_and_unknown_formats_are_refused(small_uri: str) -> None:
 
 
 def test_format_1_states_still_load(small_uri: str, caplog) -> None:
-    from lanceloader.state import _fingerprint_v1
+    from lanceloader.state.format import _fingerprint_v1
 
     state = _state(small_uri)
     old = {k: v for k, v in state.items() if k != "dataset"}

@@ -28,12 +28,12 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lanceloader as ll
 import lanceloader.integrations.torch as integration
+from lanceloader.engine.processes import PRELOAD
 from lanceloader.integrations.torch import collation
 from lanceloader.integrations.torch.collation import SHM_DIR, SharedBatch, pack_for_transfer
-from lanceloader.lifetime import shm_name
-from lanceloader.order import Order
-from lanceloader.plan import Plan
-from lanceloader.processes import PRELOAD
+from lanceloader.lifecycle.lifetime import shm_name
+from lanceloader.ordering.order import Order
+from lanceloader.ordering.plan import Plan
 from lanceloader.torch import BatchSampler, IterableDataset, MapDataset, Rows, Sampler, collate
 
 MODES = {
@@ -457,7 +457,7 @@ def test_training_process_deletes_its_workers_leftovers_at_exit() -> None:
         import os
         from pathlib import Path
         import lanceloader.integrations.torch.collation  # registers the exit clean-up
-        from lanceloader.lifetime import shm_name
+        from lanceloader.lifecycle.lifetime import shm_name
         for owner in (os.getpid(), os.getppid()):  # left by killed workers
             Path("/dev/shm", shm_name("batch", owner, 999, "abc", 0)).write_bytes(b"x")
         print(os.getpid())

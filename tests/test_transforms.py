@@ -13,10 +13,10 @@ from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import lanceloader as ll
-from lanceloader.conversion import Conversion, to_output
-from lanceloader.images import decode_images, normalise
-from lanceloader.text import tokenize
-from lanceloader.transforms import (
+from lanceloader.batch.images import decode_images, normalise
+from lanceloader.batch.output import Conversion, to_output
+from lanceloader.batch.text import tokenize
+from lanceloader.batch.transforms import (
     Applied,
     BatchTransform,
     Compose,

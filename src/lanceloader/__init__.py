@@ -5,24 +5,25 @@
 >>> for batch in loader: ...                                                # doctest: +SKIP
 """
 
-from lanceloader.augment import random_map
-from lanceloader.conversion import Conversion, ConversionError
-from lanceloader.engine import StallError
-from lanceloader.images import decode_images, normalise
-from lanceloader.ingest import ConvertSummary, convert
+from lanceloader.batch.augment import random_map
+from lanceloader.batch.images import decode_images, normalise
+from lanceloader.batch.output import Conversion, ConversionError
+from lanceloader.batch.text import tokenize
+from lanceloader.batch.transforms import TooManyRowErrors, TransformOutputError, compose, map_rows
+from lanceloader.engine.processes import WorkerDiedError
+from lanceloader.engine.stats import Stats
+from lanceloader.engine.stream import EpochIterator, LoaderInUseError, StallError
 from lanceloader.integrations.tensorflow import as_tf_dataset
-from lanceloader.loader import EpochIterator, Loader, LoaderInUseError
-from lanceloader.materialize import materialize
-from lanceloader.mix import Mix
-from lanceloader.order import Order
-from lanceloader.packing import pack
-from lanceloader.plan import Plan
-from lanceloader.processes import WorkerDiedError
-from lanceloader.source import ReadError, Source
-from lanceloader.state import StateMismatchError, load_state, save_state
-from lanceloader.stats import Stats
-from lanceloader.text import tokenize
-from lanceloader.transforms import TooManyRowErrors, TransformOutputError, compose, map_rows
+from lanceloader.loader import Loader
+from lanceloader.ordering.order import Order
+from lanceloader.ordering.plan import Plan
+from lanceloader.rows.dataset import ReadError
+from lanceloader.rows.lance import Source
+from lanceloader.rows.mixed import Mix
+from lanceloader.rows.packed import pack
+from lanceloader.state.format import StateMismatchError, load_state, save_state
+from lanceloader.write.convert import ConvertSummary, convert
+from lanceloader.write.materialize import materialize
 
 __all__ = [
     "Conversion",

@@ -18,8 +18,8 @@ import numpy as np
 from tqdm import tqdm
 
 from lanceloader.cli.errors import CommandError, input_errors
+from lanceloader.engine.work import Transform
 from lanceloader.loader import Loader
-from lanceloader.workers import Transform
 
 # The bench loop adds a point to the throughput series at most this often (and at each epoch end).
 SAMPLE_EVERY_S = 0.1
@@ -215,7 +215,7 @@ def bench_report(
         "settings": {
             "batch_size": loader.batch_size,
             "columns": loader.source.columns,
-            "filter": loader.source.filter,
+            "filter": loader.source.settings()["filter"],
             "order": describe_order(loader),
             "shuffle": loader.order.shuffle,
             "block_size": loader.order.block_size,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from lanceloader.cli.errors import CommandError, input_errors
-from lanceloader.ingest import convert as convert_source
+from lanceloader.write.convert import convert as convert_source
 
 
 def convert(args: argparse.Namespace) -> int:

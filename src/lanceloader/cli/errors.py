@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from lanceloader.source import ReadError, strip_rust_paths
+from lanceloader.rows.dataset import ReadError, strip_rust_paths
 
 # Errors of the library that mean "bad input": reported as one line, exit code 2.
 INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, ReadError)

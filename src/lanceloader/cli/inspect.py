@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lanceloader.batch.checks import check_schema
+from lanceloader.batch.output import LENGTHS_SUFFIX, to_output
 from lanceloader.cli.errors import input_errors, one_line
-from lanceloader.conversion import LENGTHS_SUFFIX, check_schema, to_output
-from lanceloader.source import Source
+from lanceloader.rows.lance import Source
 
 INSPECT_SAMPLE_ROWS = 16
 INSPECT_VERSIONS_SHOWN = 10

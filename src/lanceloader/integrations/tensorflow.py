@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from lanceloader.conversion import LENGTHS_SUFFIX
+from lanceloader.batch.output import LENGTHS_SUFFIX
 from lanceloader.loader import Loader
 
 

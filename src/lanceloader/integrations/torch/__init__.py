@@ -1,7 +1,7 @@
 """PyTorch datasets and samplers: thin skins over Source, Order, Plan and the Loader.
 
 =======================  ==========================================================================
-``MapDataset``           map-style dataset over a pinned :class:`~lanceloader.source.Source`;
+``MapDataset``           map-style dataset over a pinned :class:`~lanceloader.rows.lance.Source`;
                          ``__getitems__`` reads a whole batch with one coalesced Lance call
 ``collate``              a ``collate_fn`` that hands back ``MapDataset``'s already-batched columns
 ``Sampler``              indices in our orders (sequential, block or full shuffle), one rank's share
@@ -24,7 +24,7 @@ Processes: the datasets pickle as plain parameters and reopen Lance in each Data
 whatever the start method. Building one opens Lance (to pin the version and count rows), and a
 ``fork`` of a process that has used Lance must not call Lance itself (``docs/fork-safety.md``):
 workers started with ``fork`` (Linux's default) then read through a clean helper process each
-(:mod:`lanceloader.forksafe`; about a second to start, with a warning). Prefer
+(:mod:`lanceloader.lifecycle.forksafe`; about a second to start, with a warning). Prefer
 ``multiprocessing_context="forkserver"``, with ``persistent_workers=True``.
 
 Modules: ``map.py`` (``MapDataset`` and its read-ahead), ``collation.py`` (``Rows``, ``collate``,

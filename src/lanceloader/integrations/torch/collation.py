@@ -23,9 +23,9 @@ import pyarrow as pa
 import torch
 import torch.utils.data
 
-from lanceloader import lifetime
-from lanceloader.lifetime import SHM_DIR
-from lanceloader.processes import take_mapping, write_arrays
+from lanceloader.engine.processes import take_mapping, write_arrays
+from lanceloader.lifecycle import lifetime
+from lanceloader.lifecycle.lifetime import SHM_DIR
 
 
 class Rows(list):  # type: ignore[type-arg]

@@ -14,12 +14,12 @@ import torch
 import torch.utils.data
 
 from lanceloader.arguments import check_int
-from lanceloader.cursor import Cursor
-from lanceloader.engine import Stream
+from lanceloader.engine.stream import Stream
 from lanceloader.integrations.torch.collation import pack_for_transfer, watch_training_process
 from lanceloader.integrations.torch.map import _worker_slot
 from lanceloader.loader import Loader
-from lanceloader.state import StateMismatchError
+from lanceloader.state.cursor import Cursor
+from lanceloader.state.format import StateMismatchError
 
 
 class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]

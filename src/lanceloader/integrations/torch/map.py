@@ -13,27 +13,26 @@ from typing import Any
 
 import lance
 import numpy as np
-import pyarrow as pa
 import torch
 import torch.utils.data
 
 from lanceloader.arguments import check_bool
-from lanceloader.conversion import Conversion, check_output, check_schema, to_output
-from lanceloader.engine import Reading, Stream, batches_per_read
-from lanceloader.integrations.torch.collation import Rows, watch_training_process
-from lanceloader.order import Order
-from lanceloader.plan import Plan
-from lanceloader.source import Source
-from lanceloader.stats import Recorder, Stats
-from lanceloader.transforms import (
+from lanceloader.batch.checks import check_output, check_schema
+from lanceloader.batch.output import Conversion
+from lanceloader.batch.transforms import (
     DEFAULT_MAX_SKIP_FRACTION,
     OnError,
     Transform,
-    apply_transform,
     as_transform,
     check_on_error,
 )
-from lanceloader.workers import BatchWork, _add_note, _preview
+from lanceloader.engine.stats import Recorder, Stats
+from lanceloader.engine.stream import Reading, Stream, batches_per_read
+from lanceloader.engine.work import BatchWork
+from lanceloader.integrations.torch.collation import Rows, watch_training_process
+from lanceloader.ordering.order import Order
+from lanceloader.ordering.plan import Plan, ReadTask
+from lanceloader.pipeline import RowsSettings
 
 
 class MapDataset(torch.utils.data.Dataset):
@@ -113,18 +112,8 @@ class MapDataset(torch.utils.data.Dataset):
         check_on_error(on_error, max_skip_fraction)
         self.on_error, self.max_skip_fraction = on_error, max_skip_fraction
         self.conversion = check_output(output)
-        self.source = Source(
-            dataset,
-            columns=columns,
-            filter=filter,
-            version=version,
-            storage_options=storage_options,
-            splits=splits,
-            split=split,
-            split_key=split_key,
-            cache=cache,
-            cache_size=cache_size,
-        )
+        self.source = RowsSettings(columns, filter, version, storage_options, splits, split,
+                                   split_key, cache, cache_size).build(dataset)
         if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)
         check_bool("read_ahead", read_ahead)
@@ -172,18 +161,13 @@ class MapDataset(torch.utils.data.Dataset):
             served = ahead.take(indices, positions)
             if served is not None:
                 return Rows(served)
-        batch: Any = self.source.read(positions)
-        try:
-            batch, _ = apply_transform(self.transform, batch, self.on_error,
-                                       max_skip_fraction=self.max_skip_fraction)
-            if isinstance(batch, pa.RecordBatch):
-                batch = to_output(batch, self.conversion)
-        except Exception as exc:
-            _add_note(exc, f"lanceloader: raised while preparing rows {_preview(positions)} of "
-                           f"Lance dataset {self.source.uri!r} (version {self.source.version}), "
-                           f"{self.source.describe_rows(positions)}")
-            raise
-        return Rows(batch)
+        # The one read -> transform -> convert path, over the rows themselves (positions are
+        # samples of a sequential order; random_map draws per position).
+        order = Order(len(self))
+        task = ReadTask(0, range(1), positions, (len(positions),))
+        work = BatchWork(self.source, order, self.transform, self.conversion,
+                         on_error=self.on_error, max_skip_fraction=self.max_skip_fraction)
+        return Rows(work(task).batches[0])
 
     def _positions(self, indices: Any) -> np.ndarray:
         positions = np.asarray(indices)
@@ -281,7 +265,7 @@ class _ReadAhead:
         output: Any = ds.conversion  # BatchWork converts with to_output, which takes either
         work = BatchWork(ds.source, order, ds.transform, output, on_error=ds.on_error,
                          max_skip_fraction=ds.max_skip_fraction)
-        per_read = batches_per_read(order, plan.batch_size, ds.transform is not None,
+        per_read = batches_per_read(order.random_reads, plan.batch_size, ds.transform is not None,
                                     ds.source.bytes_per_row)
         reading = Reading(work, num_workers=1, batches_per_read=per_read, reads_in_flight=1)
         batches = range(hint.batch, len(plan), self._stride)

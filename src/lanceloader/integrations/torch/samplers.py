@@ -12,14 +12,14 @@ import torch
 import torch.utils.data
 
 from lanceloader.arguments import check_bool, check_int, check_numbers
-from lanceloader.cursor import Cursor
 from lanceloader.distributed import resolve_rank_world
 from lanceloader.integrations.torch.map import BatchIndices, MapDataset
 from lanceloader.loader import Loader
-from lanceloader.order import Order
-from lanceloader.plan import Plan
-from lanceloader.source import Source
-from lanceloader.state import StreamSpec, order_settings
+from lanceloader.ordering.order import Order
+from lanceloader.ordering.plan import Plan
+from lanceloader.rows.lance import Source
+from lanceloader.state.cursor import Cursor
+from lanceloader.state.format import StreamSpec, order_settings
 
 # Samplers compute the order this many samples at a time (one vectorised Order call).
 _SAMPLES_PER_STEP = 16_384
@@ -249,7 +249,7 @@ class BatchSampler(_PlanSampler):
     """Lists of dataset indices: this rank's batches, exactly as ``Loader`` cuts them.
 
     Each global batch of ``batch_size * world_size`` samples of the epoch's order is split by
-    rank (:class:`~lanceloader.plan.Plan`), so every rank gets the same number of batches and a
+    rank (:class:`~lanceloader.ordering.plan.Plan`), so every rank gets the same number of batches and a
     ``Loader`` with the same settings delivers the same rows. Use it as the DataLoader's
     ``batch_sampler`` with a :class:`MapDataset`: one Lance read per batch. Same arguments as
     :class:`Sampler`, plus ``batch_size``; the same epoch and state behaviour.

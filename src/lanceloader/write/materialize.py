@@ -56,14 +56,14 @@ from lance.fragment import FragmentMetadata, write_fragments
 from tqdm import tqdm
 
 from lanceloader.arguments import check_int, check_storage_options
-from lanceloader.conversion import as_conversion
-from lanceloader.engine import Stream
-from lanceloader.ingest import dataset_version
-from lanceloader.plan import Plan
-from lanceloader.source import is_object_store
-from lanceloader.state import order_settings
-from lanceloader.stats import Recorder
-from lanceloader.transforms import transform_name
+from lanceloader.batch.output import as_conversion
+from lanceloader.batch.transforms import transform_name
+from lanceloader.engine.stats import Recorder
+from lanceloader.engine.stream import Stream
+from lanceloader.ordering.plan import Plan
+from lanceloader.rows.dataset import is_object_store
+from lanceloader.state.format import order_settings
+from lanceloader.write.convert import dataset_version
 
 LINEAGE_KEY = b"lanceloader.lineage"
 PROGRESS_FILE = "_lanceloader_materialize.json"
@@ -73,9 +73,10 @@ MODES = ("create", "overwrite")
 def lineage(loader: Any, epoch: int) -> dict[str, Any]:
     """Where a materialised copy comes from: JSON-safe, no credentials."""
     src = loader.source
+    rows = src.settings()
     return {"source": src.uri, "version": src.version, "identity": src.identity,
-            "filter": src.filter, "splits": src.splits, "split": src.split,
-            "split_key": src.split_key, "columns": src.columns,
+            "filter": rows["filter"], "splits": rows["splits"], "split": rows["split"],
+            "split_key": rows["split_key"], "columns": src.columns,
             "transform": None if loader.transform is None else transform_name(loader.transform),
             "order": order_settings(src, loader.order), "epoch": epoch,
             "batch_size": loader.batch_size}

@@ -11,14 +11,14 @@ that plan this rank has delivered. Three moments matter:
   then the next epoch: the same stream an uninterrupted run delivers.
 * **next epoch**: after ``StopIteration``, :meth:`Cursor.end_epoch` moves to ``(epoch + 1, 0)``.
 
-The cursor is plain data plus pure arithmetic over :class:`~lanceloader.plan.Plan`; who may move
+The cursor is plain data plus pure arithmetic over :class:`~lanceloader.ordering.plan.Plan`; who may move
 it (one live iterator for a ``Loader``, the newest iterator for torch's samplers) is decided by
 its owner.
 
 Example::
 
-    >>> from lanceloader.order import Order
-    >>> from lanceloader.state import StreamSpec, order_settings
+    >>> from lanceloader.ordering.order import Order
+    >>> from lanceloader.state.format import StreamSpec, order_settings
     >>> spec = StreamSpec(num_rows=10, order=order_settings(None, Order(10)), batch_size=4)
     >>> cursor = Cursor(spec)
     >>> cursor.advance(3)                       # the epoch's 3 batches were delivered
@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lanceloader.plan import Plan
-from lanceloader.state import StreamSpec, resume_point
+from lanceloader.ordering.plan import Plan
+from lanceloader.state.format import StreamSpec, resume_point
 
 
 @dataclass

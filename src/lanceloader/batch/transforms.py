@@ -5,9 +5,9 @@ loader's output (``conversion.py``); anything else it returns is passed through.
 here return Arrow, so they chain with :func:`compose` and feed every output format, zero-copy:
 
 * :func:`map_rows` lifts ``fn(row: dict) -> dict`` to a batch transform;
-* :func:`~lanceloader.images.decode_images` (``images.py``) turns JPEG/PNG bytes into one
+* :func:`~lanceloader.batch.images.decode_images` (``images.py``) turns JPEG/PNG bytes into one
   ``[N, H, W, C]`` tensor column;
-* :func:`~lanceloader.text.tokenize` (``text.py``) turns text into ``input_ids`` (+
+* :func:`~lanceloader.batch.text.tokenize` (``text.py``) turns text into ``input_ids`` (+
   ``attention_mask``) with a ``tokenizers`` tokenizer, padded or ragged.
 
 Errors. Transforms are deterministic functions of their batch and hold no state, so any worker may
@@ -178,7 +178,7 @@ def check_output_rows(transform: Transform, result: Any, expected: int,
     >>> check_output_rows(len, {"x": [1, 2], "y": [3]}, 2, columns=["x", "y"])
     Traceback (most recent call last):
     ...
-    lanceloader.transforms.TransformOutputError: transform len returned columns of unequal length: {'x': 2, 'y': 1}; every column needs one value per row
+    lanceloader.batch.transforms.TransformOutputError: transform len returned columns of unequal length: {'x': 2, 'y': 1}; every column needs one value per row
     >>> check_output_rows(len, {"x": [1, 2], "size": (224, 224), "weights": [1, 1, 1]}, 2, ["x"])
     """
     if _changes_rows(transform):
@@ -276,7 +276,7 @@ class Compose(BatchTransform):
                 stage.apply(batch, errors) if isinstance(stage, BatchTransform) else stage(batch)
             )
             if keys is not None and len(errors.skipped_rows) > before:  # rows left the batch
-                keys.samples = np.delete(keys.samples, errors.skipped_rows[before:])
+                keys.drop(errors.skipped_rows[before:])
         return batch
 
 
@@ -291,15 +291,25 @@ class RowKeys:
     (``ll.random_map``), so their draws depend on the sample, never on the worker."""
 
     seed: int
-    epoch: int
+    epoch: int | np.ndarray  # one epoch for the batch, or each row's (a mix source's rows)
     samples: np.ndarray
+
+    def epochs(self) -> np.ndarray:
+        """Each row's epoch."""
+        return np.broadcast_to(np.asarray(self.epoch, dtype=np.int64), self.samples.shape)
+
+    def drop(self, rows: list[int]) -> None:
+        """Forget the keys of ``rows`` (skipped: they left the batch)."""
+        if isinstance(self.epoch, np.ndarray):
+            self.epoch = np.delete(self.epoch, rows)
+        self.samples = np.delete(self.samples, rows)
 
 
 _row_keys = threading.local()
 
 
 @contextlib.contextmanager
-def row_keys(seed: int, epoch: int, samples: np.ndarray) -> Iterator[RowKeys]:
+def row_keys(seed: int, epoch: int | np.ndarray, samples: np.ndarray) -> Iterator[RowKeys]:
     """Make ``RowKeys(seed, epoch, samples)`` the current batch's keys in this thread."""
     keys = RowKeys(seed, epoch, np.asarray(samples, dtype=np.int64))
     previous = getattr(_row_keys, "current", None)

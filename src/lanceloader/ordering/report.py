@@ -16,8 +16,8 @@ order and a plan, from the order alone (pure functions, no I/O), so the choice o
 
 Example::
 
-    >>> from lanceloader.order import Order
-    >>> from lanceloader.plan import Plan
+    >>> from lanceloader.ordering.order import Order
+    >>> from lanceloader.ordering.plan import Plan
     >>> report = mixing_report(Order(100_000, shuffle=False), Plan(100_000, 256), per_read=64)
     >>> round(report.places_per_batch, 1), round(report.reads_per_1000_rows, 2), report.order_correlation
     (1.2, 0.12, 1.0)
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from lanceloader.order import Order
-from lanceloader.plan import Plan, read_ranges, window_alignment
+from lanceloader.ordering.order import Order
+from lanceloader.ordering.plan import Plan, read_ranges, window_alignment
 
 DEFAULT_BATCHES = 200
 DEFAULT_PLACES = 100

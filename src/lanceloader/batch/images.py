@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.transforms import (
+from lanceloader.batch.transforms import (
     BatchTransform,
     ErrorPolicy,
     check_column,

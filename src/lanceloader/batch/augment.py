@@ -7,13 +7,13 @@ world size and a resume never change a row's draws: a resumed run augments every
 as the uninterrupted run would (as Grain's ``random_map``). A new epoch draws anew.
 
 Rows are handed to ``fn`` as dicts: tensor columns (e.g. the output of
-:func:`~lanceloader.images.decode_images`) as NumPy arrays, the others as Python values; ``fn``
+:func:`~lanceloader.batch.images.decode_images`) as NumPy arrays, the others as Python values; ``fn``
 returns a dict, and arrays of one shape become one tensor column again.
 
 Example: the torchvision-style random crop and flip of decoded ``[C, H, W]`` images::
 
     >>> import numpy as np, pyarrow as pa
-    >>> from lanceloader.transforms import tensor_array
+    >>> from lanceloader.batch.transforms import tensor_array
     >>> def crop_flip(row, rng, size=2):
     ...     image = row["image"]                       # [C, H, W]
     ...     y, x = rng.integers(0, image.shape[1] - size + 1), rng.integers(0, image.shape[2] - size + 1)
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.transforms import (
+from lanceloader.batch.transforms import (
     BatchTransform,
     ErrorPolicy,
     current_row_keys,
@@ -57,22 +57,28 @@ class RandomMap(BatchTransform):
         name = f"random_map({getattr(self.fn, '__name__', type(self.fn).__name__)})"
         columns = {n: _row_values(batch.column(n)) for n in batch.schema.names}
         rows = [{n: values[i] for n, values in columns.items()} for i in range(batch.num_rows)]
-        samples = keys.samples.tolist()
+        samples, epochs = keys.samples.tolist(), keys.epochs().tolist()
         results = map_each(rows, lambda i, row: self.fn(
-            row, sample_rng(keys.seed, self.seed, keys.epoch, samples[i])), errors, name)
+            row, sample_rng(keys.seed, self.seed, epochs[i], samples[i])), errors, name)
         if not results:
             return batch.slice(0, 0)
         return rows_to_batch(results)
 
 
 def sample_rng(loader_seed: int, seed: int, epoch: int, sample: int) -> np.random.Generator:
-    """The generator of one sample: the same for the same four numbers, everywhere.
+    """The generator of one sample: the same for the same four numbers, everywhere. Every bit of
+    the seeds counts (NumPy's ``SeedSequence`` takes integers of any size), so seeds that differ
+    only above 32 bits draw differently; a negative seed is its magnitude and a sign word.
 
     >>> int(sample_rng(0, 0, 1, 42).integers(1000)) == int(sample_rng(0, 0, 1, 42).integers(1000))
     True
+    >>> int(sample_rng(7, 0, 0, 0).integers(10**9)) != int(sample_rng(7 + 2**32, 0, 0, 0).integers(10**9))
+    True
     """
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(
-        [loader_seed & 0xFFFFFFFF, seed & 0xFFFFFFFF, epoch, sample, 0x5EED])))
+    numbers = (loader_seed, seed, epoch, sample)
+    signs = sum(1 << i for i, n in enumerate(numbers) if n < 0)
+    words = [abs(n) for n in numbers] + [0x5EED] + ([signs] if signs else [])
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
 
 
 def _row_values(column: pa.Array | pa.ChunkedArray) -> Any:

@@ -7,7 +7,7 @@ batches, read and prepared by a pool of workers.
 Contract of a :class:`Stream`:
 
 * It yields the batches of ``batches`` (numbers in the plan; any step) in that order, each made
-  by :class:`~lanceloader.workers.BatchWork` in a worker (a thread, or a forkserver process),
+  by :class:`~lanceloader.engine.work.BatchWork` in a worker (a thread, or a forkserver process),
   finished in the consumer (tensors from a process worker's NumPy, device placement).
 * Reads group consecutive batches (:func:`batches_per_read`: up to 65,536 rows and
   :data:`READ_BYTES` bytes per Lance call, two batches with a transform); at most
@@ -26,11 +26,11 @@ Example::
 
     >>> import tempfile
     >>> from lanceloader.demo import write_demo_dataset
-    >>> from lanceloader.order import Order
-    >>> from lanceloader.plan import Plan
-    >>> from lanceloader.source import Source
-    >>> from lanceloader.stats import Recorder
-    >>> from lanceloader.workers import BatchWork
+    >>> from lanceloader.ordering.order import Order
+    >>> from lanceloader.ordering.plan import Plan
+    >>> from lanceloader.rows.lance import Source
+    >>> from lanceloader.engine.stats import Recorder
+    >>> from lanceloader.engine.work import BatchWork
     >>> source = Source(write_demo_dataset(tempfile.mkdtemp() + "/d.lance", rows=10), ["id"])
     >>> work = BatchWork(source, Order(10), None, "numpy")
     >>> reading = Reading(work, num_workers=2, batches_per_read=2, reads_in_flight=2)
@@ -46,20 +46,20 @@ import logging
 import math
 import pickle
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from lanceloader.conversion import Conversion, to_output
-from lanceloader.cursor import Cursor
-from lanceloader.order import Order
-from lanceloader.plan import Plan, read_tasks
-from lanceloader.prefetch import OrderedPrefetcher, Stalled
-from lanceloader.processes import ProcessPool
-from lanceloader.source import is_object_store
-from lanceloader.stats import Recorder, count_delivered
-from lanceloader.workers import BatchWork, TaskResult, stage_of
+from lanceloader.batch.output import Conversion, to_output
+from lanceloader.engine.processes import ProcessPool
+from lanceloader.engine.stats import Recorder, count_delivered
+from lanceloader.engine.threads import OrderedPrefetcher, Stalled
+from lanceloader.engine.work import BatchWork, TaskResult, stage_of
+from lanceloader.ordering.plan import Plan, read_tasks
+from lanceloader.rows.dataset import is_object_store
+from lanceloader.state.cursor import Cursor
 
 _logger = logging.getLogger("lanceloader")
 
@@ -94,7 +94,7 @@ class StallError(TimeoutError):
 
 
 def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
-    """The user's error for a pool's :class:`~lanceloader.prefetch.Stalled`."""
+    """The user's error for a pool's :class:`~lanceloader.engine.threads.Stalled`."""
     task = stalled.task
     batch, epoch = task.batches[0], task.epoch
     stage = stage_of(stalled.functions)
@@ -114,18 +114,21 @@ def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
                       stack=stalled.stack)
 
 
-def batches_per_read(order: Order, batch_size: int, transform: bool,
+def batches_per_read(random: bool, batch_size: int, transform: bool,
                      bytes_per_row: float = 0.0) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
     cost more per call), at most :data:`READ_BYTES` of data, and with a transform at most two
     batches (still in the CPU cache when they are transformed). Never less than one batch.
 
-    >>> batches_per_read(Order(10**6), 256, transform=False)
+    ``random``: whether the reads are random takes (a full shuffle, or a mix of shuffled
+    sources: :attr:`Pipeline.random_reads <lanceloader.pipeline.Pipeline.random_reads>`).
+
+    >>> batches_per_read(False, 256, transform=False)
     256
-    >>> batches_per_read(Order(10**6), 256, transform=False, bytes_per_row=11_000)
+    >>> batches_per_read(False, 256, transform=False, bytes_per_row=11_000)
     11
     """
-    rows = ROWS_PER_READ_RANDOM if order.random_reads else ROWS_PER_READ_SEQUENTIAL
+    rows = ROWS_PER_READ_RANDOM if random else ROWS_PER_READ_SEQUENTIAL
     if bytes_per_row > 0:
         rows = min(rows, int(READ_BYTES // bytes_per_row))
     per_read = max(1, rows // batch_size)
@@ -319,3 +322,49 @@ class EpochIterator(Iterator[Any]):
 
     def __reduce__(self) -> Any:
         raise pickle.PicklingError("a running epoch cannot be pickled; pickle the Loader instead")
+
+
+class LoaderInUseError(RuntimeError):
+    """``iter()`` (or ``set_epoch``/``load_state_dict``) while an iterator of the loader is live."""
+
+
+def _no_iterator() -> None:
+    return None
+
+
+class LiveIterator:
+    """A loader's one live :class:`EpochIterator`, held weakly: a ``break`` out of a ``for``
+    loop lets it be collected, which stops its workers. Pickles empty (a running epoch belongs
+    to its process)."""
+
+    def __init__(self) -> None:
+        self._ref: Callable[[], EpochIterator | None] = _no_iterator
+
+    def start(self, iterator: EpochIterator) -> EpochIterator:
+        self._ref = weakref.ref(iterator)
+        return iterator
+
+    def check_idle(self, what: str, owner: Any, cursor: Cursor) -> None:
+        """Raise :class:`LoaderInUseError` when an iterator is live, naming the ways out."""
+        running = self._ref()
+        if running is None or not running.live:
+            return
+        raise LoaderInUseError(
+            f"{what} on {owner!r} while an iterator of it is live: it is delivering epoch "
+            f"{cursor.epoch}, {cursor.done} of {len(running.stream.plan)} batches so far. A "
+            "loader has one live iterator at a time, so that no epoch ends silently. Ways out: "
+            "loader.peek() looks at the next batch without consuming it; finish the first "
+            "iterator, or call its close() (or loader.close()), and the next iter() continues "
+            "that epoch where it stopped; or build a second Loader to read the data "
+            "independently")
+
+    def close(self) -> None:
+        running = self._ref()
+        if running is not None:
+            running.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._ref = _no_iterator

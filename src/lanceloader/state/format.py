@@ -2,7 +2,7 @@
 
 A stream is defined by a :class:`StreamSpec`: the dataset (URI, pinned version and *identity*),
 the settings that define the order, and how the epoch is cut into batches. Its position is
-``(epoch, sample)``, kept by :class:`~lanceloader.cursor.Cursor`. Because the order is a pure
+``(epoch, sample)``, kept by :class:`~lanceloader.state.cursor.Cursor`. Because the order is a pure
 function of its settings (``order.py``) and the plan a pure function of the start sample
 (``plan.py``), spec and position are all it takes to continue at the exact sample, without reading
 anything that was already delivered, on any number of ranks.
@@ -16,7 +16,7 @@ Format 2::
      "batch_size": 256, "world_size": 2, "drop_last": false, "columns": ["x", "label"],
      "epoch": 1, "sample": 512}
 
-* ``dataset`` is the identity of the pinned version (:func:`lanceloader.source.dataset_identity`):
+* ``dataset`` is the identity of the pinned version (:func:`lanceloader.rows.dataset.dataset_identity`):
   a hash of its fragments' data and deletion file names, row counts and the schema. Lance names
   every data file it writes uniquely, so a copy or a move of the dataset keeps the identity and a
   dataset re-created at the same URI (even with the same version number and row count) does not.
@@ -43,7 +43,7 @@ checked by URI, version and order, and a warning says that the next ``state_dict
 
 Example::
 
-    >>> from lanceloader.order import Order
+    >>> from lanceloader.ordering.order import Order
     >>> spec = StreamSpec(num_rows=10, order=order_settings(None, Order(10)), batch_size=4)
     >>> state = spec.state(epoch=0, sample=4)
     >>> state["format"], resume_point(state, spec)
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lanceloader.plan import Plan
+from lanceloader.ordering.plan import Plan
 
 FORMAT = 2
 CHANGEABLE = ("batch_size", "drop_last", "columns", "uri")
@@ -94,6 +94,10 @@ ORDER_KEYS: dict[str, tuple[type, ...]] = {
     "window": (int,),
     "seed": (int,),
 }
+MIX_KEYS: dict[str, tuple[type, ...]] = {
+    "sources": (dict,), "quotas": (dict,), "epoch": (str,), "offsets": (dict,),
+    "source_column": (str, _NONE), "run_length": (int,),
+}
 WORKER_KEYS: dict[str, tuple[type, ...]] = {
     "id": (int,), "count": (int,), "start": (int,), "batches": (int,),
 }
@@ -104,21 +108,14 @@ class StateMismatchError(ValueError):
 
 
 def order_settings(source: Any, order: Any, num_rows: int | None = None) -> dict[str, Any]:
-    """The settings that define an order (``state["order"]``): of a ``Source`` (or None, for
-    samplers over a plain length) and an ``Order``; a packed source adds ``"pack"`` and a mix
-    ``"mix"`` (their ``settings``)."""
-    return {
-        "rows": order.num_rows if num_rows is None else num_rows,
-        "filter": source.filter if source else None,
-        "splits": source.splits if source else None,
-        "split": source.split if source else None,
-        "split_key": source.split_key if source else None,
-        "shuffle": order.shuffle,
-        "block_size": order.block_size,
-        "window": order.window,
-        "seed": order.seed,
-        **(getattr(source, "settings", None) or {}),  # a mix's sources, a packing
-    }
+    """The settings that define an order (``state["order"]``): the rows' ``settings()`` (filter
+    and split; a packing adds ``"pack"`` and a mix ``"mix"``; ``source`` is None for samplers
+    over a plain length) and the ``Order``'s."""
+    rows = source.settings() if source is not None else \
+        {"filter": None, "splits": None, "split": None, "split_key": None}
+    return {"rows": order.num_rows if num_rows is None else num_rows, **rows,
+            "shuffle": order.shuffle, "block_size": order.block_size, "window": order.window,
+            "seed": order.seed}
 
 
 def fingerprint(dataset: str | None, version: int | None, order: dict[str, Any]) -> str:
@@ -247,6 +244,8 @@ def check_keys(saved: Any) -> None:
     keys = {k: v for k, v in KEYS.items() if not (fmt == 1 and k == "dataset")}
     _check_types(saved, keys, "state")
     _check_types(saved["order"], ORDER_KEYS, "state['order']")
+    if "mix" in saved["order"]:
+        _check_mix(saved["order"]["mix"])
     if "worker" in saved:
         if not isinstance(saved["worker"], dict):
             raise StateMismatchError("state key 'worker' must be a dict")
@@ -261,6 +260,26 @@ def check_keys(saved: Any) -> None:
             f"order hash to {expected!r}: the state was edited or damaged. Use the state as "
             "state_dict() returned it"
         )
+
+
+def _check_mix(mix: Any) -> None:
+    """A mix section (``state["order"]["mix"]``) whose every part has its type: its sources'
+    names in ``sources``, ``quotas`` and ``offsets``, each quota and offset an int."""
+    where = "state['order']['mix']"
+    if not isinstance(mix, dict):
+        raise StateMismatchError(f"{where} must be a dict, got {type(mix).__name__}")
+    _check_types(mix, MIX_KEYS, where)
+    names = set(mix["sources"])
+    for key in ("quotas", "offsets"):
+        values = mix[key]
+        if set(values) != names or not all(type(v) is int for v in values.values()):
+            raise StateMismatchError(
+                f"{where}[{key!r}] must give an int for each source {sorted(names)}, got "
+                f"{values!r}: the state was edited or damaged")
+    if not all(isinstance(s, dict) and set(s) == {"dataset", "version", "order"}
+               for s in mix["sources"].values()):
+        raise StateMismatchError(f"{where}['sources'] must hold each source's dataset, version "
+                                 "and order: the state was edited or damaged")
 
 
 def _check_types(saved: dict[str, Any], keys: dict[str, tuple[type, ...]], where: str) -> None:
@@ -297,11 +316,26 @@ def _dataset_problems(saved: dict[str, Any], spec: StreamSpec, allow: tuple[str,
                 "different data (re-created, or overwritten and cleaned up), so the state's "
                 "samples do not exist here. Point the loader at the dataset the state came from, "
                 "or start without the state"]
-    if uri != spec.uri and "uri" not in allow:
+    if not same_location(uri, spec.uri) and "uri" not in allow:
         return [f"dataset location: state has {uri!r}, this loader reads {spec.uri!r}; it is "
                 f"the same dataset (identity {identity}, version {version}), copied or moved. "
                 "Pass allow_changes=('uri',) to resume on it"]
     return []
+
+
+def same_location(saved: str | None, current: str | None) -> bool:
+    """Whether a state's dataset location is the loader's: local paths compared absolute with
+    symlinks resolved (states written before locations were stored that way may hold a relative
+    path), object-store URIs as written, less a trailing ``/``.
+
+    >>> same_location("s3://b/d.lance/", "s3://b/d.lance"), same_location("a/../x", "x")
+    (True, True)
+    """
+    if saved is None or current is None:
+        return saved == current
+    if "://" in saved or "://" in current:
+        return saved.rstrip("/") == current.rstrip("/")
+    return os.path.realpath(saved) == os.path.realpath(current)
 
 
 def _version_hint(version: int | None) -> str:

@@ -43,8 +43,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lanceloader.cache import DiskCache
-from lanceloader.transforms import tensor_array
+from lanceloader.batch.transforms import tensor_array
+from lanceloader.rows.cache import DiskCache
+from lanceloader.rows.lance import Source
+from lanceloader.rows.protocol import Read, RowSource, as_table, empty_table, read_table
 
 DEFAULT_WINDOW = 1024  # documents packed together: padding falls as it grows, cost grows with it
 LENGTH_READ_ROWS = 65_536  # rows per read while measuring the documents' lengths
@@ -224,18 +226,39 @@ def _bin_pack(lengths: np.ndarray, first: np.ndarray, per_window: np.ndarray, se
     return bins
 
 
-def document_lengths(source: Any, column: str) -> np.ndarray:
-    """Tokens of each row of ``source`` (its positions, in order), read in chunks."""
+def document_lengths(source: RowSource, column: str) -> np.ndarray:
+    """Tokens of each row of ``source`` (its positions, in order), read in chunks; a null
+    token is refused here, before any training step (:func:`check_tokens`)."""
     n = source.num_rows
     out = np.zeros(n, np.int64)
     for lo in range(0, n, LENGTH_READ_ROWS):
         hi = min(n, lo + LENGTH_READ_ROWS)
-        col = source.read_table(np.arange(lo, hi)).column(column)
+        col = read_table(source, np.arange(lo, hi)).column(column)
+        check_tokens(col, column, source, np.arange(lo, hi))
         out[lo:hi] = pc.fill_null(pc.list_value_length(col), 0).to_numpy()
     return out
 
 
-def _lengths(inner: Any, column: str) -> np.ndarray:
+def check_tokens(tokens: pa.Array | pa.ChunkedArray, column: str, source: RowSource,
+                 positions: np.ndarray) -> None:
+    """Raise unless every token of the lists ``tokens`` (read at ``positions``) is a value: a
+    null token has no id, and NumPy would make it -9223372036854775808. (A null list is an
+    empty document.)"""
+    values = pc.list_flatten(tokens)
+    if values.null_count:
+        lengths = pc.fill_null(pc.list_value_length(tokens), 0).to_numpy()
+        seen = np.concatenate([[0], np.cumsum(values.is_null().to_numpy(zero_copy_only=False))])
+        ends = np.cumsum(lengths)
+        nulls = seen[ends] - seen[ends - lengths]  # null tokens per document
+        bad = np.asarray(positions)[np.flatnonzero(nulls)]
+        raise ValueError(
+            f"pack: column {column!r} has {values.null_count} null tokens, in the documents at "
+            f"positions {bad[:8].tolist()} ({source.describe_rows(bad[:8])}); a token must be "
+            "an id: fill or drop them once (e.g. ll.materialize with a transform that removes "
+            "them), or filter those rows out")
+
+
+def _lengths(inner: Source, column: str) -> np.ndarray:
     """The documents' lengths, computed once per cache directory when the source has one (every
     rank and process that names it shares them, as they share the filter's plan)."""
     if not isinstance(inner.cache, DiskCache):
@@ -246,14 +269,21 @@ def _lengths(inner: Any, column: str) -> np.ndarray:
 
 
 class PackedSource:
-    """The packed rows of a source, read like a ``Source``: position *r* is packed row *r*.
+    """The packed rows of a source (the rows protocol, :mod:`lanceloader.rows.protocol`):
+    position *r* is packed row *r*; the dataset, version and cache are the inner source's.
 
     Reading packed rows reads each document they hold once (one call of the inner source) and
     copies the tokens into place with NumPy. Picklable (the plan travels to process workers).
     """
 
-    def __init__(self, inner: Any, packing: Packing) -> None:
+    random_reads = False  # packed rows are documents in storage order
+
+    def __init__(self, inner: Source, packing: Packing) -> None:
         column = packing.column
+        if not isinstance(inner, Source):
+            raise TypeError(f"pack: packs the rows of one Lance dataset (with its filter and "
+                            f"split), not {type(inner).__name__}; pack each source of a mix on "
+                            "its own Loader")
         if column not in inner.columns:
             raise KeyError(f"pack: column {column!r} is not among the columns read "
                            f"({inner.columns}); choose it with columns=")
@@ -267,13 +297,17 @@ class PackedSource:
             raise ValueError(f"pack: a packed row holds tokens of several documents, so only "
                              f"the token column can be read; pass columns=[{column!r}] (got "
                              f"{inner.columns})")
-        self.inner, self.packing = inner, packing
         self.dtype = typ.value_type.to_pandas_dtype()
+        limits = np.iinfo(self.dtype)
+        if not limits.min <= packing.pad_id <= limits.max:
+            raise ValueError(f"pack: pad_id={packing.pad_id} does not fit the tokens' type "
+                             f"{typ.value_type} of column {column!r} ({limits.min} to "
+                             f"{limits.max}); choose a pad_id in that range")
+        self.inner, self.packing = inner, packing
         self.plan = pack_plan(_lengths(inner, column), packing.seq_len, packing.window,
                               packing.long_documents, packing.algorithm)
-        for name in ("uri", "version", "identity", "filter", "splits", "split", "split_key",
-                     "plan_origin", "storage_options", "cache"):
-            setattr(self, name, getattr(inner, name, None))
+        self.uri, self.version, self.identity = inner.uri, inner.version, inner.identity
+        self.cache, self.plan_origin = inner.cache, inner.plan_origin
         self.columns = [column, "segment_ids", "position_ids"]
         value = pa.from_numpy_dtype(self.dtype)
         self.schema = pa.schema([
@@ -281,7 +315,6 @@ class PackedSource:
             pa.field("segment_ids", pa.list_(pa.int32(), packing.seq_len)),
             pa.field("position_ids", pa.list_(pa.int32(), packing.seq_len)),
         ])
-        self.settings = {"pack": packing.settings()}
         self.bytes_per_row = packing.seq_len * (np.dtype(self.dtype).itemsize + 8)
 
     @property
@@ -292,27 +325,37 @@ class PackedSource:
     def padding_fraction(self) -> float:
         return self.plan.padding_fraction
 
-    def read_table_with_io(self, rows: np.ndarray) -> tuple[pa.Table, int, int, int]:
+    def settings(self) -> dict[str, Any]:
+        """The inner source's settings and the packing's."""
+        return {**self.inner.settings(), "pack": self.packing.settings()}
+
+    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
+                ) -> tuple[PackedSource, int]:
+        """These rows continue any state of them (the protocol's: a mix's rows may not)."""
+        return self, state["sample"]
+
+    def read_rows(self, positions: np.ndarray, epoch: int = 0) -> Read:
         plan, seq_len = self.plan, self.packing.seq_len
-        pieces, counts = plan.pieces(rows)
+        pieces, counts = plan.pieces(positions)
         docs, where = np.unique(plan.doc[pieces], return_inverse=True)
-        table, io_bytes, iops, cached = self.inner.read_table_with_io(docs)
-        tokens = table.column(self.packing.column).combine_chunks()
+        read = self.inner.read_rows(docs, epoch)
+        tokens = as_table(read.rows).column(self.packing.column).combine_chunks()
+        check_tokens(tokens, self.packing.column, self.inner, docs)
         values = tokens.values.to_numpy(zero_copy_only=False)
         starts = tokens.offsets.to_numpy()[:-1] - tokens.offsets[0].as_py()
-        ids, segments, positions = pack_tokens(
+        ids, segments, positions_in = pack_tokens(
             values, starts[where] + plan.offset[pieces], plan.length[pieces], counts, seq_len,
             self.packing.pad_id, self.dtype)
         out = pa.table({self.packing.column: tensor_array(ids),
                         "segment_ids": tensor_array(segments),
-                        "position_ids": tensor_array(positions)})
-        return out, io_bytes, iops, cached
+                        "position_ids": tensor_array(positions_in)})
+        return Read(out, read.io_bytes, read.io_iops, read.rows_cached)
 
     def read_table(self, rows: np.ndarray) -> pa.Table:
-        return self.read_table_with_io(rows)[0]
+        return read_table(self, rows)
 
     def schema_table(self) -> pa.Table:
-        return self.schema.empty_table()
+        return empty_table(self.schema)
 
     def describe_rows(self, rows: np.ndarray) -> str:
         pieces, _ = self.plan.pieces(rows)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import select
 import threading
 import time
@@ -177,3 +178,13 @@ def wait_for_exit(pid: int) -> None:
             pass
     finally:
         os.close(fd)
+
+
+def picklable_error(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a ``RuntimeError`` naming its type and message: what
+    may cross to another process."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")

@@ -18,13 +18,13 @@ Contract:
   its index, PID and exit status; an exception in a worker is re-raised in the consumer with the
   worker's traceback as a note.
 * The consumer's wait for a result wakes for signals and lasts at most ``stall_timeout``
-  seconds; then :class:`~lanceloader.prefetch.Stalled` is raised with the stuck worker's stack
+  seconds; then :class:`~lanceloader.engine.threads.Stalled` is raised with the stuck worker's stack
   (written by ``faulthandler`` on SIGUSR1; a stopped process is reported as stopped).
 * ``close()`` returns within a fraction of a second whatever the workers are doing: idle workers
   are told to exit, busy ones are SIGKILLed (all at once), every worker is joined, and this pool's
   shared-memory files are removed. It is idempotent. Workers ignore SIGINT (the consumer handles
   Ctrl-C and closes them).
-* Nothing outlives the consumer (:mod:`lanceloader.lifetime`): each worker watches the consumer
+* Nothing outlives the consumer (:mod:`lanceloader.lifecycle.lifetime`): each worker watches the consumer
   and, when it dies (even by SIGKILL), removes its shared-memory files and exits; a pool that
   starts removes the files of consumers that died earlier.
 """
@@ -55,9 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from lanceloader import lifetime
-from lanceloader.lifetime import SHM_DIR
-from lanceloader.prefetch import Stalled, check_same_process
+from lanceloader.engine.threads import Stalled, check_same_process
+from lanceloader.lifecycle import lifetime
+from lanceloader.lifecycle.lifetime import SHM_DIR, picklable_error
 
 # close(): how long idle workers get to exit after being told to, before every worker left is
 # SIGKILLed (busy ones hold nothing that needs a clean exit: their files are removed after).
@@ -65,7 +65,7 @@ EXIT_S = 0.1
 STACK_SIGNAL = signal.SIGUSR1  # a worker's faulthandler writes its stack on this signal
 # The forkserver imports these once; its children start with them loaded. The first one silences
 # Lance's "not fork-safe" warning in the server only: forking it is safe, it never used Lance.
-PRELOAD = ["lanceloader._forkserver", "numpy", "pyarrow", "lance", "lanceloader.workers"]
+PRELOAD = ["lanceloader.lifecycle._forkserver", "numpy", "pyarrow", "lance", "lanceloader.engine.work"]
 
 
 class WorkerDiedError(RuntimeError):
@@ -230,16 +230,6 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
         except (BrokenPipeError, OSError):
             lifetime.remove_prefix(prefix)
             return
-
-
-def picklable_error(exc: BaseException) -> BaseException:
-    """``exc`` if it survives pickling, else a ``RuntimeError`` naming its type and message: what
-    may cross to another process."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 # --- the pool -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import hashlib
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.order import mix64
+from lanceloader.ordering.order import mix64
 
 _SALT = np.uint64(0x5EED5EED5EED5EED)
 

@@ -12,7 +12,7 @@ What this module does:
 
 * ``os.register_at_fork`` hooks count Lance's runtime threads (``/proc/self/task/*/comm``) right
   before any fork; a child of a process that had them is *tainted* (and so are its own children).
-* In a tainted child, :class:`~lanceloader.source.Source` reads through a :class:`CleanReader`: a
+* In a tainted child, :class:`~lanceloader.rows.lance.Source` reads through a :class:`CleanReader`: a
   fresh interpreter started with ``fork`` + ``exec`` (nothing of the tainted state survives
   ``exec``), which opens the pinned dataset, reads, and hands the rows back as Arrow IPC in a
   ``/dev/shm`` file that the child maps without copying. It costs one interpreter start per
@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -44,9 +45,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from lanceloader import lifetime
-from lanceloader.lifetime import SHM_DIR
-from lanceloader.processes import picklable_error
+from lanceloader.lifecycle import lifetime
+from lanceloader.lifecycle.lifetime import SHM_DIR, picklable_error
 
 LANCE_THREAD_PREFIXES = ("lance_backgroun", "lance-cpu")  # thread names, cut to 15 characters
 
@@ -142,7 +142,7 @@ class CleanReader:
         self._lock = threading.Lock()  # one request at a time on the pipe
         self._prefix = lifetime.shm_name("reader", os.getpid(), uuid.uuid4().hex[:8])
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "lanceloader._reader", self._prefix],
+            [sys.executable, "-m", "lanceloader.lifecycle._reader", self._prefix],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
         )
         self._send(source)
@@ -152,23 +152,23 @@ class CleanReader:
         pickle.dump(obj, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
         self._proc.stdin.flush()
 
-    def read_table(self, positions: Any) -> tuple[pa.Table, int, int, int]:
-        """The rows at ``positions``, the Lance I/O (bytes, IOPS) it took and the rows that
-        came from the cache."""
+    def read_rows(self, positions: Any) -> Any:
+        """The source's ``Read`` of ``positions``, made in the clean reader process: the rows,
+        the Lance I/O (bytes, IOPS) it took and the rows that came from the cache."""
         with self._lock:
             self._send(positions)
             try:
-                kind, value, io_bytes, io_iops, cached = pickle.load(self._proc.stdout)  # type: ignore[arg-type]
+                kind, value = pickle.load(self._proc.stdout)  # type: ignore[arg-type]
             except EOFError:
                 code = self._proc.wait()
                 raise RuntimeError(f"the clean reader process exited with status {code}") from None
         if kind == "error":
             raise value
-        path = Path(value)
+        path = Path(value.rows)  # the Read, its rows sent as a file
         with pa.memory_map(str(path)) as source:
             table = pa.ipc.open_stream(source).read_all()
         path.unlink(missing_ok=True)
-        return table, io_bytes, io_iops, cached
+        return dataclasses.replace(value, rows=table)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -198,18 +198,19 @@ def serve(prefix: str) -> None:
         except EOFError:
             return
         try:
-            table, io_bytes, io_iops, cached = source.read_table_with_io(positions)
+            read = source.read_rows(positions)
             path = SHM_DIR / f"{prefix}-{n}"
+            table = read.rows.table() if hasattr(read.rows, "table") else read.rows  # Pieces
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
                 w.write_table(table)
-            answer: tuple[Any, ...] = ("ok", str(path), io_bytes, io_iops, cached)
+            answer: tuple[Any, ...] = ("ok", dataclasses.replace(read, rows=str(path)))
         except Exception as exc:
-            answer = ("error", picklable_error(exc), 0, 0, 0)
+            answer = ("error", picklable_error(exc))
         try:
             pickle.dump(answer, stdout, protocol=pickle.HIGHEST_PROTOCOL)
             stdout.flush()
         except OSError:  # BrokenPipeError: the process it serves is gone
             if answer[0] == "ok":
-                Path(answer[1]).unlink(missing_ok=True)
+                Path(answer[1].rows).unlink(missing_ok=True)
             return
 

@@ -6,7 +6,7 @@ turns every epoch after the first into local reads, in any order: a *piece* is u
 projected columns. A read that misses a piece downloads the whole piece with one range read
 (Lance's fastest path on an object store), keeps it, and takes its rows from it.
 
-Which pieces are kept (``Source._read_cached``): a piece is filled when at least 1/8 of its rows
+Which pieces are kept (:func:`read_cached`): a piece is filled when at least 1/8 of its rows
 are selected (filter and split), and either the whole selection fits in the cache (so a full
 shuffle's first epoch downloads each piece once, in big reads, instead of row by row) or this
 read wants at least 1/8 of the piece (sequential and block reads). Otherwise the rows come from
@@ -67,7 +67,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader import lifetime
+from lanceloader.lifecycle import lifetime
+from lanceloader.rows.protocol import inverse_permutation, is_identity
 
 # Arrow bytes a piece aims at: big enough that a download is a few large requests (each column
 # of a piece is one range read), small enough that a few workers filling pieces stay within the
@@ -376,3 +377,107 @@ class MemoryCache:
 
     def used_bytes(self) -> int:
         return self._used
+
+
+# --- a Source's reads through its cache ---------------------------------------------------
+
+
+def fill_plan(source: Any) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Per piece, its rows and the share of them the filter and split select; and whether
+    all the pieces worth keeping (that share >= FILL_FRACTION) fit in the cache together."""
+    if source._piece_fill is None:
+        assert source.cache is not None
+        sizes = np.concatenate([
+            np.diff(np.minimum(np.arange(0, int(n) + source._piece_rows, source._piece_rows), n))
+            for n in np.diff(source._fragment_starts)] or [np.zeros(0, np.int64)])
+        if source._rows is None:
+            selected = sizes
+        else:
+            fragment = source._fragment_of(source._rows)
+            local = source._rows - source._fragment_starts[fragment]
+            selected = np.bincount(source._piece_base[fragment] + local // source._piece_rows,
+                                   minlength=len(sizes))
+        share = selected / np.maximum(sizes, 1)
+        kept = sizes[share >= FILL_FRACTION].sum() * source.bytes_per_row
+        source._piece_fill = sizes, share, bool(kept <= source.cache.size)
+    return source._piece_fill
+
+
+def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
+    """``source``'s rows at Lance ``offsets`` through the cache: rows of pieces in the cache come from it;
+    a missing piece is filled whole when that is worth it (see :mod:`lanceloader.rows.cache`),
+    the other rows are read from Lance. Returns the rows in the order of ``offsets`` and
+    how many came from the cache (or from a piece this read filled).
+
+    No sort of the offsets: the request is grouped by piece (a stable sort of the piece
+    numbers keeps the request's order within each piece), each piece gives its rows with
+    one ``take`` (a slice when they are consecutive), and one ``take`` restores the
+    request's order, when it is not already that.
+    """
+    assert source.cache is not None
+    if not len(offsets):
+        return source.schema_table().slice(0, 0), 0
+    sizes, share, fits = fill_plan(source)
+    size = source._piece_rows
+    fragment = source._fragment_of(offsets)
+    local = offsets - source._fragment_starts[fragment]  # row in its fragment
+    number = local // size
+    piece = source._piece_base[fragment] + number
+    order = (np.arange(len(piece)) if bool(np.all(piece[1:] >= piece[:-1]))
+             else np.argsort(piece, kind="stable"))
+    grouped = piece[order]
+    breaks = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+    parts: list[pa.Table] = []
+    placed: list[np.ndarray] = []  # per part, the request index of each of its rows
+    direct: list[np.ndarray] = []
+    waiting: list[np.ndarray] = []
+
+    def name_of(i: int) -> str:
+        return piece_name(source._fragment_keys[int(fragment[i])], size, int(number[i]))
+
+    def load(i: int) -> Any:
+        frag, start = int(fragment[i]), int(number[i]) * size
+
+        def piece_table() -> pa.Table:
+            _ = source.dataset  # opened in this process (a worker opens it at its first miss)
+            return source._fragments[frag].to_table(columns=source.columns, offset=start,
+                                                  limit=size)
+        return piece_table
+
+    def take(table: pa.Table, request: np.ndarray) -> None:
+        rows = local[request] - int(number[request[0]]) * size  # rows in the piece
+        first = int(rows[0])
+        consecutive = int(rows[-1]) - first + 1 == len(rows) and bool(
+            np.all(np.diff(rows) == 1))
+        parts.append(table.slice(first, len(rows)) if consecutive
+                     else table.take(pa.array(rows)))
+        placed.append(request)
+
+    for group in np.split(order, breaks):
+        i = int(group[0])
+        table = source.cache.get(name_of(i))
+        if table is None:
+            p = int(piece[i])
+            if share[p] < FILL_FRACTION or not (
+                    fits or len(np.unique(offsets[group])) >= FILL_FRACTION * sizes[p]):
+                direct.append(group)
+                continue
+            table = source.cache.fill(name_of(i), load(i), block=False)
+            if table is None:  # another worker is filling it: first do the rest
+                waiting.append(group)
+                continue
+        take(table, group)
+    for group in waiting:
+        table = source.cache.fill(name_of(int(group[0])), load(int(group[0])), block=True)
+        assert table is not None
+        take(table, group)
+    cached = sum(len(p) for p in placed)
+    if direct:
+        request = np.concatenate(direct)
+        parts.append(source._read_offsets(offsets[request]))
+        placed.append(request)
+    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    where = np.concatenate(placed) if len(placed) > 1 else placed[0]
+    if not is_identity(where):
+        table = table.take(pa.array(inverse_permutation(where)))
+    return table.select(source.columns), cached

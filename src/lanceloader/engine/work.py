@@ -26,16 +26,23 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.conversion import Conversion, as_conversion, to_output
-from lanceloader.order import Order
-from lanceloader.plan import ReadTask
-from lanceloader.source import Pieces, ReadError, Source, as_table, to_record_batch
-from lanceloader.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError, apply_transform, row_keys
+from lanceloader.batch.output import Conversion, as_conversion, to_output
+from lanceloader.batch.transforms import (
+    DEFAULT_MAX_SKIP_FRACTION,
+    OnError,
+    apply_transform,
+    row_keys,
+)
+from lanceloader.ordering.order import Order
+from lanceloader.ordering.plan import ReadTask
+from lanceloader.rows.dataset import ReadError
+from lanceloader.rows.lance import Source
+from lanceloader.rows.protocol import Pieces, as_table, to_record_batch
 
 Transform = Callable[[Any], Any]
 
 # The functions of a task that name its stage, for reports of a stalled worker (engine.py).
-STAGES = {"read_table_with_io": "read", "apply_transform": "transform", "to_output": "convert",
+STAGES = {"read_rows": "read", "apply_transform": "transform", "to_output": "convert",
           "_convert_chunks": "convert", "pack": "transfer to the training process",
           "positions": "order"}
 
@@ -129,10 +136,11 @@ class BatchWork:
         positions = self.order.positions(task.epoch, task.samples)
         with _annotate("lanceloader.read"):
             try:
-                rows, io_bytes, io_iops, cached = self.source.read_table_with_io(positions)
+                read = self.source.read_rows(positions, task.epoch)
             except ReadError as exc:
                 exc.batches, exc.epoch = task.batches, task.epoch
                 raise
+        rows = read.rows
         if rows.num_rows != len(positions):  # batches are counted and sliced by position
             raise RuntimeError(f"lanceloader: a read of {len(positions)} positions from "
                                f"{self.source.uri!r} returned {rows.num_rows} rows; this is a "
@@ -142,7 +150,8 @@ class BatchWork:
         if self.trace:
             spans.append(("read", t0, t1, {"first_batch": task.batches[0], "rows": len(positions)}))
         lane = f"{threading.current_thread().name} (pid {os.getpid()})"
-        result = TaskResult([], [], [], seconds, io_bytes, io_iops, cached, spans=spans, lane=lane)
+        result = TaskResult([], [], [], seconds, read.io_bytes, read.io_iops, read.rows_cached,
+                            spans=spans, lane=lane)
         # Arrow bytes per row, once per read (per batch it costs ~10 µs): exact for fixed-width
         # columns, the read's average for strings.
         bytes_per_row = (rows.bytes_per_row if isinstance(rows, Pieces) else

@@ -1,0 +1,1 @@
+"""Per-batch work: transforms, decoders and conversion to the output format."""

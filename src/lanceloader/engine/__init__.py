@@ -1,0 +1,1 @@
+"""Execution: the stream, the worker's job, thread and process pools, stats."""

@@ -1,0 +1,1 @@
+"""Process hygiene: fork-safety, the clean reader, owner watch, /dev/shm."""

@@ -1,0 +1,1 @@
+"""Ordering: pure maths of orders, plans and interleaves (no I/O)."""

@@ -1,0 +1,293 @@
+"""The interleave of a mix: pure maths of which source each mixed sample comes from.
+
+The weights are made rational, ``q_k / P`` (``P`` at most :data:`MAX_PERIOD`). One period of
+``P`` slots is scheduled earliest-deadline-first: the *i*-th sample of source *k* must come after
+slot ``(i - 1) P / q_k`` and by slot ``i P / q_k``. Such a schedule exists (Tijdeman's chairman
+assignment theorem) and EDF finds one, so after *any* ``n`` samples each source has contributed
+``n q_k / P`` samples within ±1 (strictly). The period repeats, so the count of source *k* before
+sample *j* is ``(j // P) q_k + prefix[j % P, k]``: one table lookup. ``run`` consecutive samples
+may form one slot (exact within ±1 run). No I/O here: :mod:`lanceloader.rows.mixed` reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from lanceloader.ordering.order import Order
+
+MAX_PERIOD = 1 << 16  # slots of one interleave period at most: a 65,536 x sources table
+
+
+def rational_weights(weights: list[float]) -> list[int]:
+    """Integer quotas ``q_k`` proportional to ``weights``, summing to the period ``P``: exact for
+    rational weights with a small common denominator (0.7/0.2/0.1 gives 7, 2, 1), else the
+    largest-remainder rounding to ``P = MAX_PERIOD``.
+
+    >>> rational_weights([0.7, 0.2, 0.1]), rational_weights([1, 1, 1]), rational_weights([2, 0])
+    ([7, 2, 1], [1, 1, 1], [1, 0])
+    """
+    total = sum(Fraction(w) for w in weights)
+    shares = [(Fraction(w) / total).limit_denominator(MAX_PERIOD) for w in weights]
+    period = math.lcm(*(s.denominator for s in shares))
+    if sum(shares) == 1 and period <= MAX_PERIOD:
+        return [int(s * period) for s in shares]
+    exact = [Fraction(w) / total * MAX_PERIOD for w in weights]
+    quotas = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda k: quotas[k] - exact[k])
+    for k in by_remainder[: MAX_PERIOD - sum(quotas)]:
+        quotas[k] += 1
+    return quotas
+
+
+@functools.lru_cache(maxsize=64)
+def interleave(quotas: tuple[int, ...]) -> np.ndarray:
+    """One period of the interleave: the source of each of the ``sum(quotas)`` slots.
+
+    Earliest deadline first over the sources' next samples that are due: after slot *t* source
+    *k* has given ``t q_k / P`` samples within ±1, at every *t* (see the module docstring).
+
+    >>> interleave((2, 1)).tolist(), interleave((1, 1, 2)).tolist()
+    ([0, 0, 1], [2, 0, 1, 2])
+    """
+    period = sum(quotas)
+    given = [0] * len(quotas)
+    slots = np.empty(period, np.int32)
+    for t in range(1, period + 1):
+        best, due = -1, 0
+        for k, q in enumerate(quotas):
+            c = given[k]
+            if c < q and c * period < t * q:  # released: its sample may come at slot t
+                deadline = -(-(c + 1) * period // q)
+                if best < 0 or deadline < due:
+                    best, due = k, deadline
+        slots[t - 1] = best
+        given[best] += 1
+    return slots
+
+
+@dataclass(frozen=True)
+class Interleave:
+    """The counts of a periodic interleave: which source each mixed sample comes from, and how
+    many samples of each source precede it. Pure and O(1) per sample.
+
+    ``run`` consecutive samples form one slot (``run=1``: each sample is a slot): the
+    interleave schedules runs, so each source's count is exact within ±1 run.
+
+    >>> il = Interleave((2, 1))
+    >>> il.source_of(np.arange(6)).tolist(), il.count(1, np.array([0, 3, 6])).tolist()
+    ([0, 0, 1, 0, 0, 1], [0, 1, 2])
+    >>> runs = Interleave((2, 1), run=2)
+    >>> runs.source_of(np.arange(6)).tolist(), runs.count(1, np.array([4, 5, 6])).tolist()
+    ([0, 0, 0, 0, 1, 1], [0, 1, 2])
+    """
+
+    quotas: tuple[int, ...]
+    run: int = 1
+
+    @property
+    def period(self) -> int:
+        """Slots of one period (``sum(quotas)``; ``run`` samples each)."""
+        return sum(self.quotas)
+
+    @functools.cached_property
+    def _prefix(self) -> np.ndarray:
+        slots = interleave(self.quotas)
+        onehot = np.zeros((self.period + 1, len(self.quotas)), np.int64)
+        onehot[np.arange(1, self.period + 1), slots] = 1
+        return np.cumsum(onehot, axis=0)
+
+    def source_of(self, samples: np.ndarray) -> np.ndarray:
+        return interleave(self.quotas)[(np.asarray(samples) // self.run) % self.period]
+
+    def count(self, k: int, n: np.ndarray | int) -> np.ndarray:
+        """Samples of source ``k`` among the first ``n`` mixed samples."""
+        slots, rest = np.divmod(np.asarray(n, dtype=np.int64), self.run)
+        whole = (slots // self.period) * self.quotas[k] + self._prefix[slots % self.period, k]
+        if self.run == 1:
+            return whole
+        inside = interleave(self.quotas)[slots % self.period] == k  # the slot n lies in
+        return whole * self.run + np.where(inside, rest, 0)
+
+    def counts(self, n: int) -> list[int]:
+        return [int(self.count(k, n)) for k in range(len(self.quotas))]
+
+    def position_of(self, k: int, i: int) -> int:
+        """The mixed sample that is source ``k``'s ``i``-th (0-based)."""
+        slots = np.flatnonzero(interleave(self.quotas) == k)
+        slot, rest = divmod(i, self.run)
+        full, nth = divmod(slot, self.quotas[k])
+        return (full * self.period + int(slots[nth])) * self.run + rest
+
+
+def consumed(quotas: Mapping[str, int], offsets: Mapping[str, int], samples_per_epoch: int,
+             epoch: int, sample: int, run_length: int = 1) -> dict[str, int]:
+    """Samples of each source's stream taken before mixed sample ``sample`` of ``epoch``, by a
+    mix of these quotas and offsets (``state["order"]["mix"]``): pure, so a state alone says
+    where every source stands.
+
+    >>> consumed({"a": 2, "b": 1}, {"a": 0, "b": 5}, samples_per_epoch=6, epoch=1, sample=3)
+    {'a': 6, 'b': 8}
+    """
+    il = Interleave(tuple(quotas.values()), run_length)
+    per_epoch = il.counts(samples_per_epoch)
+    return {n: offsets[n] + epoch * per_epoch[k] + int(il.count(k, sample))
+            for k, n in enumerate(quotas)}
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A mixed read as runs, in stream order: run *i* is ``length[i]`` consecutive samples of
+    source ``source[i]``'s endless stream from its sample ``index[i]`` on. ``spans``, for a
+    read of consecutive mixed samples, is each source's ``(first index, count)``: its runs
+    then continue each other.
+
+    >>> runs = Runs(np.array([0, 0, 1]), np.array([5, 6, 0]), np.array([1, 2, 3])).merged()
+    >>> runs.source.tolist(), runs.index.tolist(), runs.length.tolist(), runs.indices(0).tolist()
+    ([0, 1], [5, 0], [3, 3], [5, 6, 7])
+    """
+
+    source: np.ndarray
+    index: np.ndarray
+    length: np.ndarray
+    spans: tuple[tuple[int, int], ...] | None = None  # (first, count) per source, if contiguous
+
+    def merged(self) -> Runs:
+        """Adjacent runs of one source that continue each other made one."""
+        if len(self.source) < 2:
+            return self
+        cont = (self.source[1:] == self.source[:-1]) & \
+            (self.index[1:] == self.index[:-1] + self.length[:-1])
+        if not cont.any():
+            return self
+        heads = np.flatnonzero(np.concatenate(([True], ~cont)))
+        return Runs(self.source[heads], self.index[heads], np.add.reduceat(self.length, heads))
+
+    def indices(self, k: int) -> np.ndarray:
+        """Source ``k``'s stream indices in this read, in stream order."""
+        if self.spans is not None:
+            first, count = self.spans[k]
+            return np.arange(first, first + count)
+        at = self.source == k
+        return _ranges(self.index[at], self.length[at])
+
+
+def _ranges(first: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The ranges ``[first[i], first[i] + length[i])`` one after the other.
+
+    >>> _ranges(np.array([5, 0]), np.array([2, 3])).tolist()
+    [5, 6, 0, 1, 2]
+    """
+    if len(first) == 1:
+        return np.arange(first[0], first[0] + length[0])
+    total = int(length.sum())
+    if total == len(first):  # runs of one sample
+        return first
+    begins = np.cumsum(length) - length
+    return np.repeat(first - begins, length) + np.arange(total)
+
+
+@dataclass(frozen=True)
+class MixOrder(Order):
+    """The (sequential) order of a mixed stream. Its "positions" are indices into the mix's
+    endless stream, ``epoch * samples_per_epoch + sample``, which :class:`MixedSource` maps to
+    each source's own order: the mix's epoch travels with every read.
+
+    Its "windows" are :attr:`Mix.window_samples`: reads are cut on them (as on a block
+    shuffle's windows), so each source reads whole windows of its own order."""
+
+    window_samples: int | None = None
+
+    @property
+    def window_rows(self) -> int | None:
+        return self.window_samples
+
+    def positions(self, epoch: int, samples: np.ndarray) -> np.ndarray:
+        samples = np.asarray(samples, dtype=np.int64)
+        if samples.size and (samples.min() < 0 or samples.max() >= self.num_rows):
+            raise IndexError(f"sample indices must lie in [0, {self.num_rows})")
+        return samples + epoch * self.num_rows
+
+
+def locate(il: Interleave, samples_per_epoch: int, per_epoch: list[int], offsets: list[int],
+           stream: np.ndarray) -> Runs:
+    """The :class:`Runs` of indices ``stream`` into a mix's endless stream: ``il``'s interleave,
+    ``samples_per_epoch`` mixed samples an epoch, of which ``per_epoch[k]`` from source ``k``,
+    whose stream is shifted by ``offsets[k]``.
+
+    A read of consecutive samples of one epoch (what the loader asks for) is computed per
+    slot of the interleave (``run_length`` samples), without per-sample arrays; any other
+    read per sample."""
+    stream = np.asarray(stream, dtype=np.int64)
+    n, sources = len(stream), len(per_epoch)
+    if n == 0:
+        return Runs(*(np.zeros(0, np.int64),) * 3)
+    epoch, first = divmod(int(stream[0]), samples_per_epoch)
+    if first + n <= samples_per_epoch and int(stream[-1] - stream[0]) == n - 1 and \
+            (n < 3 or bool(np.all(np.diff(stream) == 1))):
+        slot = first // il.run
+        table = interleave(il.quotas)  # one period, turned to begin at the first slot
+        count = (first + n - 1) // il.run + 1 - slot
+        which = np.tile(np.roll(table, -(slot % il.period)), -(-count // il.period))[:count]
+        if il.run == 1:  # a run per sample (cheaper than merging samples into runs)
+            source, length = which, np.ones(n, np.int64)
+        else:
+            new = np.concatenate(([0], np.flatnonzero(which[1:] != which[:-1]) + 1))
+            source = which[new]
+            start = (slot + new) * il.run
+            start[0] = first
+            length = np.diff(start, append=first + n)
+        index = np.empty(len(source), np.int64)
+        spans = []
+        for k in range(sources):  # a source's runs continue each other
+            at = np.flatnonzero(source == k)
+            begin = offsets[k] + epoch * per_epoch[k] + int(il.count(k, first))
+            given = np.cumsum(length[at])
+            index[at] = begin + given - length[at]
+            spans.append((begin, int(given[-1]) if len(at) else 0))
+        return Runs(source, index, length, tuple(spans))  # adjacent runs: other sources
+    epochs, samples = np.divmod(stream, samples_per_epoch)
+    source = il.source_of(samples).astype(np.int64)
+    index = np.empty_like(samples)
+    for k in range(sources):
+        at = source == k
+        index[at] = offsets[k] + epochs[at] * per_epoch[k] + il.count(k, samples[at])
+    return Runs(source, index, np.ones(n, np.int64)).merged()
+
+
+def check_weights(weights: Any, names: list[str]) -> dict[str, float]:
+    """``weights`` (``None``: equal) as ``{name: float}``, or an error that names the problem.
+
+    >>> check_weights({"a": np.int64(3), "b": 1.5}, ["a", "b"])
+    {'a': 3.0, 'b': 1.5}
+    >>> check_weights([1, 2], ["a", "b"])
+    Traceback (most recent call last):
+    ...
+    TypeError: weights must be a dict {source name: weight}, e.g. {'a': 1, 'b': 1}; got the list [1, 2]
+    """
+    if weights is None:
+        return dict.fromkeys(names, 1.0)
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights must be a dict {{source name: weight}}, e.g. "
+                        f"{dict.fromkeys(names, 1)}; got the {type(weights).__name__} {weights!r}")
+    if set(map(str, weights)) != set(names):
+        raise ValueError(f"weights name {sorted(map(str, weights))}, sources name {names}: give "
+                         "one weight per source (0 leaves a source out)")
+    out = {}
+    for name, w in weights.items():
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) \
+                or w < 0:
+            raise ValueError(f"the weight of source {name!r} must be a finite number >= 0, got "
+                             f"{w!r}")
+        out[str(name)] = float(w)
+    if not any(out.values()):
+        raise ValueError(f"weights are all 0 ({weights}): they must not all be 0; give at "
+                         "least one source a weight > 0")
+    return out

@@ -1,0 +1,291 @@
+"""Pipeline: a Loader's settings as plain data per stage, assembled once into what it runs.
+
+``Loader(...)`` groups its keywords into :class:`RowsSettings` (what to read),
+:class:`OrderSettings`, :class:`Batching`, :class:`Steps` (the transform and its error policy),
+:class:`Output` (the format, decided here and only here: what a worker makes, what the
+consumer finishes, where batches are placed) and :class:`Workers`; :meth:`Pipeline.assemble`
+checks them together, before any worker starts, and builds the chain: the rows (any kind of
+the rows protocol), the order, the worker's job (:class:`~lanceloader.engine.work.BatchWork`)
+and how streams read (:class:`~lanceloader.engine.stream.Reading`). ``MapDataset`` builds its
+rows from the same :class:`RowsSettings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from lanceloader.arguments import check_bool, check_numbers, check_seconds
+from lanceloader.batch.checks import check_bytes_for_tensors, check_output, check_schema
+from lanceloader.batch.output import Conversion
+from lanceloader.batch.transforms import (
+    DEFAULT_MAX_SKIP_FRACTION,
+    OnError,
+    as_transform,
+    check_on_error,
+    transform_name,
+)
+from lanceloader.engine.placement import check_placement
+from lanceloader.engine.processes import check_picklable, start_forkserver
+from lanceloader.engine.stream import (
+    DEFAULT_STALL_TIMEOUT,
+    Reading,
+    batches_per_read,
+    default_prefetch,
+    reads_in_flight,
+)
+from lanceloader.engine.work import BatchWork
+from lanceloader.ordering.order import Order
+from lanceloader.ordering.plan import Plan, read_tasks
+from lanceloader.rows.cache import MemoryCache
+from lanceloader.rows.lance import Source
+from lanceloader.rows.mixed import Mix
+from lanceloader.rows.packed import PackedSource, Packing
+from lanceloader.rows.protocol import RowSource
+from lanceloader.state.format import StreamSpec, check_keys, order_settings
+
+TENSOR_OUTPUTS = ("torch", "jax", "tf")
+_hinted: set[str] = set()
+
+
+@dataclass(frozen=True)
+class RowsSettings:
+    """What to read of a dataset: projection, filter, version, split, cache and packing."""
+
+    columns: list[str] | None = None
+    filter: str | None = None
+    version: int | str | None = None
+    storage_options: dict[str, str] | None = None
+    splits: dict[str, float] | None = None
+    split: str | None = None
+    split_key: str | None = None
+    cache: str | os.PathLike[str] | None = None
+    cache_size: int | None = None
+    pack: Packing | None = None
+
+    def build(self, dataset: Any) -> RowSource:
+        """The rows of ``dataset`` (a URI or ``lance.LanceDataset``): Lance rows, packed if
+        asked."""
+        if self.pack is not None and not isinstance(self.pack, Packing):
+            raise TypeError(f"pack must come from ll.pack(column, seq_len), got {self.pack!r}")
+        source = Source(dataset, **{f.name: getattr(self, f.name)
+                                    for f in dataclasses.fields(self) if f.name != "pack"})
+        return source if self.pack is None else PackedSource(source, self.pack)
+
+
+@dataclass(frozen=True)
+class OrderSettings:
+    shuffle: bool = False
+    shuffle_block_size: int = 1
+    shuffle_window: int | None = None
+    seed: int = 0
+
+    def build(self, num_rows: int) -> Order:
+        return Order.from_options(num_rows, self.shuffle, self.shuffle_block_size,
+                                  self.shuffle_window, self.seed)
+
+
+@dataclass(frozen=True)
+class Batching:
+    batch_size: int = 256
+    drop_last: bool = False
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The transform run on each batch in the workers, and what it does with a failed row."""
+
+    transform: Any = None
+    on_error: OnError = "raise"
+    max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION
+
+
+@dataclass(frozen=True)
+class Output:
+    """The output format (a :class:`Conversion`) and where batches go (``pin_memory``,
+    ``device``): the one place that decides what a worker returns and what the consumer
+    finishes."""
+
+    conversion: Conversion
+    placement: Any = None
+    explicit: bool = False  # given as a Conversion (which keeps bytes as lists for tensors)
+
+    @classmethod
+    def of(cls, output: str | Conversion, pin_memory: bool = False,
+           device: str | None = None) -> Output:
+        check_bool("pin_memory", pin_memory)
+        conversion = check_output(output)
+        return cls(conversion, check_placement(conversion.output, pin_memory, device),
+                   isinstance(output, Conversion))
+
+    def in_worker(self, worker_type: str) -> Conversion:
+        """What a worker makes: process workers return NumPy (through shared memory) and the
+        consumer makes tensors of it."""
+        if worker_type == "process" and self.conversion.output in TENSOR_OUTPUTS:
+            return dataclasses.replace(self.conversion, output="numpy")
+        return self.conversion
+
+
+@dataclass(frozen=True)
+class Workers:
+    num_workers: int | None = None
+    worker_type: str = "thread"
+    prefetch: int | None = None
+    rows_per_read: int | None = None
+    log_every: int | None = None
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The chain a Loader runs, built once by :meth:`assemble`."""
+
+    source: RowSource
+    order: Order
+    batching: Batching
+    steps: Steps
+    output: Output
+    workers: Workers
+    num_workers: int
+    batches_per_read: int
+
+    @classmethod
+    def assemble(cls, dataset: Any, rows: RowsSettings, order: OrderSettings,
+                 batching: Batching, steps: Steps, output: Output, workers: Workers
+                 ) -> Pipeline:
+        check_settings(order, batching, workers, output)
+        steps = dataclasses.replace(steps, transform=as_transform(steps.transform))
+        check_on_error(steps.on_error, steps.max_skip_fraction)
+        if isinstance(dataset, Mix):  # the mix sets the rows and their order
+            refuse_mix_settings(rows, order)
+            source: RowSource = dataset.source()
+            the_order: Order = source.order(order.seed)  # type: ignore[attr-defined]
+        else:
+            source = rows.build(dataset)
+            the_order = order.build(source.num_rows)
+        if workers.worker_type == "process" and isinstance(source.cache, MemoryCache):
+            raise ValueError("cache='memory' keeps pieces in one process's memory, and each "
+                             "process worker would fill a copy of its own: with "
+                             "worker_type='process' give a directory, e.g. "
+                             "cache='/dev/shm/lance-cache' (in RAM, shared by the workers)")
+        if steps.transform is None:
+            schema = source.schema_table().schema
+            check_schema(schema, output.conversion)
+            if not output.explicit:
+                check_bytes_for_tensors(schema, output.conversion.output)
+        random = the_order.random_reads or source.random_reads
+        per_read = (max(1, workers.rows_per_read // batching.batch_size) if workers.rows_per_read
+                    else batches_per_read(random, batching.batch_size,
+                                          steps.transform is not None, source.bytes_per_row))
+        pipeline = cls(source, the_order, batching, steps, output, workers,
+                       workers.num_workers or os.cpu_count() or 1, per_read)
+        if workers.worker_type == "process":
+            check_picklable(pipeline.work(), f"transform {transform_name(steps.transform)}")
+            start_forkserver()
+            hint_process_workers(pipeline.num_workers)
+        return pipeline
+
+    @property
+    def random_reads(self) -> bool:
+        """Whether reads are random takes underneath (a shuffle, or a mix of shuffled sources)."""
+        return self.order.random_reads or self.source.random_reads
+
+    def spec(self) -> StreamSpec:
+        """What a state of this pipeline's stream records besides the position."""
+        src, b = self.source, self.batching
+        return StreamSpec(
+            num_rows=src.num_rows, order=order_settings(src, self.order),
+            batch_size=b.batch_size, world_size=b.world_size, rank=b.rank,
+            drop_last=b.drop_last, uri=src.uri, version=src.version, dataset=src.identity,
+            columns=tuple(src.columns))
+
+    def resumed(self, state: Any, allow_changes: tuple[str, ...]
+                ) -> tuple[Pipeline, dict[str, Any], tuple[str, ...]]:
+        """The pipeline that continues ``state``, the state in its terms and the changes left to
+        check (``RowSource.resumed``: a mix whose weights changed continues with offsets, under
+        an order of its own made with this one's seed). Pure: nothing here changes."""
+        check_keys(state)
+        source, sample = self.source.resumed(state, allow_changes)
+        allow = tuple(a for a in allow_changes if a != "weights")
+        if source is self.source:
+            return self, state, allow
+        pipeline = dataclasses.replace(self, source=source,
+                                       order=source.order(self.order.seed))  # type: ignore[attr-defined]
+        spec = pipeline.spec()
+        return pipeline, {**state, "order": dict(spec.order), "fingerprint": spec.fingerprint,
+                          "dataset": spec.dataset, "uri": spec.uri, "sample": sample}, allow
+
+    def batch(self, epoch: int, plan: Plan, index: int) -> Any:
+        """Batch ``index`` of ``plan`` in ``epoch``, made in this process as the training loop
+        gets it (transform, final output, placement): what ``Loader.peek`` shows."""
+        task = next(read_tasks(epoch, plan, per_read=1, batches=range(index, index + 1)))
+        out = self.work(final=True)(task).batches[0]
+        return out if self.output.placement is None else self.output.placement(out)
+
+    def work(self, final: bool = False) -> BatchWork:
+        """What a worker does with a task; ``final``: in this process, to the final output."""
+        conversion = self.output.conversion if final else \
+            self.output.in_worker(self.workers.worker_type)
+        s = self.steps
+        return BatchWork(self.source, self.order, s.transform, conversion, False, s.on_error,
+                         s.max_skip_fraction)
+
+    def reading(self, workers: int) -> Reading:
+        """How streams read with ``workers`` workers: ``prefetch`` batches (the given one, or
+        the default for that many workers) in whole reads, at least one per worker."""
+        transform = self.steps.transform is not None
+        prefetch = self.workers.prefetch or default_prefetch(workers, self.batches_per_read,
+                                                             transform)
+        work = self.work()
+        return Reading(
+            work, workers, self.batches_per_read,
+            reads_in_flight(prefetch, self.batches_per_read, workers), self.workers.worker_type,
+            finish=self.output.conversion if work.conversion != self.output.conversion else None,
+            placement=self.output.placement, stall_timeout=self.workers.stall_timeout)
+
+
+def check_settings(order: OrderSettings, batching: Batching, workers: Workers,
+                   output: Output) -> None:
+    """The settings' own checks (each names the argument and what it takes)."""
+    check_bool("shuffle", order.shuffle)
+    check_bool("drop_last", batching.drop_last)
+    check_seconds("stall_timeout", workers.stall_timeout)
+    check_numbers(batch_size=batching.batch_size, shuffle_block_size=order.shuffle_block_size,
+                  seed=order.seed, shuffle_window=order.shuffle_window,
+                  num_workers=workers.num_workers, prefetch=workers.prefetch,
+                  rows_per_read=workers.rows_per_read, log_every=workers.log_every)
+    if workers.worker_type not in ("thread", "process"):
+        raise ValueError(f"worker_type must be 'thread' or 'process', got "
+                         f"{workers.worker_type!r}")
+
+
+def refuse_mix_settings(rows: RowsSettings, order: OrderSettings) -> None:
+    """A mix takes what to read and its order from its sources: say so for any given here."""
+    given = [f.name for f in dataclasses.fields(rows) if getattr(rows, f.name) is not None]
+    given += [name for name, value, default in (
+        ("shuffle", order.shuffle, False), ("shuffle_block_size", order.shuffle_block_size, 1),
+        ("shuffle_window", order.shuffle_window, None)) if value != default]
+    if given:
+        raise ValueError(
+            f"Loader(Mix(...)) got {', '.join(given)}: a mix takes what to read and in which "
+            "order from each source's own Loader (columns, filter, split, cache, pack, "
+            "shuffle), and interleaves those orders in exact proportions; set them on the "
+            "source Loaders")
+
+
+def hint_process_workers(workers: int) -> None:
+    """Say once per process when there are more process workers than cores: each is a whole
+    interpreter, and they take turns on the cores (4 on 2 cores ran 2.3x slower than 2)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
+    if workers > cores and "process-workers" not in _hinted:
+        _hinted.add("process-workers")
+        warnings.warn(
+            f"num_workers={workers} process workers on {cores} cores: the processes take turns "
+            f"on the cores (4 on 2 cores ran 2.3x slower than 2); pass num_workers={cores} or "
+            "fewer (this hint is shown once)", UserWarning, stacklevel=4)

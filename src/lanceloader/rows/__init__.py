@@ -1,0 +1,1 @@
+"""Rows: what a source of rows is (the protocol) and every kind of rows."""

@@ -1,0 +1,179 @@
+"""The rows protocol: what every kind of rows is, and what a read of them returns.
+
+A *source of rows* (:class:`RowSource`) has ``num_rows`` positions per epoch, ``[0, num_rows)``,
+and reads any array of them, in that order, as :class:`Read`: the rows plus what the read cost.
+Every kind of rows implements it and may wrap another: ``Source`` (one pinned Lance dataset,
+filter, split, cache), ``PackedSource`` (packed token rows of any source), ``OrderedSource`` (a
+source read through its own order and row-preserving transform: what a mix draws from) and
+``MixedSource`` (an exact interleave of ordered sources). The Loader, the engine and the state
+never ask which kind they hold.
+
+What each member is for:
+
+* ``num_rows``, ``schema_table()`` (an empty table of what reads return), ``columns``;
+* ``bytes_per_row``: Arrow bytes per row, which sizes reads (``engine/stream.py``);
+* ``random_reads``: whether a read of consecutive positions is random takes underneath (a mix
+  of shuffled sources), which sizes reads like a shuffle;
+* ``settings()``: JSON-safe settings that define which rows the positions are, for the state
+  and its fingerprint (``state/format.py``): filter, split, packing, mix;
+* ``uri``, ``version``, ``identity``: the dataset (or ``mix:...`` and ``None`` for a mix);
+* ``cache``: the cache the rows are read through, or ``None``; ``plan_origin``;
+* ``padding_fraction``: the share of padding tokens of packed rows, ``None`` when not packed;
+* ``read_rows(positions, epoch)``: exactly ``len(positions)`` rows in that order (a
+  :class:`Pieces` or a table), raising ``ReadError`` on a failed read;
+* ``describe_rows(positions)``: where positions lie, for error messages;
+* ``resumed(state, allow_changes)``: the rows that continue a (checked) state and its sample:
+  itself, or for a mix whose weights changed, the mix with offsets (pure: refusing a state
+  changes nothing).
+
+Nestings: a packed source wraps Lance rows; a mix holds ordered sources of Lance or packed rows.
+A mix inside a mix and a packing of a mix are refused (a mix has no storage order to pack
+documents in, and a mix of mixes is one mix with multiplied weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class Read:
+    """What a read of rows returns: the rows (exactly one per position, in order) and what the
+    read cost: Lance's bytes and IOPS, and the rows served by the cache."""
+
+    rows: pa.Table | Pieces
+    io_bytes: int = 0
+    io_iops: int = 0
+    rows_cached: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows.num_rows
+
+
+@runtime_checkable
+class RowSource(Protocol):
+    """The contract every kind of rows keeps (see the module's text)."""
+
+    uri: str
+    version: int | None
+    identity: str | None
+    columns: list[str]
+    cache: Any
+    plan_origin: str
+    bytes_per_row: float
+    random_reads: bool
+
+    @property
+    def num_rows(self) -> int: ...
+
+    @property
+    def padding_fraction(self) -> float | None: ...
+
+    def schema_table(self) -> pa.Table: ...
+
+    def settings(self) -> dict[str, Any]: ...
+
+    def read_rows(self, positions: np.ndarray, epoch: int = 0) -> Read: ...
+
+    def describe_rows(self, positions: np.ndarray) -> str: ...
+
+    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
+                ) -> tuple[RowSource, int]: ...
+
+
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A table of no rows with ``schema``, extension types included (Arrow cannot make an
+    empty ``fixed_shape_tensor`` with a permutation, what ``decode_images(layout="CHW")``
+    writes, from a sequence: it is made from its storage).
+
+    >>> t = pa.fixed_shape_tensor(pa.uint8(), (2, 3), permutation=[1, 0])
+    >>> empty_table(pa.schema([("x", t)])).num_rows
+    0
+    """
+    def empty(typ: pa.DataType) -> pa.Array:
+        if isinstance(typ, pa.BaseExtensionType):
+            return pa.ExtensionArray.from_storage(typ, empty(typ.storage_type))
+        return pa.array([], type=typ)
+    return pa.table([empty(f.type) for f in schema], schema=schema)
+
+
+def read_table(source: RowSource, positions: np.ndarray) -> pa.Table:
+    """The rows of ``source`` at ``positions`` as one table (no copy of Lance's chunks)."""
+    return as_table(source.read_rows(np.asarray(positions, dtype=np.int64)).rows)
+
+
+def sorted_unique(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``positions`` sorted and deduplicated, and where each request lies in them (``None``
+    when they already were: strictly increasing, the common case, costs no sort).
+
+    >>> sorted_unique(np.array([1, 2, 5]))[1] is None, sorted_unique(np.array([5, 1, 5]))[1]
+    (True, array([1, 0, 1]))
+    """
+    if len(positions) < 2 or bool(np.all(positions[1:] > positions[:-1])):
+        return positions, None
+    return np.unique(positions, return_inverse=True)
+
+
+def inverse_permutation(placed: np.ndarray) -> np.ndarray:
+    """The inverse of the permutation ``placed`` (row ``i`` goes to place ``placed[i]``): taking
+    it from the rows puts each in its place."""
+    where = np.empty_like(placed)
+    where[placed] = np.arange(len(placed))
+    return where
+
+
+def is_identity(order: np.ndarray) -> bool:
+    return bool(len(order) == 0 or (order[0] == 0 and np.all(np.diff(order) == 1)))
+
+
+def to_record_batch(table: pa.Table) -> pa.RecordBatch:
+    """A table as one RecordBatch; copies only when it has several chunks."""
+    batches = table.to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
+    return table.combine_chunks().to_batches()[0]
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A read's rows as runs of a few record batches, in order, not yet copied into one table:
+    what a mix with long runs of one source reads (:func:`lanceloader.rows.mixed.mixed_rows`).
+
+    ``runs`` are ``(batch, start, length)``: rows ``[start, start + length)`` of
+    ``batches[batch]``. The worker converts each of ``batches`` once and hands out every batch
+    of the task that lies within one run as a slice of that conversion (no copy), as it does
+    with a single source's chunks; :meth:`table` is the same rows as one table (slices, no copy)
+    for the rest.
+
+    >>> t = pa.record_batch({"x": [0, 1, 2, 3]})
+    >>> Pieces([t], [(0, 2, 2), (0, 0, 2)]).table()["x"].to_pylist()
+    [2, 3, 0, 1]
+    """
+
+    batches: list[pa.RecordBatch]
+    runs: list[tuple[int, int, int]]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(n for _, _, n in self.runs)
+
+    @property
+    def bytes_per_row(self) -> float:
+        """Arrow bytes per row of the record batches (what a run's rows average)."""
+        return sum(b.nbytes for b in self.batches) / max(1, sum(len(b) for b in self.batches))
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_batches([self.batches[b].slice(s, n) for b, s, n in self.runs],
+                                     schema=self.batches[0].schema)
+
+
+def as_table(rows: pa.Table | Pieces) -> pa.Table:
+    """The rows of a source's read as one table (a :class:`Pieces` joined, no copy)."""
+    return rows.table() if isinstance(rows, Pieces) else rows

@@ -1,0 +1,1 @@
+"""State: the cursor and the checkpoint format."""

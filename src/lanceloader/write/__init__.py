@@ -1,0 +1,1 @@
+"""Data in: convert, materialize and the demo dataset."""
