@@ -89,7 +89,10 @@ class Loader:
         output: ``"numpy"``, ``"torch"``, ``"jax"``, ``"tf"``, ``"arrow"``, ``"python"``, or
             an ``ll.Conversion`` (nulls, ragged lists, strings, casts).
         pin_memory: torch output: page-lock batches (a warning where there is no CUDA).
-        device: torch output: copy batches to this device (e.g. ``"cuda"``), without blocking.
+        device: copy batches to this device ahead of use: torch output, e.g. ``"cuda"``; JAX
+            output, a ``jax.Device`` or ``Sharding`` (:mod:`lanceloader.engine.device`).
+        device_prefetch, device_prefetch_bytes: batches ahead on the device, at most that many
+            and bytes; default 2 and 1 GiB (``prefetch`` counts batches made on the host).
         num_workers: worker threads; default the number of cores.
         worker_type: ``"thread"`` (Lance, Arrow and most decoders release the GIL) or
             ``"process"`` (pure-Python transforms; a clean forkserver, shared memory).
@@ -116,7 +119,8 @@ class Loader:
         shuffle_block_size: int = 1, shuffle_window: int | None = None, seed: int = 0,
         drop_last: bool = False, transform: Transform | list[Transform] | None = None,
         on_error: OnError = "raise", max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
-        output: str | Conversion = "numpy", pin_memory: bool = False, device: str | None = None,
+        output: str | Conversion = "numpy", pin_memory: bool = False, device: Any = None,
+        device_prefetch: int | None = None, device_prefetch_bytes: int | None = None,
         num_workers: int | None = None, worker_type: str = "thread", prefetch: int | None = None,
         rank: int | None = None, world_size: int | None = None,
         rows_per_read: int | None = None, log_every: int | None = None,
@@ -130,7 +134,7 @@ class Loader:
             OrderSettings(shuffle, shuffle_block_size, shuffle_window, seed),
             Batching(batch_size, drop_last, rank, world_size),
             Steps(transform, on_error, max_skip_fraction),
-            Output.of(output, pin_memory, device),
+            Output.of(output, pin_memory, device, device_prefetch, device_prefetch_bytes),
             Workers(num_workers, worker_type, prefetch, rows_per_read, log_every, stall_timeout))
         self.recorder = Recorder()
         self._cursor = Cursor(self._pipeline.spec())
@@ -261,7 +265,7 @@ class Loader:
 
     def reading(self, workers: int) -> Reading:
         """How this loader's streams read with ``workers`` workers (see ``pipeline.py``)."""
-        return self._pipeline.reading(workers)
+        return self._pipeline.reading(workers, self.recorder)
 
     # --- stats and tracing --------------------------------------------------------------
 

@@ -28,8 +28,9 @@ from lanceloader.batch.transforms import (
     check_on_error,
     transform_name,
 )
-from lanceloader.engine.placement import check_placement
+from lanceloader.engine.device import Placement, check_placement
 from lanceloader.engine.processes import check_picklable, start_forkserver
+from lanceloader.engine.stats import Recorder
 from lanceloader.engine.stream import (
     DEFAULT_STALL_TIMEOUT,
     Reading,
@@ -108,20 +109,22 @@ class Steps:
 @dataclass(frozen=True)
 class Output:
     """The output format (a :class:`Conversion`) and where batches go (``pin_memory``,
-    ``device``): the one place that decides what a worker returns and what the consumer
-    finishes."""
+    ``device`` and the device prefetch bounds: a :class:`~lanceloader.engine.device.Placement`):
+    the one place that decides what a worker returns and what the consumer finishes."""
 
     conversion: Conversion
-    placement: Any = None
+    placement: Placement | None = None
     explicit: bool = False  # given as a Conversion (which keeps bytes as lists for tensors)
 
     @classmethod
-    def of(cls, output: str | Conversion, pin_memory: bool = False,
-           device: str | None = None) -> Output:
+    def of(cls, output: str | Conversion, pin_memory: bool = False, device: Any = None,
+           device_prefetch: int | None = None, device_prefetch_bytes: int | None = None
+           ) -> Output:
         check_bool("pin_memory", pin_memory)
         conversion = check_output(output)
-        return cls(conversion, check_placement(conversion.output, pin_memory, device),
-                   isinstance(output, Conversion))
+        placement = check_placement(conversion.output, pin_memory, device, device_prefetch,
+                                    device_prefetch_bytes)
+        return cls(conversion, placement, isinstance(output, Conversion))
 
     def in_worker(self, worker_type: str) -> Conversion:
         """What a worker makes: process workers return NumPy (through shared memory) and the
@@ -225,7 +228,7 @@ class Pipeline:
         gets it (transform, final output, placement): what ``Loader.peek`` shows."""
         task = next(read_tasks(epoch, plan, per_read=1, batches=range(index, index + 1)))
         out = self.work(final=True)(task).batches[0]
-        return out if self.output.placement is None else self.output.placement(out)
+        return out if self.output.placement is None else self.output.placement.place(out)
 
     def work(self, final: bool = False) -> BatchWork:
         """What a worker does with a task; ``final``: in this process, to the final output."""
@@ -235,18 +238,27 @@ class Pipeline:
         return BatchWork(self.source, self.order, s.transform, conversion, False, s.on_error,
                          s.max_skip_fraction)
 
-    def reading(self, workers: int) -> Reading:
+    def reading(self, workers: int, recorder: Recorder | None = None) -> Reading:
         """How streams read with ``workers`` workers: ``prefetch`` batches (the given one, or
-        the default for that many workers) in whole reads, at least one per worker."""
+        the default for that many workers) in whole reads, at least one per worker. With a
+        device, each stream gets a device queue (its stats go to ``recorder``): thread workers
+        stage and register their batches in it, the consumer takes them on arrival."""
         transform = self.steps.transform is not None
         prefetch = self.workers.prefetch or default_prefetch(workers, self.batches_per_read,
                                                              transform)
-        work = self.work()
+        work: BatchWork = self.work()
+        finish = self.output.conversion if work.conversion != self.output.conversion else None
+        placement = self.output.placement
+        arrive = None
+        if placement is not None:
+            queue = placement.queue(recorder)
+            arrive = queue.arrive
+            if self.workers.worker_type == "thread":
+                work = placement.work(work, queue)
         return Reading(
             work, workers, self.batches_per_read,
             reads_in_flight(prefetch, self.batches_per_read, workers), self.workers.worker_type,
-            finish=self.output.conversion if work.conversion != self.output.conversion else None,
-            placement=self.output.placement, stall_timeout=self.workers.stall_timeout)
+            finish=finish, placement=arrive, stall_timeout=self.workers.stall_timeout)
 
 
 def check_settings(order: OrderSettings, batching: Batching, workers: Workers,

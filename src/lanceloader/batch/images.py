@@ -4,18 +4,30 @@
 ``on_error="skip"`` drops) that returns Arrow, so it chains with the other transforms and feeds
 every output format. JPEGs go through simplejpeg (libjpeg-turbo) when it is installed, decoded
 straight into the batch's array; everything else through Pillow.
+
+With ``device="cuda"`` a worker thread decodes the batch's JPEGs on the GPU in one batched call
+(torchvision's ``decode_jpeg(list, device=...)``, on a CUDA stream of the thread's own), then
+resizes (bilinear, antialiased) and normalises there with torch ops; what the GPU decoder
+refuses (PNG, CMYK, corrupt files) is decoded on the CPU as above, at full size, and joins the
+batch before the resize, so every row goes through the same resize; a row that fails on the CPU
+too is a row error as always. The result is a dict holding a CUDA tensor, ready for the step,
+so this transform comes last. The worker waits for its stream before handing the batch over.
 """
 
 from __future__ import annotations
 
 import io
+import multiprocessing
+import threading
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from lanceloader.batch.tensors import import_framework
 from lanceloader.batch.transforms import (
     BatchTransform,
     ErrorPolicy,
@@ -26,6 +38,7 @@ from lanceloader.batch.transforms import (
 )
 
 _CHANNELS = {"RGB": 3, "L": 1}
+JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 @dataclass(frozen=True)
@@ -41,8 +54,11 @@ class DecodeImages(BatchTransform):
     backend: str
     output_column: str
     layout: str = "HWC"
+    device: str | None = None  # "cuda:N": decode on that GPU
 
-    def apply(self, batch: pa.RecordBatch, errors: ErrorPolicy) -> pa.RecordBatch:
+    def apply(self, batch: pa.RecordBatch, errors: ErrorPolicy) -> Any:
+        if self.device is not None:
+            return decode_on_device(self, batch, errors)
         source = f"decode_images({self.column!r})"
         col = check_column(batch, self.column, ("binary", "large_binary"), "decode_images")
         out: np.ndarray | None = None
@@ -51,7 +67,7 @@ class DecodeImages(BatchTransform):
         for i, data in enumerate(col.to_pylist()):
             try:
                 slot = out[len(kept)] if out is not None else None
-                image = decode(data, slot)
+                image = decode(data, slot, self.size)
                 if out is None:
                     out = np.empty((len(col), *image.shape), np.uint8)
                     out[0] = image
@@ -77,18 +93,20 @@ class DecodeImages(BatchTransform):
             rows, self.output_column, tensor_array(images.astype(self.dtype, copy=False))
         )
 
-    def _decode(self, data: bytes | None, into: np.ndarray | None) -> np.ndarray:
-        """One image as ``[H, W, C]`` uint8; decoded straight into ``into`` where it fits."""
+    def _decode(self, data: bytes | None, into: np.ndarray | None,
+                size: tuple[int, int] | None) -> np.ndarray:
+        """One image as ``[H, W, C]`` uint8 of ``size`` (None: its own); decoded straight into
+        ``into`` where it fits."""
         if data is None:
             raise ValueError(f"column {self.column!r} is null in this row")
-        if self.backend != "pil" and data[:3] == b"\xff\xd8\xff":
+        if self.backend != "pil" and data[:3] == JPEG_MAGIC:
             try:
-                return _decode_simplejpeg(data, self.size, self.mode, into)
+                return _decode_simplejpeg(data, size, self.mode, into)
             except Exception:
                 if self.backend == "simplejpeg":
                     raise
                 # A JPEG that libjpeg-turbo's fast path refuses (e.g. CMYK): Pillow may manage.
-        return _decode_pil(data, self.size, self.mode)
+        return _decode_pil(data, size, self.mode)
 
 
 def decode_images(
@@ -102,6 +120,7 @@ def decode_images(
     backend: str = "auto",
     output_column: str | None = None,
     layout: str = "HWC",
+    device: str | None = None,
 ) -> DecodeImages:
     """A transform that decodes the encoded images of ``column`` into one tensor column.
 
@@ -118,6 +137,11 @@ def decode_images(
         output_column: where the ``[N, H, W, C]`` tensor goes; default replaces ``column``.
         layout: ``"HWC"`` (default, ``[N, H, W, C]``) or ``"CHW"`` (``[N, C, H, W]``, what
             PyTorch's convolutions take).
+        device: ``"cuda"`` (or ``"cuda:N"``) decodes the JPEGs on that GPU and resizes and
+            normalises there (see the module text): the transform then returns a dict whose
+            ``output_column`` is a CUDA tensor, so put it last, use thread workers (the
+            default) and ``output="torch"``. Needs torchvision and CUDA. Within a few levels
+            of 255 of the CPU path (:data:`DEVICE_TOLERANCE`), the same in every run.
 
     A row whose image fails to decode is a row error (``on_error="skip"`` drops it).
 
@@ -154,7 +178,7 @@ def decode_images(
         raise ValueError(f"std must not contain 0, got {std!r}")
     return DecodeImages(
         column, _check_size(size), mode, dtype, stats["mean"], stats["std"], backend,
-        output_column or column, layout,
+        output_column or column, layout, _check_device(device),
     )  # fmt: skip
 
 
@@ -242,3 +266,198 @@ def _resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     pil = Image.fromarray(image[..., 0] if image.shape[2] == 1 else image)
     array = np.asarray(pil.resize((size[1], size[0]), Image.Resampling.BILINEAR))
     return array[..., None] if array.ndim == 2 else array
+
+
+# --- on the GPU ----------------------------------------------------------------------------------
+
+# The GPU path's largest mean absolute difference per image from the CPU path, in levels of 255
+# (uint8, resized): the CPU path's simplejpeg scales JPEGs down while decoding (DCT scaling)
+# and differs from its Pillow backend by as much (5.8 for 256x256 to 224x224, measured); the GPU
+# decodes whole, then resizes as Pillow does (bilinear, antialiased): within 1.2 of backend="pil"
+# on the CPU (tests/test_device.py).
+DEVICE_TOLERANCE = 6.0
+
+
+def _check_device(device: str | None) -> str | None:
+    """``None``/``"cpu"``: the CPU path; ``"cuda[:N]"``: that GPU, resolved to an index now, in
+    the constructing (training) thread, whose current device a bare "cuda" means."""
+    if device is None or device == "cpu":
+        return None
+    if not isinstance(device, str) or not device.startswith("cuda"):
+        raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    torch = import_framework("torch")
+    try:
+        import torchvision.io  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"decode_images(device={device!r}) decodes with torchvision: pip install torchvision "
+            f"(the build matching torch {torch.__version__}, from the same index), or decode on "
+            "the CPU with device=None") from exc
+    if not torch.cuda.is_available():
+        raise ValueError(f"decode_images(device={device!r}) but this machine has no CUDA device "
+                         f"(torch {torch.__version__}); decode on the CPU with device=None")
+    target = torch.device(device)
+    index = torch.cuda.current_device() if target.index is None else target.index
+    return f"cuda:{index}"
+
+
+_streams = threading.local()  # each worker thread decodes on a CUDA stream of its own
+
+
+def _thread_stream(device: Any) -> Any:
+    torch = import_framework("torch")
+    streams = _streams.__dict__.setdefault("by_device", {})
+    if device.index not in streams:
+        streams[device.index] = torch.cuda.Stream(device)
+    return streams[device.index]
+
+
+def decode_on_device(d: DecodeImages, batch: pa.RecordBatch, errors: ErrorPolicy
+                     ) -> dict[str, Any]:
+    """:meth:`DecodeImages.apply` on the GPU ``d.device``: the batch as a dict whose
+    ``d.output_column`` is a CUDA tensor and whose other columns are Arrow (kept rows)."""
+    if multiprocessing.current_process().name.startswith("lanceloader-process-"):
+        raise RuntimeError(
+            f"decode_images(device={d.device!r}) runs in thread workers: a process worker "
+            "cannot hand CUDA tensors to the training process; pass worker_type='thread' (the "
+            "default), or decode on the CPU with device=None")
+    torch = import_framework("torch")
+    source = f"decode_images({d.column!r})"
+    col = check_column(batch, d.column, ("binary", "large_binary"), "decode_images")
+    device = torch.device(d.device)
+    cuda = device.type == "cuda"  # else only the CPU fallback runs (what the tests can run)
+    encoded = _encoded(col)
+    images: list[Any] = [None] * len(encoded)
+    jpegs = [i for i, e in enumerate(encoded) if cuda and e is not None and _gpu_decodable(e)]
+    stream = _thread_stream(device) if cuda else None
+    with torch.cuda.device(device) if cuda else nullcontext(), \
+            torch.cuda.stream(stream) if cuda else nullcontext():
+        on_gpu = [torch.from_numpy(encoded[i]) for i in jpegs]
+        for i, image in zip(jpegs, gpu_decode(on_gpu, d.mode, device), strict=True):
+            images[i] = image
+        first: tuple[int, ...] | None = None
+        for i in range(len(images)):
+            try:
+                if images[i] is None:  # not a JPEG, or refused by the GPU: the CPU path
+                    array = d._decode(col[i].as_py(), None, None)
+                    images[i] = torch.from_numpy(array).permute(2, 0, 1).to(device)
+                first = first or tuple(images[i].shape)
+                if d.size is None and tuple(images[i].shape) != first:
+                    raise ValueError(
+                        f"image is {images[i].shape[2]}x{images[i].shape[1]}, the batch's first "
+                        f"is {first[2]}x{first[1]}; pass size=(H, W) to resize every image")
+            except Exception as exc:
+                images[i] = None
+                errors.row_failed(exc, i, lambda i=i: row_at(batch, i), source)
+        kept = [i for i, image in enumerate(images) if image is not None]
+        out = finish_images([images[i] for i in kept], d.size, d.dtype, d.mean, d.std,
+                            d.layout, _CHANNELS[d.mode], device)
+        if cuda:  # the loop reads it on its own stream: until the device stage records that
+            # one (Loader(device=...)), keep the memory from this stream's reuse until the
+            # default stream is done with it.
+            out.record_stream(torch.cuda.default_stream(device))
+    if stream is not None:
+        stream.synchronize()  # this worker waits, so the batch it hands over is complete
+    rows = batch if len(kept) == batch.num_rows else batch.take(pa.array(kept, pa.int64()))
+    columns: dict[str, Any] = {name: rows.column(name) for name in rows.schema.names}
+    columns[d.output_column] = out
+    return columns
+
+
+def _encoded(col: pa.Array) -> list[np.ndarray | None]:
+    """Each row's bytes as a uint8 array viewing the Arrow buffer (None for a null)."""
+    import_framework("torch")  # silences torch's warning for wrapping read-only buffers
+    offsets_type = np.int64 if pa.types.is_large_binary(col.type) else np.int32
+    _, offsets_buffer, data_buffer = col.buffers()
+    offsets = np.frombuffer(offsets_buffer, offsets_type)[col.offset:col.offset + len(col) + 1]
+    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else \
+        np.empty(0, np.uint8)
+    valid = col.is_valid().to_numpy(zero_copy_only=False)
+    return [data[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(col))]
+
+
+# Start-of-frame markers: the segment that says how many colour components a JPEG has.
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def _gpu_decodable(data: np.ndarray) -> bool:
+    """A JPEG of 1 or 3 components (4 is CMYK or YCCK, which the CPU path converts right):
+    the segments are walked by their lengths up to the frame header.
+
+    >>> header = bytes.fromhex("ffd8 ffc0 0011 08 0001 0001 03")  # SOF0: 1x1, 3 components
+    >>> _gpu_decodable(np.frombuffer(header, np.uint8))
+    True
+    """
+    if len(data) < 4 or bytes(data[:3]) != JPEG_MAGIC:
+        return False
+    i = 2
+    while i + 9 < len(data):
+        if data[i] != 0xFF:
+            return False  # not at a marker: let the decoders judge
+        marker = int(data[i + 1])
+        if marker in _SOF:
+            return int(data[i + 9]) in (1, 3)
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        i += 2 + (int(data[i + 2]) << 8 | int(data[i + 3]))
+    return False
+
+
+def gpu_decode(encoded: list[Any], mode: str, device: Any) -> list[Any]:
+    """JPEGs (uint8 CPU tensors) as ``[C, H, W]`` uint8 tensors on ``device``, in one batched
+    call; ``None`` for each that the GPU decoder refuses (a refusal fails the whole call, which
+    is then retried one image at a time)."""
+    if not encoded:
+        return []
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    read_mode = ImageReadMode.RGB if mode == "RGB" else ImageReadMode.GRAY
+    try:
+        return list(decode_jpeg(encoded, mode=read_mode, device=device))
+    except RuntimeError:
+        out: list[Any] = []
+        for data in encoded:
+            try:
+                out.append(decode_jpeg(data, mode=read_mode, device=device))
+            except RuntimeError:
+                out.append(None)
+        return out
+
+
+def finish_images(images: list[Any], size: tuple[int, int] | None, dtype: str,
+                  mean: Sequence[float] | None, std: Sequence[float] | None, layout: str,
+                  channels: int, device: Any = None) -> Any:
+    """``[C, H, W]`` uint8 tensors (on any device) as one batch tensor, as the CPU path makes
+    it: resized to ``size`` (bilinear, antialiased, rounded to uint8), then ``float32``
+    normalised ``(pixel / 255 - mean) / std``, in ``layout``. Torch ops only, so the GPU path's
+    arithmetic is tested on the CPU too.
+
+    >>> import torch
+    >>> finish_images([torch.full((3, 4, 4), 255, dtype=torch.uint8)], (2, 2), "float32",
+    ...               [0.5] * 3, [0.5] * 3, "HWC", 3).shape
+    torch.Size([1, 2, 2, 3])
+    """
+    torch = import_framework("torch")
+    if not images:
+        h, w = size or (1, 1)
+        out = torch.empty((0, channels, h, w), dtype=torch.uint8, device=device)
+    else:
+        if size is not None:
+            images = [image if tuple(image.shape[1:]) == size else _resize_tensor(image, size)
+                      for image in images]
+        out = torch.stack(images)
+    if dtype == "float32":
+        m = torch.tensor(mean if mean is not None else [0.0] * channels, device=out.device)
+        s = torch.tensor(std if std is not None else [1.0] * channels, device=out.device)
+        out = out.to(torch.float32) * (1.0 / (255.0 * s)).view(1, -1, 1, 1) - \
+            (m / s).view(1, -1, 1, 1)
+    return out.permute(0, 2, 3, 1).contiguous() if layout == "HWC" else out
+
+
+def _resize_tensor(image: Any, size: tuple[int, int]) -> Any:
+    torch = import_framework("torch")
+    resized = torch.nn.functional.interpolate(
+        image[None].to(torch.float32), size=size, mode="bilinear", antialias=True,
+        align_corners=False)
+    return resized[0].round_().clamp_(0, 255).to(torch.uint8)

@@ -7,7 +7,9 @@ delivered, Lance's own I/O counters (bytes, IOPS, effective bandwidth), time per
 verdict naming the bottleneck with one concrete suggestion.
 
 Workers time their stages and hand the numbers back with each task (plain data, so process
-workers can too); the consumer records them with one lock per task and one per batch. When a
+workers can too); the consumer records them with one lock per task and one per batch. The
+device stage (``device=``, ``engine/device.py``) records its copies: batches, bytes, the copies'
+time and the part of it the training step did not hide, and the most batches ahead on the device. When a
 trace is requested, every span also becomes a Chrome / Perfetto event, one lane per worker thread
 and one for the training loop.
 
@@ -45,8 +47,10 @@ from typing import Any
 COUNTERS = (
     "batches", "rows", "nbytes", "wall_s", "read_s", "transform_s", "convert_s", "wait_s",
     "step_s", "rows_read", "rows_skipped", "rows_cached", "io_bytes", "io_iops", "depth_sum",
-    "depth_samples",
+    "depth_samples", "copy_batches", "copy_bytes", "copy_s", "copy_exposed_s", "copies_late",
+    "device_ahead_max", "device_ahead_bytes_max",
 )
+MAXIMA = ("device_ahead_max", "device_ahead_bytes_max")  # the most at any time, not sums
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,16 @@ class Stats:
     bottleneck: Verdict = field(compare=False)
     rows_cached: int = 0  # rows read from the loader's cache (``cache=``), not from storage
     padding_fraction: float | None = None  # with ``pack=``: padding tokens of the packed rows
+    # The device stage (``device=``, engine/device.py): batches and bytes copied; the copies'
+    # time (CUDA: device time) and the part of it the consumer's stream waited for; copies
+    # issued only on arrival (nothing ahead); the most batches and bytes ahead on the device.
+    copy_batches: int = 0
+    copy_bytes: int = 0
+    copy_s: float = 0.0
+    copy_exposed_s: float = 0.0
+    copies_late: int = 0
+    device_ahead_max: int = 0
+    device_ahead_bytes_max: int = 0
 
     @property
     def rows_per_s(self) -> float:
@@ -101,6 +115,12 @@ class Stats:
         return 1000 * self.io_iops / self.rows_read if self.rows_read else 0.0
 
     @property
+    def copy_hidden(self) -> float | None:
+        """The share of the device copies' time that the training step hid (the consumer's
+        stream did not wait for it); ``None`` before any timed copy."""
+        return 1.0 - self.copy_exposed_s / self.copy_s if self.copy_s > 0 else None
+
+    @property
     def io_bandwidth(self) -> float:
         """Bytes/s that Lance read from storage while workers were reading."""
         busy = self.read_s / max(1, self.workers)
@@ -110,7 +130,7 @@ class Stats:
         d = asdict(self)
         d["bottleneck"] = asdict(self.bottleneck)
         d.update(rows_per_s=self.rows_per_s, bytes_per_s=self.bytes_per_s,
-                 io_bandwidth=self.io_bandwidth,
+                 io_bandwidth=self.io_bandwidth, copy_hidden=self.copy_hidden,
                  requests_per_1000_rows=self.requests_per_1000_rows)
         return d
 
@@ -137,6 +157,14 @@ class Stats:
                      f"{self.rows_skipped:,} + prefetched, not delivered {self.rows_undelivered:,}"),
             ("queue", f"{self.queue_depth_mean:.1f} reads in flight on average"),
         ]
+        if self.copy_batches:
+            hidden = (f"{100 * self.copy_hidden:.0f}% hidden behind the step"
+                      if self.copy_hidden is not None else "not timed")
+            rows.append(("device", (
+                f"{self.copy_batches:,} batches, {self.copy_bytes / 1e6:,.1f} MB copied in "
+                f"{1000 * self.copy_s:,.1f} ms, {hidden}; up to {self.device_ahead_max} batches "
+                f"({self.device_ahead_bytes_max / 1e6:,.1f} MB) ahead, {self.copies_late:,} "
+                "copied on arrival")))
         if self.padding_fraction is not None:
             rows.append(("packing", f"{100 * self.padding_fraction:.1f}% of the tokens of "
                                     "packed rows are padding"))
@@ -260,6 +288,26 @@ class Recorder:
         c["depth_sum"] += in_flight
         c["depth_samples"] += 1
 
+    def copied(self, nbytes: int, late: bool) -> None:
+        """The device stage handed over a batch of ``nbytes`` (``late``: copied on arrival).
+        The stage calls these under its queue's lock."""
+        c = self._current
+        c["copy_batches"] += 1
+        c["copy_bytes"] += nbytes
+        c["copies_late"] += late
+
+    def copy_timed(self, copy_s: float, exposed_s: float) -> None:
+        """A device copy took ``copy_s``, of which the consumer waited ``exposed_s``."""
+        c = self._current
+        c["copy_s"] += copy_s
+        c["copy_exposed_s"] += exposed_s
+
+    def device_ahead(self, batches: int, nbytes: int) -> None:
+        """The device stage holds ``batches`` batches (``nbytes``) ahead of the consumer."""
+        c = self._current
+        c["device_ahead_max"] = max(c["device_ahead_max"], batches)
+        c["device_ahead_bytes_max"] = max(c["device_ahead_bytes_max"], nbytes)
+
     def event(self, name: str, start: float, end: float, lane: str | None = None,
               **args: Any) -> None:
         """A trace span on ``lane`` (default: the calling thread's name)."""
@@ -308,7 +356,7 @@ class Recorder:
             epochs = list(self._epochs)
         for c in epochs:
             for k in COUNTERS:
-                total[k] += c[k]
+                total[k] = max(total[k], c[k]) if k in MAXIMA else total[k] + c[k]
         return total
 
     def snapshot(self, workers: int = 1,
@@ -325,4 +373,8 @@ class Recorder:
             io_bytes=int(c["io_bytes"]), io_iops=int(c["io_iops"]), workers=workers,
             queue_depth_mean=c["depth_sum"] / depth_n if depth_n else 0.0,
             bottleneck=verdict(c, workers, shuffle_random), rows_cached=int(c["rows_cached"]),
+            copy_batches=int(c["copy_batches"]), copy_bytes=int(c["copy_bytes"]),
+            copy_s=c["copy_s"], copy_exposed_s=c["copy_exposed_s"],
+            copies_late=int(c["copies_late"]), device_ahead_max=int(c["device_ahead_max"]),
+            device_ahead_bytes_max=int(c["device_ahead_bytes_max"]),
         )

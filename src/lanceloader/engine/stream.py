@@ -216,11 +216,11 @@ class Stream(Iterator[Any]):
                 raise stall_error(stalled, *self._workers) from None
             if self._finish is not None:
                 result.batches = [to_output(b, self._finish) for b in result.batches]
-            if self._placement is not None:
-                result.batches = [self._placement(b) for b in result.batches]
             self._record_task(result)
             self._buffer.extend(zip(result.batches, result.rows, result.nbytes, strict=True))
         batch, rows, nbytes = self._buffer.popleft()
+        if self._placement is not None:  # each batch's device wait just before its own step
+            batch = self._placement(batch)
         now = time.perf_counter()
         count_delivered(self._counters, rows, nbytes, now - asked, asked - self._handed_out,
                         now - self._started)

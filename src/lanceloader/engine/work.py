@@ -205,9 +205,9 @@ class BatchWork:
                 _add_note(
                     exc,
                     f"lanceloader: raised while preparing batch {task.batches[i]} of epoch "
-                    f"{task.epoch} from Lance dataset {self.source.uri!r} (version "
-                    f"{self.source.version}), {self.source.describe_rows(rows)} (source "
-                    f"positions {_preview(rows)})",
+                    f"{task.epoch}: preparing rows {_preview(rows)} of Lance dataset "
+                    f"{self.source.uri!r} (version {self.source.version}), "
+                    f"{self.source.describe_rows(rows)}",
                 )
                 raise
             offset += size
