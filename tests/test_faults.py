@@ -74,7 +74,7 @@ class Leaks:
 
 
 def pool_pids(loader: ll.Loader) -> list[int]:
-    it = loader._active()
+    it = loader._live.current()
     pool = it.stream._pool if it is not None else None
     return list(getattr(pool, "pids", []))
 

@@ -344,6 +344,10 @@ class LiveIterator:
         self._ref = weakref.ref(iterator)
         return iterator
 
+    def current(self) -> EpochIterator | None:
+        """The iterator started last, while it exists (live or not)."""
+        return self._ref()
+
     def check_idle(self, what: str, owner: Any, cursor: Cursor) -> None:
         """Raise :class:`LoaderInUseError` when an iterator is live, naming the ways out."""
         running = self._ref()
