@@ -290,11 +290,17 @@ def refuse_mix_settings(rows: RowsSettings, order: OrderSettings) -> None:
             "source Loaders")
 
 
+def available_cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def hint_process_workers(workers: int) -> None:
     """Say once per process when there are more process workers than cores: each is a whole
     interpreter, and they take turns on the cores (4 on 2 cores ran 2.3x slower than 2)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        os.cpu_count() or 1
+    cores = available_cores()
     if workers > cores and "process-workers" not in _hinted:
         _hinted.add("process-workers")
         warnings.warn(
