@@ -26,10 +26,11 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_quick_start(tmp_path) -
     sdist, = dist.glob("*.tar.gz")
     names = zipfile.ZipFile(wheel).namelist()
     assert "lanceloader/loader.py" in names and "lanceloader/py.typed" in names
+    assert "lanceloader/rows/protocol.py" in names  # the stage folders are packaged
     assert any(n.endswith("entry_points.txt") for n in names)
     with tarfile.open(sdist) as tar:
         files = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"pyproject.toml", "README.md", "src/lanceloader/mix.py"} <= files
+    assert {"pyproject.toml", "README.md", "src/lanceloader/rows/mixed.py"} <= files
     env = tmp_path / "venv"
     venv.create(env, with_pip=True)
     python = env / "bin" / "python"
