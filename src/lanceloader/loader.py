@@ -152,6 +152,7 @@ class Loader:
     num_workers = property(lambda self: self._pipeline.num_workers)
     batches_per_read = property(lambda self: self._pipeline.batches_per_read)
     log_every = property(lambda self: self._pipeline.workers.log_every)
+    stall_timeout = property(lambda self: self._pipeline.workers.stall_timeout)
     prefetch = property(lambda self: self.reading(self.num_workers).reads_in_flight
                         * self.batches_per_read)
 
