@@ -375,6 +375,17 @@ def test_bad_mixes_are_named(sources) -> None:
         ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, filter="id > 3")
 
 
+def test_refused_nestings_say_why(sources) -> None:
+    inner = ll.Loader(ll.Mix({"a": sources["a"], "b": sources["b"]}), batch_size=4)
+    with pytest.raises(TypeError, match="a mix of mixes is one mix"):
+        ll.Mix({"m": inner, "c": sources["c"]})
+    skipping = ll.Loader(sources["a"], transform=ll.map_rows(dict), on_error="skip")
+    with pytest.raises(ValueError, match=r"on_error='skip'.* on the mix's Loader"):
+        ll.Mix({"a": skipping, "c": sources["c"]})
+    with pytest.raises(ValueError, match="pack"):
+        ll.Loader(ll.Mix({"a": sources["a"]}), batch_size=4, pack=ll.pack("id", 8))
+
+
 def test_weights_are_checked_whatever_their_form(sources) -> None:
     """A weight too small to get a slot was silently 0; NumPy ints refused while floats
     passed; inf overflowed; a list gave a dict-update TypeError."""
