@@ -4,7 +4,7 @@ Every failure of a read is one :class:`ReadError` (an ``OSError``) naming the UR
 version, the fragments and rows read and, from a worker, the batches; Lance's messages are
 quoted without its Rust source paths and with credentials masked. Object-store URIs get request
 timeouts by default (:data:`OBJECT_STORE_TIMEOUTS`). A local dataset is named by its absolute
-path (:func:`local_uri`), so a relative and an absolute path to it are one dataset.
+path (:func:`~lanceloader.state.format.local_uri`), so a relative and an absolute path to it are one dataset.
 """
 
 from __future__ import annotations
@@ -134,20 +134,6 @@ def redact_exception(exc: BaseException, storage_options: dict[str, str] | None
             exc.args = tuple(redact(a, storage_options) if isinstance(a, str) else a
                              for a in exc.args)
     return exc
-
-
-def local_uri(uri: str) -> str:
-    """The name of the dataset at ``uri``: a local path made absolute with symlinks resolved
-    (a relative path, an absolute one and a symlink to it name one dataset, so a state saved
-    in one working directory resumes from another); object-store and ``file://`` URIs as
-    written, less a trailing ``/``.
-
-    >>> local_uri("s3://bucket/data.lance/"), local_uri("/data/../data/x.lance")
-    ('s3://bucket/data.lance', '/data/x.lance')
-    """
-    if "://" in uri:
-        return uri.rstrip("/")
-    return os.path.realpath(uri)
 
 
 def is_object_store(uri: str) -> bool:

@@ -58,7 +58,6 @@ from lanceloader.rows.dataset import (
     clean_message,
     dataset_identity,
     is_object_store,
-    local_uri,
     object_store_hint,
     object_store_options,
     open_dataset,
@@ -73,6 +72,7 @@ from lanceloader.rows.protocol import (
     to_record_batch,
 )
 from lanceloader.rows.splits import split_mask
+from lanceloader.state.format import local_uri
 
 _logger = logging.getLogger("lanceloader")
 

@@ -359,7 +359,6 @@ class MixedSource:
         self.mix = mix
         self.names = mix.names
         self.sources = mix.sources
-        self.orders = [s.order for s in mix.sources]
         self.schema = mix.schema
         self.columns = list(mix.schema.names)
         self.uri = "mix:" + "+".join(self.names)
@@ -367,7 +366,7 @@ class MixedSource:
         shares = list(mix.weights.values())
         self.bytes_per_row = sum(s.source.bytes_per_row * w
                                  for s, w in zip(self.sources, shares, strict=True))
-        self.random_reads = any(o.random_reads for o in self.orders)
+        self.random_reads = any(s.order.random_reads for s in self.sources)
 
     @property
     def num_rows(self) -> int:

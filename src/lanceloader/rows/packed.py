@@ -351,9 +351,6 @@ class PackedSource:
                         "position_ids": tensor_array(positions_in)})
         return Read(out, read.io_bytes, read.io_iops, read.rows_cached)
 
-    def read_table(self, rows: np.ndarray) -> pa.Table:
-        return read_table(self, rows)
-
     def schema_table(self) -> pa.Table:
         return empty_table(self.schema)
 

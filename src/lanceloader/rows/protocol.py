@@ -34,7 +34,7 @@ documents in, and a mix of mixes is one mix with multiplied weights).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -50,12 +50,7 @@ class Read:
     io_iops: int = 0
     rows_cached: int = 0
 
-    @property
-    def num_rows(self) -> int:
-        return self.rows.num_rows
 
-
-@runtime_checkable
 class RowSource(Protocol):
     """The contract every kind of rows keeps (see the module's text)."""
 

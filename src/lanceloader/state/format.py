@@ -323,19 +323,30 @@ def _dataset_problems(saved: dict[str, Any], spec: StreamSpec, allow: tuple[str,
     return []
 
 
+def local_uri(uri: str) -> str:
+    """The name of the dataset at ``uri``: a local path made absolute with symlinks resolved
+    (a relative path, an absolute one and a symlink to it name one dataset, so a state saved
+    in one working directory resumes from another); object-store and ``file://`` URIs as
+    written, less a trailing ``/``.
+
+    >>> local_uri("s3://bucket/data.lance/"), local_uri("/data/../data/x.lance")
+    ('s3://bucket/data.lance', '/data/x.lance')
+    """
+    if "://" in uri:
+        return uri.rstrip("/")
+    return os.path.realpath(uri)
+
+
 def same_location(saved: str | None, current: str | None) -> bool:
-    """Whether a state's dataset location is the loader's: local paths compared absolute with
-    symlinks resolved (states written before locations were stored that way may hold a relative
-    path), object-store URIs as written, less a trailing ``/``.
+    """Whether a state's dataset location is the loader's, both named by :func:`local_uri`
+    (states written before locations were stored that way may hold a relative path).
 
     >>> same_location("s3://b/d.lance/", "s3://b/d.lance"), same_location("a/../x", "x")
     (True, True)
     """
     if saved is None or current is None:
         return saved == current
-    if "://" in saved or "://" in current:
-        return saved.rstrip("/") == current.rstrip("/")
-    return os.path.realpath(saved) == os.path.realpath(current)
+    return local_uri(saved) == local_uri(current)
 
 
 def _version_hint(version: int | None) -> str:
