@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test lint docs bench bench-peers clean
+.PHONY: demo test lint docs docs-serve bench bench-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,12 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) -e '.[dev,torch]'
 	touch $@
 
+# The documentation site's tools only (the docs extra: mkdocs, material, mkdocstrings), no
+# training stack: mkdocstrings reads the sources statically (griffe), it imports nothing.
+$(VENV)/.installed-docs: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) -e '.[docs]'
+	touch $@
+
 demo: $(VENV)/.installed
 	$(BIN)/lanceloader demo
 
@@ -26,8 +32,13 @@ test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest
 
 # The documentation site into site/ (mkdocs.yml: strict, so a broken link or reference fails).
-docs: $(VENV)/.installed-dev
+# Search needs a web server: view it with `make docs-serve`, or `python -m http.server -d site`.
+docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
+
+# The site at http://127.0.0.1:8000, search included, rebuilt on every change of docs/ or src/.
+docs-serve: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks examples

@@ -19,7 +19,10 @@ Without a cache:
 
 With ``cache=`` a fresh directory, per order: the first epoch (filling the cache) against the
 same epoch without a cache, and the second epoch against the same order on a local-disk copy of
-the dataset (no cache). With ``cache="memory"``: the second epoch of a full shuffle against a
+the dataset (no cache). The second epoch reads pieces its own loader wrote (checked as they were
+written); a *new* loader's epoch on the filled directory checks every piece's checksum when it
+first opens it: its rows/s next to the second epoch's, and the checksum alone (``check_sealed``
+on every piece file, timed apart) as a fraction of that epoch's time, give what checking costs. With ``cache="memory"``: the second epoch of a full shuffle against a
 raw ``to_batches`` scan of the local copy. ``--rss`` also measures, in fresh processes, the peak
 RSS and the largest size of a cache directory capped below the data, for two dataset sizes.
 
@@ -31,12 +34,14 @@ Usage::
 
     python benchmarks/object_store.py                    # 200k rows, 20 ms, 3 repeats
     python benchmarks/object_store.py --rows 50000 --repeats 1 --rss
+    python benchmarks/object_store.py --cache-only --repeats 5   # the cache's epochs alone
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import resource
 import statistics
 import sys
@@ -54,6 +59,7 @@ import lanceloader as ll  # noqa: E402
 from conftest import S3  # noqa: E402
 from faultproxy import ProxyProcess  # noqa: E402
 from lanceloader.demo import demo_table, write_demo_dataset  # noqa: E402
+from lanceloader.rows import cache as cache_module  # noqa: E402
 
 COLUMNS = ["id", "label", "x"]
 BLOCK = dict(shuffle=True, shuffle_block_size=1024, shuffle_window=8)
@@ -110,6 +116,23 @@ def cache_footprint(uri: str, cap: int, queue) -> None:
         queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, largest))
 
 
+def checksum_seconds(directory: str) -> float:
+    """Seconds to check every piece file of a filled cache ``directory`` (the check a process
+    makes when it first opens a piece), the files in the page cache as in an epoch."""
+    total = 0.0
+    for path in sorted(Path(directory).glob("*" + cache_module.SUFFIX)):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            cache_module.check_sealed(fd, size, path.name[:-len(cache_module.SUFFIX)])  # warm
+            started = time.perf_counter()
+            cache_module.check_sealed(fd, size, path.name[:-len(cache_module.SUFFIX)])
+            total += time.perf_counter() - started
+        finally:
+            os.close(fd)
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -118,6 +141,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8, help="loader threads (I/O bound)")
     parser.add_argument("--rss", action="store_true", help="also measure RSS and the disk cap")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="only the epochs through cache= a directory")
     args = parser.parse_args()
 
     s3 = S3()
@@ -164,7 +189,7 @@ def main() -> None:
 
         raws = {"sequential": raw_sequential, "block shuffle 1024x8": raw_blocks,
                 "full shuffle": raw_takes}
-        for name, order in ORDERS.items():
+        for name, order in ({} if args.cache_only else ORDERS).items():
             limit = args.shuffle_rows if name == "full shuffle" else None
             ours, ours_req = median_run(s3, epochs(lambda o=order: loader(**o), 1, limit),
                                         args.repeats)
@@ -179,22 +204,41 @@ def main() -> None:
                         return epochs(lambda: loader(cache=directory, **o), epoch)(start)
                 return median_run(s3, run, args.repeats)
 
+            def new_loader(o=order) -> float:
+                """An epoch of a new loader on a directory another loader filled."""
+                def run(start) -> int:
+                    with tempfile.TemporaryDirectory() as directory:
+                        epochs(lambda: loader(cache=directory, **o), 1)(lambda: None)
+                        return epochs(lambda: loader(cache=directory, **o), 1)(start)
+                return median_run(s3, run, args.repeats)[0]
+
             fill, fill_req = with_cache(1)
             second, second_req = with_cache(2)
+            fresh = new_loader()
             on_disk, _ = median_run(s3, epochs(lambda o=order: loader(local, **o), 1),
                                     args.repeats)
+            check_s = float("nan")
+            if hasattr(cache_module, "check_sealed"):
+                with tempfile.TemporaryDirectory() as directory:
+                    epochs(lambda o=order, d=directory: loader(cache=d, **o), 1)(lambda: None)
+                    check_s = statistics.median(checksum_seconds(directory)
+                                                for _ in range(args.repeats))
             cached[name] = {"fill": fill, "fill req": fill_req, "second": second,
-                            "second req": second_req, "local": on_disk}
+                            "second req": second_req, "local": on_disk, "fresh": fresh,
+                            "check s": check_s}
 
-        memory, memory_req = median_run(
-            s3, epochs(lambda: loader(cache="memory", shuffle=True), 2), args.repeats)
+        memory = memory_req = scan = float("nan")
+        if not args.cache_only:
+            memory, memory_req = median_run(
+                s3, epochs(lambda: loader(cache="memory", shuffle=True), 2), args.repeats)
 
         def raw_local(start) -> int:
             ds = lance.dataset(local)
             start()
             return sum(b.num_rows for b in ds.to_batches(columns=COLUMNS, batch_size=256))
 
-        scan, _ = median_run(s3, raw_local, args.repeats)
+        if not args.cache_only:
+            scan, _ = median_run(s3, raw_local, args.repeats)
     finally:
         proxy.stop()
         s3.stop()
@@ -207,24 +251,37 @@ def main() -> None:
     for name, r in results.items():
         print(f"{name:<22}{r['loader']:>14,.0f}{r['raw']:>12,.0f}"
               f"{r['loader'] / r['raw']:>7.2f}x{r['loader req']:>13.2f}{r['raw req']:>12.2f}")
-    seq, blk = results["sequential"], results["block shuffle 1024x8"]
-    print(f"block / sequential (loader): {blk['loader'] / seq['loader']:.2f}x rows/s, "
-          f"{blk['loader req'] / max(seq['loader req'], 1e-9):.2f}x requests per 1,000 rows")
+    if results:
+        seq, blk = results["sequential"], results["block shuffle 1024x8"]
+        print(f"block / sequential (loader): {blk['loader'] / seq['loader']:.2f}x rows/s, "
+              f"{blk['loader req'] / max(seq['loader req'], 1e-9):.2f}x requests per 1,000 rows")
 
     print("\nwith cache= a directory: epoch 1 fills it (vs the same epoch without a cache), "
           "epoch 2 reads it (vs the same order on local disk)")
     print(f"{'case':<22}{'epoch 1':>11}{'time vs none':>14}{'req/1k':>8}{'epoch 2':>12}"
           f"{'local disk':>12}{'ratio':>8}{'req/1k':>8}")
     for name, c in cached.items():
-        print(f"{name:<22}{c['fill']:>11,.0f}{results[name]['loader'] / c['fill']:>13.2f}x"
+        none = results[name]["loader"] / c["fill"] if results else float("nan")
+        print(f"{name:<22}{c['fill']:>11,.0f}{none:>13.2f}x"
               f"{c['fill req']:>8.2f}{c['second']:>12,.0f}{c['local']:>12,.0f}"
               f"{c['second'] / c['local']:>7.2f}x{c['second req']:>8.2f}")
+    print("\nchecksums: a new loader's epoch on the filled directory (each piece checked at its "
+          "first open) vs the second epoch (pieces this loader wrote); the checks alone as a "
+          "share of the epoch's time")
+    print(f"{'case':<22}{'new loader':>12}{'epoch 2':>12}{'ratio':>8}{'checks s':>10}"
+          f"{'of epoch':>10}")
+    for name, c in cached.items():
+        epoch_s = args.rows / c["second"]
+        print(f"{name:<22}{c['fresh']:>12,.0f}{c['second']:>12,.0f}"
+              f"{c['fresh'] / c['second']:>7.2f}x{c['check s']:>10.4f}"
+              f"{100 * c['check s'] / epoch_s:>9.1f}%")
     seq, blk = cached["sequential"], cached["block shuffle 1024x8"]
     print(f"block / sequential, epoch 1 through the cache: {blk['fill'] / seq['fill']:.2f}x "
           f"rows/s, {blk['fill req'] / max(seq['fill req'], 1e-9):.2f}x requests per 1,000 rows")
-    print(f"\ncache='memory', full shuffle epoch 2: {memory:,.0f} rows/s "
-          f"({memory_req:.2f} req/1k rows) vs raw to_batches on local disk {scan:,.0f} rows/s: "
-          f"{memory / scan:.2f}x")
+    if not args.cache_only:
+        print(f"\ncache='memory', full shuffle epoch 2: {memory:,.0f} rows/s "
+              f"({memory_req:.2f} req/1k rows) vs raw to_batches on local disk {scan:,.0f} "
+              f"rows/s: {memory / scan:.2f}x")
 
     if args.rss:
         print("\npeak RSS and the cache directory's largest size, cap below the data:")

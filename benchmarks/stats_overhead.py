@@ -28,6 +28,15 @@ consumer; their cost per call is measured separately below.
   ``NullRecorder``) as a share of the wall time per batch at the stats-off speed; and the cost
   of what "off" keeps in the workers, as a share of the worker time per batch.
 
+Metric export (``lanceloader.metrics``) is measured the same way, as a third case
+``exporters``: a full sequential epoch with exporters on (a TensorBoard ``SummaryWriter`` fed by
+``log_every(loader, writer, 50)``, and a Prometheus collector on 127.0.0.1 scraped once a second
+by a thread, as a Prometheus server would) against the same loader with exporters off (stats
+on in both). Target: at most 1%. Because that end-to-end difference is below the noise of a
+shared machine, one export call is also timed alone (one ``log_every`` write: ``stats()``,
+the scalars, 12 ``add_scalar``; one scrape: ``generate_latest``), and an epoch's export cost is
+given as a fraction of the epoch: ``(batches / 50) × write + (epoch seconds / 1 s) × scrape``.
+
 Usage::
 
     python benchmarks/stats_overhead.py                        # 2M rows, 7 pairs per case
@@ -55,7 +64,7 @@ import pyarrow as pa
 import lanceloader
 from lanceloader import Loader
 from lanceloader.demo import write_demo_dataset
-from lanceloader.engine.stats import COUNTERS, Recorder, count_delivered
+from lanceloader.engine.stats import Recorder, count_delivered, new_counters
 from lanceloader.rows.protocol import to_record_batch
 
 COLUMNS = ["id", "label", "x"]
@@ -75,7 +84,7 @@ class NullRecorder(Recorder):
     """
 
     def new_epoch(self) -> dict[str, float]:
-        return dict.fromkeys(COUNTERS, 0.0)  # counted, then thrown away
+        return new_counters()  # counted, then thrown away
 
     def task(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -224,6 +233,87 @@ def run_case(name: str, repeats: int, limit: int, run: Callable[[bool], Run]) ->
     )
 
 
+# --- metric export ---------------------------------------------------------------------------
+
+LOG_EVERY = 50
+SCRAPE_S = 1.0
+
+
+def exporter_run(
+    uri: str, kwargs: dict[str, Any], limit: int, exporters: bool, logdir: Path
+) -> Run:
+    """A fresh loader's epoch up to ``limit`` rows, with or without the exporters (stats on)."""
+    import threading
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry, start_http_server
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lanceloader import metrics
+
+    loader = Loader(uri, **kwargs)
+    stop, server, writer = threading.Event(), None, None
+    batches: Any = loader
+    if exporters:
+        registry = CollectorRegistry()
+        metrics.prometheus(loader, registry=registry)
+        server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+
+        def scrape() -> None:
+            while not stop.wait(SCRAPE_S):
+                urllib.request.urlopen(url, timeout=30).read()
+
+        threading.Thread(target=scrape, daemon=True).start()
+        writer = SummaryWriter(log_dir=str(logdir))
+        batches = metrics.log_every(loader, writer, LOG_EVERY)
+    rows = 0
+    cpu = time.process_time()
+    start = time.perf_counter()
+    for batch in batches:
+        rows += len(batch["id"])
+        if rows >= limit:
+            break
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    stop.set()
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    if writer is not None:
+        writer.close()
+    return Run(rows / elapsed, cpu / rows * 1e6)
+
+
+def export_call_costs(
+    uri: str, kwargs: dict[str, Any], logdir: Path, calls: int = 200
+) -> dict[str, float]:
+    """Seconds of one ``log_every`` write and one Prometheus scrape, after a full epoch (the
+    stats of a real run; the best of ``calls``)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lanceloader import metrics
+
+    loader = Loader(uri, **kwargs)
+    writer = SummaryWriter(log_dir=str(logdir))
+    logged = metrics.log_every(loader, writer, LOG_EVERY)
+    for _ in logged:
+        pass
+    registry = CollectorRegistry()
+    metrics.prometheus(loader, registry=registry)
+    costs = {}
+    for name, call in (("write_s", logged.write), ("scrape_s", lambda: generate_latest(registry))):
+        best = float("inf")
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - t0)
+        costs[name] = best
+    writer.close()
+    return costs
+
+
 # --- recorder micro-benchmark ----------------------------------------------------------------
 
 
@@ -342,6 +432,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--json", type=Path, default=HERE / "results" / "stats_overhead.json", help="JSON output"
     )
     p.add_argument("--strict", action="store_true", help="exit 1 if a case misses the target")
+    p.add_argument(
+        "--no-exporters",
+        action="store_true",
+        help="skip the exporters case (it needs torch and prometheus-client)",
+    )
     args = p.parse_args(argv)
     for name in ("rows", "fragments", "repeats", "shuffle_rows"):
         if getattr(args, name) < 1:
@@ -371,7 +466,32 @@ def main(argv: list[str] | None = None) -> int:
                 name, args.repeats, limit, lambda s, k=kwargs, n=limit: timed_run(uri, k, n, s)
             )
         )
+    if not args.no_exporters:
+        import tempfile
+
+        print("exporters ...", flush=True)
+        kwargs = loader_kwargs(False, args.num_workers)
+        with tempfile.TemporaryDirectory() as logdir:
+            exporters = run_case(
+                "exporters",
+                args.repeats,
+                args.rows,
+                lambda on: exporter_run(uri, kwargs, args.rows, on, Path(logdir)),
+            )
+            calls = export_call_costs(uri, kwargs, Path(logdir))
+        cases.append(exporters)
     print_table(cases)
+    if not args.no_exporters:
+        epoch_s = args.rows / statistics.median(exporters.off)
+        batches = -(-args.rows // BATCH_SIZE)
+        per_epoch = batches / LOG_EVERY * calls["write_s"] + epoch_s / SCRAPE_S * calls["scrape_s"]
+        calls.update(epoch_s=epoch_s, per_epoch_s=per_epoch, share_of_epoch=per_epoch / epoch_s)
+        print(
+            f"\nexport calls: a log_every write {1e3 * calls['write_s']:.3f} ms, a scrape "
+            f"{1e3 * calls['scrape_s']:.3f} ms; per epoch ({batches:,} batches, "
+            f"{epoch_s:.2f} s): {1e3 * per_epoch:.1f} ms = {100 * calls['share_of_epoch']:.3f}%"
+            " of the epoch"
+        )
 
     probe = Loader(uri, **loader_kwargs(False, args.num_workers))
     per_read = {"sequential": probe.batches_per_read}
@@ -383,7 +503,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{micro['io_stats_incremental_us']:.2f} µs"
     )
     print("cost per batch, as a share of the time per batch at the stats-off speed:")
+    if not args.no_exporters:
+        micro["export_calls"] = calls
     for c in cases:
+        if c.name not in per_read:
+            continue
         micro[c.name] = shares(micro, c, per_read[c.name], probe.num_workers)
         m = micro[c.name]
         print(

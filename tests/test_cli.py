@@ -1,8 +1,11 @@
-"""The command line: demo, bench (stats, JSON, plot, trace, transforms), inspect, help, errors."""
+"""The command line: demo, bench (stats, JSON, plot, trace, transforms, splits, image
+decoding), inspect (and what it says of images, Parquet and CSV), help, errors (Lance's paths
+shown as given)."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from itertools import pairwise
@@ -12,7 +15,7 @@ import lance
 import pyarrow as pa
 import pytest
 
-from lanceloader import cli
+from lanceloader import Loader, cli
 from lanceloader.cli import main
 
 HELPER = '''\
@@ -254,7 +257,19 @@ def test_inspect_reports_conversions_versions_and_deletions(tmp_path: Path, caps
     ("command", "expected"),
     [
         ([], ["demo", "bench", "inspect", "examples:"]),
-        (["bench"], ["--transform MODULE:FUNCTION", "--max-batches N", "examples:", "--plot"]),
+        (
+            ["bench"],
+            [
+                "--transform MODULE:FUNCTION",
+                "--max-batches N",
+                "examples:",
+                "--plot",
+                "--split NAME",
+                "--splits NAME=FRACTION",
+                "--decode-images COLUMN",
+                "--image-size PX|HxW",
+            ],
+        ),
         (["inspect"], ["--version V", "--sample-rows N", "examples:"]),
     ],
 )
@@ -311,3 +326,191 @@ def test_the_entry_point_runs_bench(small_uri: str, tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("lanceloader bench: error: unknown columns ['nope']")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --- splits and image decoding in bench -------------------------------------------------------
+
+
+def test_bench_reads_the_named_split_only(small_uri: str, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "stats.json"
+    args = [
+        "bench",
+        small_uri,
+        "--batch-size",
+        "50",
+        "--splits",
+        "train=0.8,val=0.2",
+        "--split",
+        "val",
+        "--json",
+        str(path),
+    ]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    val = Loader(small_uri, splits={"train": 0.8, "val": 0.2}, split="val").source.num_rows
+    assert 100 < val < 300  # a fifth of 1,000 rows
+    assert f"{val:,} rows of split 'val', batch 50" in out
+    report = json.loads(path.read_text())
+    assert report["stats"]["rows"] == val
+    assert report["settings"]["splits"] == {"train": 0.8, "val": 0.2}
+    assert report["settings"]["split"] == "val"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--split", "val"], "--split val needs --splits"),
+        (["--splits", "train=0.8,val=0.2"], "--splits needs --split, one of train, val"),
+        (["--splits", "train:0.8", "--split", "train"], "--splits must be NAME=FRACTION"),
+        (["--splits", "train=0.8,val=0.3", "--split", "val"], "must sum to 1"),
+        (["--splits", "train=0.8,val=0.2", "--split", "test"], "is not one of the splits"),
+        (["--split-key", "id"], "--split-key needs --splits and --split"),
+        (["--image-size", "8"], "add --decode-images COLUMN"),
+        (["--decode-images", "image", "--image-size", "8x0"], "must be PX or HxW"),
+    ],
+)
+def test_bad_split_and_decode_flags_are_one_line_errors(
+    small_uri: str, args: list[str], fragment: str, capsys
+) -> None:
+    code, out, err = run_cli(["bench", small_uri, *args], capsys)
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert "delivered" not in out
+
+
+@pytest.fixture
+def image_folder(tmp_path: Path) -> Path:
+    """An ImageFolder tree of real JPEGs of different sizes: 2 classes x 4 images."""
+    image = pytest.importorskip("PIL.Image")
+    root = tmp_path / "images" / "train"
+    for label in ("cat", "dog"):
+        (root / label).mkdir(parents=True)
+        for i in range(4):
+            picture = image.new("RGB", (10 + i, 12), (40 * i, 100, 0))
+            picture.save(root / label / f"{i}.jpg", format="JPEG")
+    return root
+
+
+def test_bench_decodes_images_with_decode_images(
+    image_folder: Path, tmp_path: Path, capsys
+) -> None:
+    out_uri = str(tmp_path / "train.lance")
+    assert main(["convert", str(image_folder), out_uri, "--quiet"]) == 0
+    capsys.readouterr()
+    args = [
+        "bench",
+        out_uri,
+        "--batch-size",
+        "4",
+        "--columns",
+        "image,label",
+        "--decode-images",
+        "image",
+        "--image-size",
+        "8x6",
+        "--json",
+        str(tmp_path / "s.json"),
+    ]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert "first batch: image uint8 [4, 8, 6, 3], label int64 [4]" in out
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert report["first_batch"]["image"] == "uint8 [4, 8, 6, 3]"
+    assert report["settings"]["decode_images"] == "image"
+    assert report["stats"]["rows"] == 8
+    # the images differ in size: without --image-size, one line that names the flag
+    code, out, err = run_cli(["bench", out_uri, "--decode-images", "image"], capsys)
+    last = err.strip().splitlines()[-1]  # after the progress bar of the run it stopped
+    assert code == 2 and last.startswith("lanceloader bench: error: --decode-images image: "), err
+    assert "image is 11x12" in last and "add --image-size" in last
+
+
+# --- what inspect says of data that is not Lance yet ----------------------------------------
+
+
+def table_sources(root: Path) -> dict[str, Path]:
+    """A Parquet file, a CSV file, a folder of Parquet files and a folder of CSV files."""
+    import pyarrow.csv
+    import pyarrow.parquet as pq
+
+    table = pa.table({"x": [1.0, 2.0, 3.0], "label": [0, 1, 0]})
+    for folder in ("pq", "csv", "one_pq", "one_csv"):
+        (root / folder).mkdir()
+    pq.write_table(table, root / "one_pq" / "table.parquet")
+    pyarrow.csv.write_csv(table, root / "one_csv" / "table.csv")
+    for i in range(2):
+        pq.write_table(table, root / "pq" / f"part-{i}.parquet")
+        pyarrow.csv.write_csv(table, root / "csv" / f"part-{i}.csv")
+    return {
+        "a Parquet file": root / "one_pq" / "table.parquet",
+        "a CSV file": root / "one_csv" / "table.csv",
+        "a folder of Parquet files": root / "pq",
+        "a folder of CSV files": root / "csv",
+    }
+
+
+def suggested_commands(err: str) -> tuple[list[str], list[str]]:
+    """The convert command and the next one that an error suggests, as argument lists."""
+    convert, _, then = err.split("convert it once: ", 1)[1].partition(", then: ")
+    return shlex.split(convert), shlex.split(then)
+
+
+def test_inspect_on_images_parquet_or_csv_says_the_convert_command(
+    image_folder: Path, tmp_path: Path, capsys
+) -> None:
+    sources = {
+        "a folder of images in the ImageFolder layout": image_folder,
+        **table_sources(tmp_path),
+    }
+    for kind, path in sources.items():
+        code, out, err = run_cli(["inspect", str(path)], capsys)
+        assert_one_line_error(code, err, "inspect", f"is {kind}", "lanceloader convert ")
+        assert "lance.write_dataset" not in err
+        convert, then = suggested_commands(err)
+        out_uri = str(path.with_suffix(".lance") if path.is_file() else f"{path}.lance")
+        assert convert == ["lanceloader", "convert", str(path), out_uri], err
+        assert then == ["lanceloader", "inspect", out_uri]
+        assert main([*convert[1:], "--quiet"]) == 0  # the command works as printed
+        code, out, err = run_cli(then[1:], capsys)
+        assert code == 0 and f"dataset    {out_uri}" in out, err
+    # a folder of something else gets the usual message, no convert advice
+    (tmp_path / "notes" / "misc").mkdir(parents=True)
+    (tmp_path / "notes" / "misc" / "readme.txt").write_text("hello")
+    code, _, err = run_cli(["inspect", str(tmp_path / "notes")], capsys)
+    assert_one_line_error(code, err, "inspect", "no Lance dataset at")
+    assert "lanceloader convert" not in err
+
+
+def test_bench_on_an_image_folder_says_the_convert_command(image_folder: Path, capsys) -> None:
+    code, _, err = run_cli(["bench", f"{image_folder}/"], capsys)
+    assert_one_line_error(
+        code,
+        err,
+        "bench",
+        f"lanceloader convert {image_folder}/ "
+        f"{image_folder}.lance, then: lanceloader bench {image_folder}.lance",
+    )
+
+
+# --- Lance's messages show the path as the user gave it -------------------------------------
+
+
+@pytest.mark.parametrize("spelling", ["relative", "dotted", "double slash"])
+def test_lance_paths_in_errors_are_the_users_path(tmp_path: Path, spelling: str) -> None:
+    (tmp_path / "sub").mkdir()
+    given = {
+        "relative": "sub/nope.lance",
+        "dotted": f"{tmp_path}/sub/../sub/nope.lance",
+        "double slash": f"{tmp_path}//sub/nope.lance",
+    }[spelling]
+    result = subprocess.run(
+        [sys.executable, "-m", "lanceloader.cli", "inspect", given],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"Not found: {given}/_versions" in result.stderr
+    # Lance's own spelling: the absolute, normalised path less its leading "/"
+    lance_spelling = str(tmp_path / "sub" / "nope.lance").lstrip("/")
+    assert f" {lance_spelling}" not in result.stderr

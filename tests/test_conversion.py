@@ -317,7 +317,7 @@ def test_nested_lists_become_one_python_list_per_row() -> None:
     check_schema(batch.schema, "torch")
     holes = pa.record_batch({"tags": pa.array([["a"], None])})
     with pytest.raises(ConversionError, match=r"column 'tags' .* has 1 null values \(of 2\); "
-                       r"fill them with a list \(fill_nulls=\{'tags': \[\]\}\)"):
+                       r"fill them: Loader\(\.\.\., fill_nulls=\{'tags': \[\]\}\)"):
         to_output(holes, "numpy")
     with pytest.raises(ConversionError, match=r"got fill_nulls\['tags'\]='xy', not a list"):
         to_output(holes, Conversion(fill_nulls={"tags": "xy"}))
@@ -512,3 +512,101 @@ def test_float64_is_not_mistaken_for_bfloat16_without_ml_dtypes() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["torch.float64", "[1.5,", "2.5]"]
+
+
+# --- nulls through the Loader and the torch datasets ---------------------------------------------
+
+NULL_IDS = (37, 40)  # sequential batches of 16: batch 2, rows 5 and 8; fragment 1 rows 5 and 8
+
+
+@pytest.fixture
+def nulls_uri(tmp_path) -> str:
+    """64 rows in fragments of 32: ``score`` (float) and ``name`` (string) null at NULL_IDS."""
+    table = pa.table({
+        "id": np.arange(64),
+        "score": pa.array([None if i in NULL_IDS else float(i) for i in range(64)], pa.float32()),
+        "name": pa.array([None if i in NULL_IDS else str(i) for i in range(64)]),
+    })
+    return str(lance.write_dataset(table, tmp_path / "nulls.lance", max_rows_per_file=32).uri)
+
+
+def _fix_of(message: str) -> dict:
+    """The keyword arguments a null error tells to pass, parsed from its message."""
+    import ast
+    import re
+
+    fill = re.search(r"Loader\(\.\.\., fill_nulls=(\{.*?\})\)", message)
+    filt = re.search(r"filter=('.*?')$", message.splitlines()[0])
+    assert fill and filt, message
+    return {"fill_nulls": ast.literal_eval(fill.group(1)), "filter": ast.literal_eval(filt.group(1))}
+
+
+def test_fill_nulls_is_a_keyword_of_the_loader_and_the_torch_datasets(nulls_uri: str) -> None:
+    from lanceloader.torch import IterableDataset, MapDataset
+
+    fills = {"score": -1.0}
+    loader = ll.Loader(nulls_uri, batch_size=16, columns=["score"], output="torch",
+                       fill_nulls=fills)
+    scores = torch.cat([b["score"] for b in loader])
+    assert scores[list(NULL_IDS)].tolist() == [-1.0, -1.0] and scores[36].item() == 36.0
+    dataset = IterableDataset(nulls_uri, batch_size=16, columns=["score"], output="torch",
+                              fill_nulls=fills)
+    assert torch.cat([b["score"] for b in dataset]).tolist() == scores.tolist()
+    rows = MapDataset(nulls_uri, columns=["score"], fill_nulls=fills)
+    assert rows[37]["score"].item() == -1.0
+    with pytest.raises(ValueError, match="fill_nulls is given twice"):
+        ll.Loader(nulls_uri, output=ll.Conversion(fill_nulls={"score": 0.0}), fill_nulls=fills)
+
+
+def test_nulls_are_refused_at_construction_with_fixes_that_run_as_written(nulls_uri: str) -> None:
+    with pytest.raises(ConversionError) as info:
+        ll.Loader(nulls_uri, batch_size=16, columns=["id", "score"], output="torch")
+    message = str(info.value)
+    assert "'score' (float) has 2 null values in the 64 rows this loader reads" in message
+    assert "the first: Lance row 37, fragment 1 row 5" in message
+    fix = _fix_of(message)
+    filled = ll.Loader(nulls_uri, batch_size=16, columns=["id", "score"], output="torch",
+                       fill_nulls=fix["fill_nulls"])
+    assert sum(len(b["score"]) for b in filled) == 64
+    kept = ll.Loader(nulls_uri, batch_size=16, columns=["id", "score"], output="torch",
+                     filter=fix["filter"])
+    assert sorted(i for b in kept for i in b["id"].tolist()) == [
+        i for i in range(64) if i not in NULL_IDS]
+    from lanceloader.torch import MapDataset
+
+    with pytest.raises(ConversionError):  # the torch dataset checks the same way
+        MapDataset(nulls_uri, columns=["score"])
+
+
+def test_construction_looks_only_at_the_rows_the_loader_reads(nulls_uri: str) -> None:
+    ll.Loader(nulls_uri, columns=["score"], filter="id < 30")  # the nulls are filtered out
+    with pytest.raises(ConversionError, match=r"in the 33 rows .* filter='\(id > 30\) AND score"):
+        ll.Loader(nulls_uri, columns=["score"], filter="id > 30")
+    splits = {"a": 0.5, "b": 0.5}
+    holders = [s for s in splits if any(
+        i in NULL_IDS for b in ll.Loader(nulls_uri, columns=["id"], splits=splits, split=s)
+        for i in b["id"].tolist())]
+    for split in splits:  # only a split holding a null row is refused
+        if split in holders:
+            with pytest.raises(ConversionError):
+                ll.Loader(nulls_uri, columns=["score"], splits=splits, split=split)
+        else:
+            ll.Loader(nulls_uri, columns=["score"], splits=splits, split=split)
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_nulls_found_in_a_batch_name_the_batch_and_the_row(nulls_uri: str,
+                                                           worker_type: str) -> None:
+    """Text columns are not scanned at construction: the batch holding the null says where."""
+    loader = ll.Loader(nulls_uri, batch_size=16, columns=["name"], worker_type=worker_type,
+                       num_workers=2)
+    with pytest.raises(ConversionError) as info:
+        list(loader)
+    error = info.value
+    assert "first at row 5 of this batch" in str(error)
+    note = "\n".join(error.__notes__)
+    assert "batch 2 of epoch 0" in note and "its row 5 is position 37: fragment 1 row 5" in note
+    fix = _fix_of(str(error))
+    assert fix["fill_nulls"] == {"name": ""}
+    filled = ll.Loader(nulls_uri, batch_size=16, columns=["name"], fill_nulls=fix["fill_nulls"])
+    assert [n for b in filled for n in b["name"]][37] == ""

@@ -1,7 +1,13 @@
 """The fork matrix: Lance used in the parent (scan, take, a scan still running on another
-thread), then a torch DataLoader with 2 workers over our MapDataset, for each start method,
-30 runs each on local disk, 10 on a real S3 server (the parent's object-store runtime started).
-Every run has its own timeout; zero hangs and zero crashes allowed.
+thread), then a torch DataLoader with 2 workers over our MapDataset, for each start method, on
+local disk and on a real S3 server (the parent's object-store runtime started). Every run has
+its own timeout; zero hangs and zero crashes allowed.
+
+`fork` is the start method with the race (a child inherits Lance's runtime mid-use), so it gets
+30 runs on disk and 10 on S3. `forkserver` and `spawn` start workers from a process that never
+ran Lance (the server is forked before any use; spawn is a fresh interpreter): nothing is
+inherited, so there is no race to sample and a few runs per activity show the path works
+(`spawn` re-imports torch in every worker, ~5 s a run here).
 
 Without lanceloader's fork guard, `fork` fails in about two runs out of three here
 (docs/fork-safety.md); with it, forked workers read through a clean reader process.
@@ -22,8 +28,10 @@ from lanceloader.demo import demo_table
 from lanceloader.engine.processes import PRELOAD
 from lanceloader.torch import BatchSampler, MapDataset, collate
 
-RUNS = 30
-RUNS_S3 = 10  # each run on S3 costs several seconds more (moto answers every read)
+# runs per start method on local disk and on S3 (each S3 run costs several seconds more: moto
+# answers every read)
+RUNS = {"fork": 30, "forkserver": 9, "spawn": 6}
+RUNS_S3 = {"fork": 10, "forkserver": 3, "spawn": 3}
 ACTIVITIES = ("scan", "take", "scan running in another thread")
 
 
@@ -69,7 +77,7 @@ def test_dataloader_workers_never_hang_after_lance_ran_in_the_parent(
     dataset = MapDataset(uri, columns=["id"], storage_options=storage_options)
     expected = sorted(range(1000))
     outcomes = []
-    runs = RUNS if storage_options is None else RUNS_S3
+    runs = (RUNS if storage_options is None else RUNS_S3)[method]
     for run in range(runs):
         stop = use_lance_in_parent(uri, ACTIVITIES[run % len(ACTIVITIES)], storage_options)
         sampler = BatchSampler(dataset, batch_size=100, shuffle=True, seed=run)

@@ -296,3 +296,48 @@ def test_reads_of_large_rows_stay_under_the_byte_cap(tmp_path) -> None:
     # as many batches as fit (one more would not), not 65,536 rows' worth
     assert (rows_per_read + loader.batch_size) * loader.source.bytes_per_row > READ_BYTES
     assert ids_of(loader) == list(range(600))
+
+
+# --- a dropped one-batch peek (next(iter(loader))) is said once --------------------------------
+
+
+def _dropped_peek_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "lanceloader" and r.levelname == "WARNING" and "peek()" in r.getMessage()]
+
+
+def test_next_of_a_fresh_iterator_then_a_loop_warns_once_with_the_batches_left(
+        small_uri: str, caplog) -> None:
+    loader = ll.Loader(small_uri, batch_size=100, columns=["id"])
+    with caplog.at_level("WARNING", logger="lanceloader"):
+        sample = next(iter(loader))  # to log a sample: consumes batch 0
+        trained = ids_of(loader)
+        assert sample["id"][0] == 0 and len(trained) == 900
+        (message,) = _dropped_peek_warnings(caplog)
+        assert "continues epoch 0 with 9 of its 10 batches left" in message
+        assert "handed batch 0 to a next() call" in message
+        next(iter(loader))  # again in epoch 1: said once per loader
+        ids_of(loader)
+    assert len(_dropped_peek_warnings(caplog)) == 1
+
+
+def test_loops_that_break_and_resume_and_moved_cursors_stay_quiet(small_uri: str,
+                                                                  caplog) -> None:
+    loader = ll.Loader(small_uri, batch_size=100, columns=["id"])
+    with caplog.at_level("WARNING", logger="lanceloader"):
+        for _ in loader:  # a loop that breaks after one batch, on purpose
+            break
+        for i, _ in enumerate(loader):  # ... and after three
+            if i == 2:
+                break
+        it = iter(loader)  # stepped by hand, more than once
+        next(it), next(it)
+        del it
+        assert len(ids_of(loader)) == 400
+        next(iter(loader))  # then the cursor is moved on purpose
+        loader.set_epoch(1)
+        assert len(ids_of(loader)) == 1000
+        next(iter(loader))
+        loader.load_state_dict(ll.Loader(small_uri, batch_size=100, columns=["id"]).state_dict())
+        assert len(ids_of(loader)) == 1000
+    assert _dropped_peek_warnings(caplog) == []

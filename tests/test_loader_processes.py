@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -36,8 +38,19 @@ def test_numpy_string_columns_come_back_from_process_workers(small_uri: str) -> 
 
 
 def test_unpicklable_transform_is_reported_at_construction(small_uri: str) -> None:
-    with pytest.raises(TypeError, match=r"transform .*<lambda>.* cannot be sent to worker processes"):
-        ll.Loader(small_uri, worker_type="process", transform=lambda b: b)
+    log = open(os.devnull, "w")  # noqa: SIM115 (what a transform must not hold)
+    with pytest.raises(TypeError, match=r"transform .*<lambda>.* cannot be sent to worker "
+                                        r"processes: its field 'transform' .*closure variable 'log' \(a TextIOWrapper\)"
+                                        r".*inside the transform"):
+        ll.Loader(small_uri, worker_type="process", transform=lambda b: log.write("") and b)
+    log.close()
+
+
+def test_lambda_and_closure_transforms_run_on_process_workers(small_uri: str) -> None:
+    offset = 5
+    loader = ll.Loader(small_uri, batch_size=100, columns=["id"], worker_type="process",
+                       num_workers=2, transform=lambda b: {"id": b["id"].to_numpy() + offset})
+    assert ids_of(loader) == [i + 5 for i in range(1000)]
 
 
 def test_killed_worker_fails_the_epoch_clearly(small_uri: str) -> None:

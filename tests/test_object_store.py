@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import time
 
 import lance
 import numpy as np
@@ -295,3 +297,58 @@ def test_materialize_to_s3_commits_once_and_resumes(s3, remote: str, local: str,
     assert not record.exists() and copy.version == 1
     want = ll.materialize(ll.Loader(local, **settings), tmp_path / "local.lance")
     assert copy.to_table().equals(want.to_table())
+
+
+# --- a store that is gone -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cache-miss", "no-cache"])
+def test_a_store_that_refuses_connections_ends_in_a_read_error_within_seconds(
+        s3, remote: str, tmp_path, cached: bool) -> None:
+    """The store dies after the loader opened it (open connections reset, new ones refused),
+    with a cache miss or no cache: a ReadError naming the cause comes within seconds (the
+    issue's bound is 10 s); Lance's own retries of each request took ~10 s here and 226 s in
+    the issue's setup."""
+    from faultproxy import FaultProxy
+
+    proxy = FaultProxy(s3.endpoint)
+    options = {**s3.storage_options, "endpoint": proxy.endpoint}
+    loader = ll.Loader(remote, batch_size=100, columns=["id", "x"], num_workers=2,
+                       cache=str(tmp_path / "cache") if cached else None,
+                       storage_options=options)
+    proxy.set(down_s=600.0)  # connections Lance keeps open are reset...
+    proxy.stop()  # ...and new ones refused: nobody listens there any more
+    started = time.monotonic()
+    with pytest.raises(ll.ReadError, match="refuses connections") as info:
+        ids_of(loader)
+    assert time.monotonic() - started < 10  # the issue's bound, not a speed claim
+    assert remote in str(info.value) and "check endpoint=" in str(info.value)
+
+
+def test_a_store_whose_name_does_not_resolve_is_given_up_within_seconds(s3) -> None:
+    """A real Lance call on an endpoint whose host name cannot resolve (``.invalid``: resolution
+    fails locally, no traffic) is abandoned at the first probe."""
+    from lanceloader.rows.dataset import StoreUnreachable, reaching_store
+
+    options = {**s3.storage_options, "endpoint": "http://lanceloader-gone.invalid:9000"}
+    uri = "s3://bucket1/data.lance"
+    started = time.monotonic()
+    with pytest.raises(StoreUnreachable, match="does not resolve"):
+        reaching_store(lambda: lance.dataset(uri, storage_options=options).to_table(), uri,
+                       options, probe_every_s=0.2)
+    assert time.monotonic() - started < 10  # a bound, not a speed claim
+
+
+def test_the_probe_tells_a_gone_store_from_a_slow_one() -> None:
+    """Refused and unresolvable are gone; a server that accepts and never answers is not (Lance's
+    request timeouts stay in charge of it)."""
+    from lanceloader.rows.dataset import store_unreachable
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # closed without listening: nobody is there
+    assert "refuses connections" in store_unreachable(("127.0.0.1", port))
+    assert "does not resolve" in store_unreachable(("lanceloader-gone.invalid", 443))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        assert store_unreachable(silent.getsockname()) is None

@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import workerfns
@@ -79,9 +81,13 @@ def test_close_mid_way_stops_every_worker() -> None:
     assert shm_files() == set()
 
 
-def test_unpicklable_function_is_named_before_start() -> None:
-    with pytest.raises(TypeError, match=r"cannot be sent to worker processes.*module level"):
-        check_picklable(lambda x: x, "transform <lambda>")
+def test_what_cannot_be_copied_is_named_before_start_and_lambdas_travel_by_value() -> None:
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"cannot be sent to worker processes.*_thread.lock.*"
+                                        r"create it inside the transform"):
+        check_picklable(lambda x: lock, "transform <lambda>")
+    with ProcessPool(lambda x: {"value": np.full(3, x * 2)}, iter(range(4)), 2, 2) as pool:
+        assert [r["value"].tolist() for r in pool] == [[0, 0, 0], [2, 2, 2], [4, 4, 4], [6, 6, 6]]
 
 
 def start_pool_script(tmp_path, then: str) -> tuple[subprocess.Popen, list[int]]:

@@ -14,6 +14,7 @@ from lanceloader.engine.processes import WorkerDiedError
 from lanceloader.engine.stats import Stats
 from lanceloader.engine.stream import EpochIterator, LoaderInUseError, StallError
 from lanceloader.integrations.tensorflow import as_tf_dataset
+from lanceloader.ledger import Ledger
 from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan
@@ -30,6 +31,7 @@ __all__ = [
     "ConversionError",
     "ConvertSummary",
     "EpochIterator",
+    "Ledger",
     "Loader",
     "LoaderInUseError",
     "Mix",

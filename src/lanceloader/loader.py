@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lance
@@ -88,6 +88,11 @@ class Loader:
             (``TooManyRowErrors`` beyond).
         output: ``"numpy"``, ``"torch"``, ``"jax"``, ``"tf"``, ``"arrow"``, ``"python"``, or
             an ``ll.Conversion`` (nulls, ragged lists, strings, casts).
+        fill_nulls: column name to the value its nulls take, e.g. ``{"score": 0.0}``: the same
+            as ``output=ll.Conversion(output=..., fill_nulls=...)``. Without it, nulls in an
+            array column are an error: at construction where a scan is cheap (local fixed-width
+            columns, :func:`~lanceloader.pipeline.check_nulls`), else in the batch holding them,
+            naming the batch and the row.
         pin_memory: torch output: page-lock batches (a warning where there is no CUDA).
         device: copy batches to this device ahead of use: torch output, e.g. ``"cuda"``; JAX
             output, a ``jax.Device`` or ``Sharding`` (:mod:`lanceloader.engine.device`).
@@ -119,7 +124,8 @@ class Loader:
         shuffle_block_size: int = 1, shuffle_window: int | None = None, seed: int = 0,
         drop_last: bool = False, transform: Transform | list[Transform] | None = None,
         on_error: OnError = "raise", max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
-        output: str | Conversion = "numpy", pin_memory: bool = False, device: Any = None,
+        output: str | Conversion = "numpy", fill_nulls: Mapping[str, Any] | None = None,
+        pin_memory: bool = False, device: Any = None,
         device_prefetch: int | None = None, device_prefetch_bytes: int | None = None,
         num_workers: int | None = None, worker_type: str = "thread", prefetch: int | None = None,
         rank: int | None = None, world_size: int | None = None,
@@ -134,7 +140,8 @@ class Loader:
             OrderSettings(shuffle, shuffle_block_size, shuffle_window, seed),
             Batching(batch_size, drop_last, rank, world_size),
             Steps(transform, on_error, max_skip_fraction),
-            Output.of(output, pin_memory, device, device_prefetch, device_prefetch_bytes),
+            Output.of(output, pin_memory, device, device_prefetch, device_prefetch_bytes,
+                      fill_nulls),
             Workers(num_workers, worker_type, prefetch, rows_per_read, log_every, stall_timeout))
         self.recorder = Recorder()
         self._cursor = Cursor(self._pipeline.spec())
@@ -189,12 +196,23 @@ class Loader:
         """Make the next ``iter()`` deliver ``epoch`` from its start."""
         check_int("epoch", epoch, minimum=0)
         self._live.check_idle("set_epoch()", self, self._cursor)
+        self._live.forget()
         self._cursor.seek(epoch)
 
     def __iter__(self) -> EpochIterator:
+        """The rest of the current epoch: the batches it hands out are consumed (``peek()``
+        looks without consuming). One live iterator at a time (``LoaderInUseError``).
+
+        An ``iter()`` that continues an epoch after an earlier iterator that delivered exactly
+        one batch to a ``next()`` call (not to a ``for`` loop or comprehension) and was dropped
+        before the epoch's end, the loader not moved since, logs one WARNING per loader (logger
+        ``lanceloader``) naming the batches left and ``peek()``: ``next(iter(loader))`` to log
+        a sample takes that batch from training. A loop that breaks and resumes, an iterator
+        stepped more than once, ``set_epoch`` and ``load_state_dict`` stay quiet.
+        """
         self._live.check_idle("iter()", self, self._cursor)
         return self._live.start(EpochIterator(self.reading(self.num_workers), self._cursor,
-                                              self.recorder, self.log_every))
+                                              self.recorder, self.log_every), self._cursor)
 
     def peek(self) -> Any:
         """The next batch the loader will deliver, made as it will be (transform, output,
@@ -249,6 +267,7 @@ class Loader:
         cursor = Cursor(pipeline.spec())
         cursor.load_state_dict(state, allow)  # raises before anything of this loader changed
         self._pipeline, self._cursor = pipeline, cursor
+        self._live.forget()
 
     def close(self) -> None:
         """Stop the live iterator's workers (if any); the cursor stays where it stopped."""
@@ -275,7 +294,8 @@ class Loader:
         ``epoch=None`` sums every iteration, ``-1`` is the last one, ``0`` the first.
         ``print(loader.stats())`` shows a table and the verdict."""
         stats = self.recorder.snapshot(workers=self.num_workers,
-                                       shuffle_random=self._pipeline.random_reads, epoch=epoch)
+                                       shuffle_random=self._pipeline.random_reads, epoch=epoch,
+                                       worker_type=self._pipeline.workers.worker_type)
         padding = self.source.padding_fraction
         return stats if padding is None else dataclasses.replace(stats, padding_fraction=padding)
 

@@ -1,14 +1,23 @@
 """Construction-time checks of what the rows can become: every column of a schema against an
 output format (:func:`check_schema`), and encoded bytes kept from plain tensor outputs
 (:func:`check_bytes_for_tensors`), and the output's framework imported (:func:`check_output`), so
-a loader fails before any worker starts, naming the column and the fix.
+a loader fails before any worker starts, naming the column and the fix. Nulls depend on the data:
+:func:`null_checked_columns` names the columns a cheap scan at construction looks at (the scan
+itself is the pipeline's, which has the rows), :func:`nulls_error` says what it found.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from lanceloader.batch.output import LENGTHS_SUFFIX, Conversion, _is_list, _kind, as_conversion
+from lanceloader.batch.output import (
+    LENGTHS_SUFFIX,
+    Conversion,
+    _is_list,
+    _kind,
+    as_conversion,
+    null_fix,
+)
 from lanceloader.batch.tensors import FRAMEWORKS, ConversionError, import_framework, uint64_message
 
 
@@ -69,6 +78,46 @@ def check_bytes_for_tensors(schema: pa.Schema, output: str) -> None:
                 f"with transform=ll.decode_images({f.name!r}) (JPEG/PNG), leave the column out "
                 f"with columns=[...], or pass output=ll.Conversion(output={output!r}) to get "
                 "the list of bytes on purpose")
+
+
+def null_checked_columns(schema: pa.Schema, output: str | Conversion) -> dict[str, int]:
+    """The top-level columns of ``schema`` whose nulls ``output`` refuses and a construction-time
+    scan can afford to look at, with their bytes per row: fixed-width scalars (numbers, bools,
+    times, bfloat16) not named in ``fill_nulls``. Lists, tensors and text can be large, so their
+    nulls are found in the batch that holds them (the error names the batch and the row).
+
+    >>> null_checked_columns(pa.schema([("score", pa.float32()), ("v", pa.list_(pa.int8())),
+    ...                                 ("ok", pa.int64())]), Conversion(fill_nulls={"ok": 0}))
+    {'score': 4}
+    >>> null_checked_columns(pa.schema([("score", pa.float32())]), "arrow")
+    {}
+    """
+    conversion = as_conversion(output)
+    if conversion.output in ("arrow", "python"):
+        return {}
+    found = {}
+    for f in schema:
+        if f.name in conversion.fill_nulls or not f.nullable:
+            continue
+        kind = _kind(f.name, f.type, conversion.output)
+        if kind in ("number", "bool", "temporal", "bfloat16"):
+            width = 2 if kind == "bfloat16" else max(1, f.type.bit_width // 8)
+            found[f.name] = width
+    return found
+
+
+def nulls_error(column: str, typ: pa.DataType, count: int, rows: int, where: str,
+                filter: str | None) -> ConversionError:
+    """The construction-time error for ``count`` nulls of ``column`` among the ``rows`` a loader
+    reads, the first at ``where``; the fix is a call that runs as written.
+
+    >>> print(nulls_error("score", pa.float32(), 3, 1000, "fragment 0 row 7", None))
+    column 'score' (float) has 3 null values in the 1000 rows this loader reads (the first: fragment 0 row 7), which output arrays cannot hold; fill them: Loader(..., fill_nulls={'score': 0.0}) (also a keyword of ll.torch's datasets and ll.Conversion), or filter them out: filter='score IS NOT NULL'
+    """
+    return ConversionError(
+        f"column {column!r} ({typ}) has {count} null values in the {rows} rows this loader "
+        f"reads (the first: {where}), which output arrays cannot hold; "
+        f"{null_fix(column, typ, filter)}")
 
 
 def _check_field(

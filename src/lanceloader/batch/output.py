@@ -57,7 +57,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -383,10 +383,77 @@ def _fill(path: str, out: np.ndarray, arr: pa.Array, conv: Conversion) -> np.nda
 
 
 def _null_error(path: str, arr: pa.Array) -> ConversionError:
-    return ConversionError(
-        f"column {path!r} ({arr.type}) has {arr.null_count} null values (of {len(arr)}); fill "
-        f"them (fill_nulls={{{path!r}: 0}}) or filter them out (filter='{path} IS NOT NULL')"
+    storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+    first = int(np.flatnonzero(storage.is_null().to_numpy(zero_copy_only=False))[0])
+    error = ConversionError(
+        f"column {path!r} ({arr.type}) has {arr.null_count} null values (of {len(arr)}), the "
+        f"first at row {first} of this batch; {null_fix(path, arr.type)}"
     )
+    error.row = first
+    return error
+
+
+def null_fix(path: str, typ: pa.DataType, filter: str | None = None) -> str:
+    """The fixes for nulls in column ``path``, as calls that run as written: the ``fill_nulls``
+    keyword (of ``Loader``, the torch datasets and ``Conversion``) with a value of the column's
+    type, or a filter (added to ``filter``, the one in use).
+
+    >>> null_fix("score", pa.float32())
+    "fill them: Loader(..., fill_nulls={'score': 0.0}) (also a keyword of ll.torch's datasets and ll.Conversion), or filter them out: filter='score IS NOT NULL'"
+    """
+    keep = f"{path} IS NOT NULL" if filter is None else f"({filter}) AND {path} IS NOT NULL"
+    return (f"fill them: Loader(..., fill_nulls={{{path!r}: {fill_example(typ)!r}}}) (also a "
+            f"keyword of ll.torch's datasets and ll.Conversion), or filter them out: "
+            f"filter={keep!r}")
+
+
+def fill_example(typ: pa.DataType) -> Any:
+    """A ``fill_nulls`` value that fits a column of type ``typ``.
+
+    >>> fill_example(pa.int32()), fill_example(pa.string()), fill_example(pa.list_(pa.int8()))
+    (0, '', [])
+    """
+    if isinstance(typ, pa.BaseExtensionType):
+        typ = typ.storage_type if not isinstance(typ, pa.FixedShapeTensorType) else typ.value_type
+        return 0.0 if pa.types.is_fixed_size_binary(typ) else fill_example(typ)  # bfloat16
+    if pa.types.is_dictionary(typ):
+        return fill_example(typ.value_type)
+    if pa.types.is_fixed_size_list(typ):
+        return fill_example(typ.value_type)
+    if _is_list(typ):
+        return []
+    if pa.types.is_boolean(typ):
+        return False
+    if pa.types.is_floating(typ):
+        return 0.0
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or \
+            pa.types.is_fixed_size_binary(typ):
+        return b""
+    if _is_text(typ):
+        return ""
+    return 0
+
+
+def with_fill_nulls(output: str | Conversion, fill_nulls: Mapping[str, Any] | None
+                    ) -> str | Conversion:
+    """``output`` with ``fill_nulls`` set: the ``fill_nulls=`` keyword of ``Loader`` and the
+    torch datasets, the same as ``output=Conversion(output=..., fill_nulls=...)``.
+
+    >>> with_fill_nulls("torch", {"score": 0.0})
+    Conversion(output='torch', fill_nulls={'score': 0.0}, ragged='pad', pad_value=0, pad_to=None, strings='list', casts={})
+    >>> with_fill_nulls(Conversion(fill_nulls={"a": 0}), {"b": 0})
+    Traceback (most recent call last):
+    ...
+    ValueError: fill_nulls is given twice, as fill_nulls={'b': 0} and in output=Conversion(fill_nulls={'a': 0}); give it once
+    """
+    if fill_nulls is None:
+        return output
+    conversion = as_conversion(output)
+    if conversion.fill_nulls:
+        raise ValueError(
+            f"fill_nulls is given twice, as fill_nulls={dict(fill_nulls)!r} and in "
+            f"output=Conversion(fill_nulls={dict(conversion.fill_nulls)!r}); give it once")
+    return replace(conversion, fill_nulls=fill_nulls)
 
 
 def _scalar(path: str, option: str, value: Any, dtype: np.dtype) -> np.ndarray:
@@ -466,8 +533,7 @@ def _nested(path: str, arr: pa.Array, conv: Conversion) -> list[Any]:
     if arr.null_count and not isinstance(fill, list):
         raise ConversionError(
             f"column {path!r} ({arr.type}) has {arr.null_count} null values (of {len(arr)}); "
-            f"fill them with a list (fill_nulls={{{path!r}: []}}) or filter them out "
-            f"(filter='{path} IS NOT NULL')"
+            f"{null_fix(path, arr.type)}"
             + ("" if fill is None else f"; got fill_nulls[{path!r}]={fill!r}, not a list")
         )
     rows = arr.to_pylist()

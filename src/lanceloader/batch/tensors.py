@@ -20,9 +20,12 @@ FRAMEWORKS = ("torch", "jax", "tf")
 
 
 class ConversionError(TypeError):
-    """A column that cannot become the requested output type."""
+    """A column that cannot become the requested output type. ``row``: for nulls found in a
+    batch, the first null row's index in that batch (the loader's note maps it to the dataset's
+    fragment and row); ``None`` otherwise."""
 
     __module__ = "lanceloader"  # where users meet it: ``lanceloader.ConversionError``
+    row: int | None = None
 
 
 def uint64_message(path: str) -> str:

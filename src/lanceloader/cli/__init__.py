@@ -34,6 +34,7 @@ from lanceloader.cli.errors import INPUT_ERRORS as INPUT_ERRORS
 from lanceloader.cli.errors import CommandError, one_line
 from lanceloader.cli.errors import input_errors as input_errors
 from lanceloader.cli.inspect import INSPECT_SAMPLE_ROWS
+from lanceloader.cli.ledger import add_ledger
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -58,6 +59,24 @@ def positive_int(text: str) -> int:
     return value
 
 
+def image_size(text: str) -> int | tuple[int, int]:
+    """argparse type: ``224`` or ``224x160`` (height x width), each >= 1.
+
+    >>> image_size("224"), image_size("224x160")
+    (224, (224, 160))
+    """
+    parts = text.lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be PX or HxW with integers >= 1, e.g. 224 or 224x160; got {text!r}"
+        )
+    return values[0] if len(values) == 1 else (values[0], values[1])
+
+
 MAIN_EPILOG = """\
 examples:
   lanceloader demo
@@ -72,6 +91,8 @@ examples:
   lanceloader bench data/train.lance
   lanceloader bench data/train.lance --columns image,label --shuffle --workers 8
   lanceloader bench data/train.lance --shuffle --block-size 1024 --window 8 --epochs 2
+  lanceloader bench data/train.lance --splits train=0.9,val=0.1 --split val
+  lanceloader bench data/images.lance --decode-images image --image-size 224 --shuffle
   lanceloader bench data/train.lance --transform mytransforms:decode --max-batches 200 \\
       --json stats.json --plot stats.png --trace trace.json
 
@@ -127,7 +148,31 @@ def add_bench(sub: Any) -> None:
         metavar="N",
         help="batches prepared ahead; default 2 x workers",
     )
+    b.add_argument(
+        "--splits",
+        metavar="NAME=FRACTION,...",
+        help="deterministic named splits of the rows, e.g. train=0.9,val=0.1; with --split",
+    )
+    b.add_argument("--split", metavar="NAME", help="the split to read, one of --splits")
+    b.add_argument(
+        "--split-key",
+        metavar="COLUMN",
+        help="column whose value decides a row's split; default the row offset",
+    )
     b.add_argument("--output", choices=("numpy", "torch", "arrow", "python"), default="numpy")
+    b.add_argument(
+        "--decode-images",
+        metavar="COLUMN",
+        help="decode the JPEG/PNG bytes of COLUMN into a uint8 [n, H, W, 3] array "
+        "(lanceloader.decode_images), before any --transform",
+    )
+    b.add_argument(
+        "--image-size",
+        type=image_size,
+        metavar="PX|HxW",
+        help="with --decode-images: resize every image to PX x PX or H x W pixels; needed when "
+        "the images' sizes differ",
+    )
     b.add_argument(
         "--transform",
         metavar="MODULE:FUNCTION",
@@ -218,6 +263,7 @@ def parser() -> argparse.ArgumentParser:
     add_bench(sub)
     add_inspect(sub)
     add_convert(sub)
+    add_ledger(sub)
     return p
 
 

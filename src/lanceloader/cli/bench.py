@@ -1,5 +1,6 @@
 """``lanceloader bench``: run the Loader with the given settings and report its stats, with
-optional JSON, PNG plot and Perfetto trace outputs.
+optional JSON, PNG plot and Perfetto trace outputs. A named split (``--splits``, ``--split``) and
+image decoding (``--decode-images``, with ``lanceloader.decode_images``) need no code of one's own.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from lanceloader.cli.errors import CommandError, input_errors
+from lanceloader.batch.images import decode_images
+from lanceloader.cli.errors import CommandError, input_errors, refuse_convertible
 from lanceloader.engine.work import Transform
 from lanceloader.loader import Loader
 
@@ -64,15 +67,94 @@ def import_transform(spec: str) -> Transform:
     return value
 
 
+def parse_splits(text: str) -> dict[str, float]:
+    """``--splits``: ``NAME=FRACTION,...`` as the Loader's ``splits``, in the order given (the
+    order places each split's share of the hash range, so it is part of the split).
+
+    >>> parse_splits("train=0.9, val=0.1")
+    {'train': 0.9, 'val': 0.1}
+    >>> parse_splits("train:0.9")
+    Traceback (most recent call last):
+    ...
+    lanceloader.cli.errors.CommandError: --splits must be NAME=FRACTION,... e.g. train=0.9,val=0.1; got 'train:0.9'
+    """
+    splits: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, fraction = item.strip().partition("=")
+        try:
+            value = float(fraction)
+        except ValueError:
+            value = None
+        if not sep or not name.strip() or value is None or name.strip() in splits:
+            raise CommandError(
+                f"--splits must be NAME=FRACTION,... e.g. train=0.9,val=0.1; got {text!r}"
+            )
+        splits[name.strip()] = value
+    return splits
+
+
+def split_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The Loader's ``splits``, ``split`` and ``split_key`` from ``--splits``, ``--split`` and
+    ``--split-key``; one without the other is an error naming the missing flag."""
+    if args.split is None and args.splits is None:
+        if args.split_key is not None:
+            raise CommandError("--split-key needs --splits and --split")
+        return {}
+    if args.splits is None:
+        raise CommandError(
+            f"--split {args.split} needs --splits, the fractions of every split, e.g. "
+            f"--splits {args.split}=0.9,rest=0.1"
+        )
+    splits = parse_splits(args.splits)
+    if args.split is None:
+        raise CommandError(f"--splits needs --split, one of {', '.join(splits)}")
+    return {"splits": splits, "split": args.split, "split_key": args.split_key}
+
+
+def transforms(args: argparse.Namespace) -> list[Transform]:
+    """The batch transforms of ``--decode-images`` (first) and ``--transform``, in that order."""
+    if args.image_size is not None and not args.decode_images:
+        raise CommandError("--image-size resizes decoded images: add --decode-images COLUMN")
+    steps: list[Transform] = []
+    if args.decode_images:
+        with input_errors():  # no Pillow: an ImportError that names the install
+            try:
+                steps.append(decode_images(args.decode_images, args.image_size))
+            except ImportError as exc:
+                raise CommandError(f"--decode-images: {exc}") from exc
+    if args.transform:
+        steps.append(import_transform(args.transform))
+    return steps
+
+
+@contextlib.contextmanager
+def image_size_errors(args: argparse.Namespace) -> Iterator[None]:
+    """Images of different sizes met by ``--decode-images`` without ``--image-size`` (a
+    ``ValueError`` from ``decode_images``, which says ``pass size=``): a one-line
+    :class:`CommandError` that names the flag to add. Other errors pass as they are."""
+    try:
+        yield
+    except ValueError as exc:
+        if not args.decode_images or args.image_size is not None or "pass size=" not in str(exc):
+            raise
+        why = str(exc).split("; pass size=")[0]
+        raise CommandError(
+            f"--decode-images {args.decode_images}: {why}; add --image-size PX or HxW to "
+            "resize every image"
+        ) from exc
+
+
 def loader_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``Loader`` keyword arguments from the ``bench`` arguments.
 
     >>> ns = argparse.Namespace(batch_size=64, columns="id, x", filter=None, shuffle=True,
     ...                         block_size=1024, window=None, seed=0, workers=2,
     ...                         worker_type="thread", rows_per_read=None, prefetch=None,
-    ...                         output="numpy", transform=None)
-    >>> loader_settings(ns)["columns"], loader_settings(ns)["shuffle_block_size"]
-    (['id', 'x'], 1024)
+    ...                         output="numpy", transform=None, splits="train=0.9,val=0.1",
+    ...                         split="val", split_key=None, decode_images=None,
+    ...                         image_size=None)
+    >>> loader_settings(ns)["columns"], loader_settings(ns)["split"]
+    (['id', 'x'], 'val')
     """
     if not args.shuffle and (args.block_size is not None or args.window is not None):
         raise CommandError("--block-size and --window set a shuffle; add --shuffle")
@@ -89,9 +171,11 @@ def loader_settings(args: argparse.Namespace) -> dict[str, Any]:
         "prefetch": args.prefetch,
         "worker_type": args.worker_type,
         "output": args.output,
+        **split_settings(args),
     }
-    if args.transform:
-        settings["transform"] = import_transform(args.transform)
+    steps = transforms(args)
+    if steps:
+        settings["transform"] = steps[0] if len(steps) == 1 else steps
     return settings
 
 
@@ -105,8 +189,9 @@ def describe_order(loader: Loader) -> str:
     return f"block shuffle ({order.block_size} rows x {order.window} blocks, seed {order.seed})"
 
 
-def series_point(loader: Loader, start: float, previous: dict[str, float], epoch: int,
-                 end: bool = False) -> dict[str, float]:
+def series_point(
+    loader: Loader, start: float, previous: dict[str, float], epoch: int, end: bool = False
+) -> dict[str, float]:
     """One point of the throughput series: seconds since ``start``, rows so far, rows/s since
     ``previous``, and whether it closes an epoch (``epoch_end``: its interval is short and
     ends with the prefetched batches draining, so its rate is no steady-state figure). Rows
@@ -115,12 +200,12 @@ def series_point(loader: Loader, start: float, previous: dict[str, float], epoch
     rows = int(loader.recorder.total_counters()["rows"])
     dt = t - previous["t"]
     rate = (rows - previous["rows"]) / dt if dt > 0 else 0.0
-    return {"t": round(t, 4), "epoch": epoch, "rows": rows, "rows_per_s": rate,
-            "epoch_end": end}
+    return {"t": round(t, 4), "epoch": epoch, "rows": rows, "rows_per_s": rate, "epoch_end": end}
 
 
-def resampled_rates(points: list[dict[str, Any]], every_s: float = SAMPLE_EVERY_S
-                    ) -> tuple[list[float], list[float]]:
+def resampled_rates(
+    points: list[dict[str, Any]], every_s: float = SAMPLE_EVERY_S
+) -> tuple[list[float], list[float]]:
     """Rows/s over equal intervals of ``every_s``, from the rows delivered so far interpolated
     between the points: an epoch-end point, whose own interval is short and ends as the
     prefetched batches drain, then counts for what it is (rows at a time) instead of a spike.
@@ -141,13 +226,44 @@ def resampled_rates(points: list[dict[str, Any]], every_s: float = SAMPLE_EVERY_
     return edges[1:], (np.diff(at) / width).tolist()
 
 
+def describe_batch(batch: Any) -> dict[str, str]:
+    """Each column of a delivered batch: its type and shape (``uint8 [64, 8, 8, 3]``), or the
+    length of a list.
+
+    >>> describe_batch({"image": np.zeros((4, 8, 8, 3), np.uint8), "text": ["a", "b"]})
+    {'image': 'uint8 [4, 8, 8, 3]', 'text': 'list [2]'}
+    """
+    if hasattr(batch, "schema") and hasattr(batch, "column_names"):  # an Arrow RecordBatch
+        return {
+            name: f"{batch.schema.field(name).type} [{batch.num_rows}]"
+            for name in batch.column_names
+        }
+    if not isinstance(batch, dict):
+        return {"batch": type(batch).__name__}
+    out = {}
+    for name, value in batch.items():
+        shape = getattr(value, "shape", None)
+        if shape is not None:
+            dtype = str(getattr(value, "dtype", "")).removeprefix("torch.")
+            out[name] = f"{dtype} [{', '.join(map(str, shape))}]"
+        else:
+            out[name] = (
+                f"{type(value).__name__} [{len(value)}]"
+                if hasattr(value, "__len__")
+                else type(value).__name__
+            )
+    return out
+
+
 @dataclass
 class BenchRun:
-    """What the bench loop saw: the throughput series, and whether Ctrl-C cut it short."""
+    """What the bench loop saw: the throughput series, whether Ctrl-C cut it short, and what the
+    first batch held (:func:`describe_batch`)."""
 
     series: list[dict[str, float]]
     interrupted: bool = False
     epochs: int = 0  # epochs started, the last one perhaps cut short
+    first_batch: dict[str, str] | None = None
 
 
 def run_bench(
@@ -173,7 +289,7 @@ def run_bench(
     try:
         for _ in range(epochs):
             run.epochs += 1
-            run_epoch_with_series(loader, max_batches, start, every_s, run.series)
+            run_epoch_with_series(loader, max_batches, start, every_s, run)
     except KeyboardInterrupt:
         run.interrupted = True
         run.series.append(series_point(loader, start, run.series[-1], loader.epoch))
@@ -185,15 +301,18 @@ def run_epoch_with_series(
     max_batches: int | None,
     start: float,
     every_s: float,
-    series: list[dict[str, float]],
+    run: BenchRun,
 ) -> None:
-    """One epoch of :func:`run_bench`, appending to ``series``; an epoch cut short at
+    """One epoch of :func:`run_bench`, appending to ``run.series``; an epoch cut short at
     ``max_batches`` is ended there (the next one starts at its beginning)."""
+    series = run.series
     epoch = loader.epoch
     total = len(loader) if max_batches is None else min(len(loader), max_batches)
     desc = f"epoch {epoch}"
     with tqdm(total=total, desc=desc, unit="batch", file=sys.stderr) as bar, iter(loader) as it:
-        for done, _batch in enumerate(it, 1):
+        for done, batch in enumerate(it, 1):
+            if run.first_batch is None:
+                run.first_batch = describe_batch(batch)
             bar.update()
             if time.perf_counter() - start - series[-1]["t"] >= every_s:
                 series.append(series_point(loader, start, series[-1], epoch))
@@ -216,6 +335,11 @@ def bench_report(
             "batch_size": loader.batch_size,
             "columns": loader.source.columns,
             "filter": loader.source.settings()["filter"],
+            "splits": loader.source.settings().get("splits"),
+            "split": loader.source.settings().get("split"),
+            "split_key": loader.source.settings().get("split_key"),
+            "decode_images": args.decode_images,
+            "image_size": args.image_size,
             "order": describe_order(loader),
             "shuffle": loader.order.shuffle,
             "block_size": loader.order.block_size,
@@ -258,20 +382,34 @@ def write_plot(path: str, report: dict[str, Any]) -> None:
     times, rates = resampled_rates(points)
     over_time.plot(times, rates, drawstyle="steps-pre", label="rows/s per 0.1 s")
     for i, p in enumerate(p for p in points if p.get("epoch_end")):
-        over_time.axvline(p["t"], color="grey", linewidth=0.6, linestyle=":",
-                          label="epoch end" if i == 0 else None)
-    over_time.set(title="throughput", xlabel="seconds", ylabel="rows/s",
-                  ylim=(0, 1.15 * max(rates) if rates else None))
+        over_time.axvline(
+            p["t"],
+            color="grey",
+            linewidth=0.6,
+            linestyle=":",
+            label="epoch end" if i == 0 else None,
+        )
+    over_time.set(
+        title="throughput",
+        xlabel="seconds",
+        ylabel="rows/s",
+        ylim=(0, 1.15 * max(rates) if rates else None),
+    )
     over_time.legend(loc="lower right", fontsize="small")
-    worker_stages = {"read": stats["read_s"], "transform": stats["transform_s"],
-                     "convert": stats["convert_s"]}
+    worker_stages = {
+        "read": stats["read_s"],
+        "transform": stats["transform_s"],
+        "convert": stats["convert_s"],
+    }
     workers.barh(list(worker_stages)[::-1], list(worker_stages.values())[::-1])
     workers.set(title=f"workers ({stats['workers']})", xlabel="seconds, summed over workers")
     loop_stages = {"waited for data": stats["wait_s"], "worked (training step)": stats["step_s"]}
     loop.barh(list(loop_stages)[::-1], list(loop_stages.values())[::-1], color="tab:orange")
     loop.set(title="training loop", xlabel="wall seconds")
-    fig.suptitle(f"lanceloader bench {report['uri']} ({report['settings']['order']}); "
-                 f"bottleneck: {stats['bottleneck']['stage']}")
+    fig.suptitle(
+        f"lanceloader bench {report['uri']} ({report['settings']['order']}); "
+        f"bottleneck: {stats['bottleneck']['stage']}"
+    )
     fig.savefig(path, dpi=100)
 
 
@@ -305,23 +443,32 @@ def bench(args: argparse.Namespace) -> int:
     Returns 0, or 130 when interrupted by Ctrl-C (after reporting what was measured).
     """
     check_output_paths(args)
+    refuse_convertible(args.uri, "bench")
     with input_errors():
         loader = Loader(args.uri, **loader_settings(args))
+    split = f" of split {args.split!r}" if args.split else ""
     print(
         f"lanceloader bench {loader.source.uri} (version {loader.source.version}): "
-        f"{loader.source.num_rows:,} rows, batch {loader.batch_size}, {describe_order(loader)}, "
+        f"{loader.source.num_rows:,} rows{split}, batch {loader.batch_size}, "
+        f"{describe_order(loader)}, "
         f"{loader.num_workers} {args.worker_type} worker{'s' if loader.num_workers > 1 else ''}"
     )
     mixing = loader.mixing_report()  # of the first epoch's order, before it runs
     tracing = loader.trace(args.trace) if args.trace else contextlib.nullcontext()
-    with tracing:
+    with tracing, image_size_errors(args):
         run = run_bench(loader, args.epochs, args.max_batches)
     if run.interrupted:
         print("interrupted: the stats cover what ran until Ctrl-C")
     epochs = run.epochs
+    if run.first_batch:
+        print("first batch: " + ", ".join(f"{k} {v}" for k, v in run.first_batch.items()))
     print_stats(loader, epochs)
     print(mixing)
-    report = {**bench_report(loader, args, run.series, epochs), "mixing": mixing.to_dict()}
+    report = {
+        **bench_report(loader, args, run.series, epochs),
+        "mixing": mixing.to_dict(),
+        "first_batch": run.first_batch,
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -1,5 +1,6 @@
 """``lanceloader inspect``: versions, schema, rows, fragments, bytes per column, and what each
-column becomes as a NumPy array.
+column becomes as a NumPy array. Given images, Parquet or CSV instead of a Lance dataset, it says
+the ``lanceloader convert`` command that makes one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pyarrow as pa
 
 from lanceloader.batch.checks import check_schema
 from lanceloader.batch.output import LENGTHS_SUFFIX, to_output
-from lanceloader.cli.errors import input_errors, one_line
+from lanceloader.cli.errors import input_errors, one_line, refuse_convertible
 from lanceloader.rows.lance import Source
 
 INSPECT_SAMPLE_ROWS = 16
@@ -199,12 +200,17 @@ def lineage_lines(schema: pa.Schema) -> list[str]:
     if b"lanceloader.lineage" in metadata:
         facts = json.loads(metadata[b"lanceloader.lineage"])
         order = facts.get("order") or {}
-        shuffle = ("sequential" if not order.get("shuffle") else
-                   f"shuffled (block {order.get('block_size')}, seed {order.get('seed')})")
-        lines.append(f"materialised from {facts['source']} (version {facts['version']}, "
-                     f"identity {facts['identity']}), epoch {facts['epoch']}, {shuffle}; "
-                     f"filter {facts.get('filter')!r}, split {facts.get('split')!r}, "
-                     f"transform {facts.get('transform')!r}")
+        shuffle = (
+            "sequential"
+            if not order.get("shuffle")
+            else f"shuffled (block {order.get('block_size')}, seed {order.get('seed')})"
+        )
+        lines.append(
+            f"materialised from {facts['source']} (version {facts['version']}, "
+            f"identity {facts['identity']}), epoch {facts['epoch']}, {shuffle}; "
+            f"filter {facts.get('filter')!r}, split {facts.get('split')!r}, "
+            f"transform {facts.get('transform')!r}"
+        )
     if b"lanceloader.classes" in metadata:
         lines.append(f"classes    {', '.join(json.loads(metadata[b'lanceloader.classes']))}")
     return lines
@@ -213,6 +219,7 @@ def lineage_lines(schema: pa.Schema) -> list[str]:
 def inspect(args: argparse.Namespace) -> int:
     """``lanceloader inspect``: print what the dataset holds and how its columns convert."""
     version = int(args.version) if args.version and args.version.isdigit() else args.version
+    refuse_convertible(args.uri, "inspect")
     with input_errors():
         lines = inspect_lines(args.uri, version, args.sample_rows)
     print("\n".join(lines))

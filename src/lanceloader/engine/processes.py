@@ -5,6 +5,15 @@ never used them. A process that has done Lance I/O must not be forked (Lance's r
 not survive ``fork``; see ``docs/fork-safety.md``), and spawning a fresh interpreter per worker
 costs seconds. Forking from that clean server costs milliseconds and is safe.
 
+Workers never run the user's main module: multiprocessing's "main module preparation" (the
+``init_main_from_path`` / ``init_main_from_name`` entries of the data a forkserver child gets
+before its process object, which make a ``spawn``/``forkserver`` child re-run the script as
+``__mp_main__``) is left out for these workers (:class:`WorkerProcess`). A script without an
+``if __name__ == "__main__":`` guard therefore runs its top-level code once, and a notebook (which
+has no main file) works alike. What a worker runs reaches it **by value** through ``cloudpickle``:
+functions and classes defined in ``__main__`` or a notebook cell, lambdas and closures travel
+with their code; what lives in an importable module travels by name, as with ``pickle``.
+
 Contract:
 
 * Task ``i`` goes to worker ``i % num_workers``; each worker answers its tasks in order, so the
@@ -34,6 +43,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import faulthandler
+import functools
+import io
 import itertools
 import mmap
 import multiprocessing as mp
@@ -45,14 +56,18 @@ import signal
 import threading
 import time
 import traceback
+import types
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
+from multiprocessing import forkserver, popen_forkserver, spawn, util
 from multiprocessing.connection import Connection, wait
+from multiprocessing.context import reduction, set_spawning_popen
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from lanceloader.engine.threads import Stalled, check_same_process
@@ -65,7 +80,10 @@ EXIT_S = 0.1
 STACK_SIGNAL = signal.SIGUSR1  # a worker's faulthandler writes its stack on this signal
 # The forkserver imports these once; its children start with them loaded. The first one silences
 # Lance's "not fork-safe" warning in the server only: forking it is safe, it never used Lance.
-PRELOAD = ["lanceloader.lifecycle._forkserver", "numpy", "pyarrow", "lance", "lanceloader.engine.work"]
+PRELOAD = ["lanceloader.lifecycle._forkserver", "numpy", "pyarrow", "lance", "cloudpickle",
+           "lanceloader.engine.work"]
+# What multiprocessing's preparation data uses to re-run the parent's main module in a child.
+MAIN_MODULE_KEYS = ("init_main_from_path", "init_main_from_name")
 
 
 class WorkerDiedError(RuntimeError):
@@ -83,20 +101,135 @@ def start_forkserver() -> None:
     """Start the forkserver now, without waiting: its imports (~1 s) overlap with the caller's
     work, and the first ``iter()`` only waits for what is left."""
     forkserver_context()
-    from multiprocessing import forkserver
-
     forkserver.ensure_running()
 
 
+def preparation_data(name: str) -> dict[str, Any]:
+    """What a worker gets before its process object: multiprocessing's preparation data (name,
+    authkey, ``sys.path``, ``sys.argv``, working directory) less the main module entries, so the
+    worker never imports the user's script.
+
+    >>> sorted(set(preparation_data("w")) & set(MAIN_MODULE_KEYS))
+    []
+    """
+    data = spawn.get_preparation_data(name)
+    for key in MAIN_MODULE_KEYS:
+        data.pop(key, None)
+    return data
+
+
+class WorkerPopen(popen_forkserver.Popen):
+    """The forkserver's ``Popen`` with :func:`preparation_data` in place of the stdlib's: the
+    same launch (``popen_forkserver.Popen._launch``, the same from CPython 3.10 to its main branch)
+    without the main module preparation."""
+
+    def _launch(self, process_obj: Any) -> None:
+        prep_data = preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            set_spawning_popen(None)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        # A duplicate of the data pipe's write end: the child's sentinel of this process.
+        parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class WorkerProcess(mp.context.ForkServerProcess):  # type: ignore[name-defined,misc]
+    """A forkserver process that does not re-run the user's main module (:class:`WorkerPopen`)."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> WorkerPopen:  # multiprocessing's name
+        return WorkerPopen(process_obj)
+
+
+def dumps(obj: object) -> bytes:
+    """``obj`` as bytes a worker (or the consumer) loads with plain ``pickle.loads``: by value
+    for what ``__main__`` or a notebook cell defined, lambdas and closures (``cloudpickle``), by
+    name for what an importable module holds."""
+    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def check_picklable(obj: object, what: str) -> None:
-    """Fail before any worker starts if ``obj`` cannot be sent to a worker process."""
+    """Fail before any worker starts if ``obj`` cannot be sent to a worker process.
+
+    Functions and classes reach the workers by value (``cloudpickle``), wherever they were
+    defined; what cannot be copied to another process at all (a lock, an open file, a live
+    connection or generator) is named here, with where it sits and the fix.
+
+    >>> check_picklable(lambda batch: batch, "transform <lambda>")  # lambdas travel by value
+    >>> import threading
+    >>> lock = threading.Lock()
+    >>> check_picklable(lambda batch: lock and batch, "transform <lambda>")
+    Traceback (most recent call last):
+    ...
+    TypeError: transform <lambda> cannot be sent to worker processes: its global 'lock' (a lock) cannot be pickled (cannot pickle '_thread.lock' object). ...
+    """
     try:
-        pickle.dumps(obj)
+        dumps(obj)
     except Exception as exc:
+        where, part = unpicklable_part(obj)
+        found = f"{where} (a {type(part).__name__})" if where else f"a {type(part).__name__}"
         raise TypeError(
-            f"{what} cannot be sent to worker processes: {exc}. Define it at module level "
-            "(lambdas and nested functions cannot be pickled), or use worker_type='thread'"
+            f"{what} cannot be sent to worker processes: its {found} cannot be pickled ({exc}). "
+            "Process workers get a copy of the transform (functions, classes and the globals "
+            "they use, by value); what belongs to one process (locks, open files, connections, "
+            "generators, clients) cannot be copied: create it inside the transform, on its first "
+            "call in each worker, or use worker_type='thread'"
         ) from exc
+
+
+def unpicklable_part(obj: object, depth: int = 6) -> tuple[str, object]:
+    """The innermost part of ``obj`` that cannot be pickled, and where it sits (``"closure
+    variable 'log'"``, ``"attribute 'client'"``); ``("", obj)`` when no part alone fails.
+
+    >>> import threading
+    >>> class Holder:
+    ...     def __init__(self):
+    ...         self.lock = threading.Lock()
+    >>> unpicklable_part([Holder()])[0]
+    "item 0 → attribute 'lock'"
+    """
+    if depth == 0:
+        return "", obj
+    for where, part in _parts(obj):
+        try:
+            dumps(part)
+        except Exception:
+            inner, innermost = unpicklable_part(part, depth - 1)
+            return (f"{where} → {inner}" if inner else where), innermost
+    return "", obj
+
+
+def _parts(obj: object) -> Iterator[tuple[str, object]]:
+    """What ``obj`` holds that pickling it pickles: items, attributes, a function's closure
+    variables and the globals it uses."""
+    if isinstance(obj, list | tuple):
+        yield from ((f"item {i}", v) for i, v in enumerate(obj))
+    elif isinstance(obj, dict):
+        yield from ((f"key {k!r}", v) for k, v in obj.items())
+    elif isinstance(obj, types.FunctionType):
+        cells = obj.__closure__ or ()
+        for name, cell in zip(obj.__code__.co_freevars, cells, strict=True):
+            with contextlib.suppress(ValueError):  # an empty cell
+                yield f"closure variable {name!r}", cell.cell_contents
+        for name in obj.__code__.co_names:
+            if name in obj.__globals__:
+                yield f"global {name!r}", obj.__globals__[name]
+    elif isinstance(obj, functools.partial):
+        yield "partial function", obj.func
+        yield from ((f"argument {i}", v) for i, v in enumerate(obj.args))
+        yield from ((f"argument {k!r}", v) for k, v in obj.keywords.items())
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        yield from ((f"field {f.name!r}", getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type | types.ModuleType):
+        yield from ((f"attribute {k!r}", v) for k, v in vars(obj).items())
 
 
 # --- shared memory transport ---------------------------------------------------------------
@@ -182,7 +315,12 @@ def pack(result: Any, path: Path) -> tuple[bytes, list[tuple[int, str, tuple[int
     skeleton = _split(result, arrays)
     offsets = write_arrays(path, arrays) if arrays else []
     layout = [(o, a.dtype.str, a.shape) for o, a in zip(offsets, arrays, strict=True)]
-    return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), layout
+    try:
+        return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), layout
+    except (pickle.PicklingError, AttributeError, TypeError):
+        # Values of a class defined in __main__ or a notebook cell: the worker has it by value,
+        # and cloudpickle sends it back, where it unpickles as the consumer's own class.
+        return dumps(skeleton), layout
 
 
 def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path: Path) -> Any:
@@ -224,7 +362,7 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
             payload = ("ok", index, *pack(fn(task), path), str(path))
         except BaseException as exc:
             path.unlink(missing_ok=True)
-            payload = ("error", index, picklable_error(exc), traceback.format_exc(), "")
+            payload = ("error", index, dumps(picklable_error(exc, dumps)), traceback.format_exc(), "")
         try:
             results.send(payload)
         except (BrokenPipeError, OSError):
@@ -252,7 +390,7 @@ class ProcessPool:
         self._submitted = 0
         self._pending: deque[tuple[int, Any]] = deque()  # (worker, task)
         ctx = forkserver_context()
-        fn_bytes = pickle.dumps(fn)
+        fn_bytes = dumps(fn)
         self._workers: list[tuple[mp.process.BaseProcess, Connection, Connection]] = []
         # A task is sent by a feeder thread per worker: a send blocks while the pipe is full
         # (a task of a big read is hundreds of KB), and the consumer must never wait there, or
@@ -262,10 +400,10 @@ class ProcessPool:
             for i in range(num_workers):
                 task_recv, task_send = ctx.Pipe(duplex=False)
                 result_recv, result_send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_worker_main, name=f"lanceloader-process-{i}",
-                                   args=(fn_bytes, task_recv, result_send, self._prefix,
-                                         self._pid),
-                                   daemon=True)
+                proc = WorkerProcess(target=_worker_main, name=f"lanceloader-process-{i}",
+                                     args=(fn_bytes, task_recv, result_send, self._prefix,
+                                           self._pid),
+                                     daemon=True)
                 proc.start()
                 task_recv.close()
                 result_send.close()
@@ -330,7 +468,7 @@ class ProcessPool:
             proc.join(1.0)
             raise WorkerDiedError(_death_message(worker, proc)) from None
         if kind == "error":
-            exc: BaseException = a
+            exc: BaseException = pickle.loads(a)
             if hasattr(exc, "add_note"):
                 exc.add_note(f"in worker process {worker} (pid {proc.pid}):\n{b}")
             raise exc
@@ -417,9 +555,8 @@ def _death_message(worker: int, proc: mp.process.BaseProcess) -> str:
         status = f"exited with status {code}"
     if code == 1:
         cause = (
-            "an error at start-up is the usual cause: see its traceback on stderr. Workers "
-            "import your main script (as with 'spawn'); guard its top-level code with "
-            "`if __name__ == '__main__':`"
+            "an error at start-up is the usual cause (e.g. a module the transform needs that "
+            "the worker cannot import): see its traceback on stderr"
         )
     else:
         cause = ("out of memory (the kernel's OOM killer sends SIGKILL) and crashes in native "

@@ -42,9 +42,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import dis
 import logging
 import math
 import pickle
+import sys
 import time
 import weakref
 from collections import deque
@@ -243,7 +245,8 @@ class Stream(Iterator[Any]):
             self._recorder.event(name, start, end, lane=result.lane, **args)
 
     def _log_progress(self) -> None:
-        stats = self._recorder.snapshot(epoch=-1)
+        stats = self._recorder.snapshot(workers=self._workers[0], worker_type=self._workers[1],
+                                        epoch=-1)
         _logger.info(
             "epoch %d: %d/%d batches, %.0f rows/s, %.1f MB/s, loop waited %.0f%%; %s",
             self.epoch, self.next_batch, len(self.plan), stats.rows_per_s,
@@ -264,17 +267,62 @@ class Stream(Iterator[Any]):
         raise pickle.PicklingError("a running stream cannot be pickled; pickle its Loader")
 
 
+_FOR_ITER = dis.opmap["FOR_ITER"]
+
+
+def taken_by_for_loop(frame: Any) -> bool:
+    """Whether ``frame`` (the caller of an iterator's ``__next__``) is running a ``for`` loop or
+    comprehension over it (its current instruction is ``FOR_ITER``) rather than calling
+    ``next()``: how a one-batch peek (``next(iter(loader))``) differs from a loop that broke.
+
+    >>> import sys
+    >>> class Probe:
+    ...     def __iter__(self):
+    ...         return self
+    ...     def __next__(self):
+    ...         return taken_by_for_loop(sys._getframe(1))
+    >>> next(Probe()), [x for x, _ in zip(Probe(), range(1))]
+    (False, [True])
+    """
+    lasti = frame.f_lasti
+    code = frame.f_code.co_code
+    return 0 <= lasti < len(code) and code[lasti] == _FOR_ITER
+
+
+@dataclass
+class Handoff:
+    """What an iterator of a loader did, kept by the loader after the iterator is gone: the
+    cursor's place (epoch, global sample) after its first batch, the batches it delivered,
+    whether the first was taken by a direct ``next()`` call, and whether it ended by itself (the
+    epoch's end, or an error) rather than by being dropped."""
+
+    epoch: int = 0
+    sample: int = 0
+    delivered: int = 0
+    by_call: bool = False
+    finished: bool = False
+
+    def dropped_one_peek(self, cursor: Cursor) -> bool:
+        """True when the iterator gave exactly one batch, to a ``next()`` call (not a ``for``
+        loop), was dropped before the epoch's end, and the cursor still stands where it left
+        it: the pattern ``next(iter(loader))`` to look at a sample, which consumes that batch."""
+        return (self.delivered == 1 and self.by_call and not self.finished
+                and (cursor.epoch, cursor.sample) == (self.epoch, self.sample))
+
+
 class EpochIterator(Iterator[Any]):
     """The rest of the cursor's epoch (a ``Loader``'s iterator): a :class:`Stream` from the
     cursor's place to the epoch's end that moves the cursor with each batch it hands out, and to
     the next epoch at ``StopIteration``. ``close()`` stops its workers (idempotent) and leaves
-    the cursor where it stopped.
+    the cursor where it stopped. ``handoff`` records what it did (:class:`Handoff`), for the
+    loader's next iterator.
 
     Live from creation until exhausted or closed; a closed iterator yields nothing more.
     """
 
     def __init__(self, reading: Reading, cursor: Cursor, recorder: Recorder,
                  log_every: int | None = None) -> None:
+        self.handoff = Handoff()
         cursor.rebase()
         if cursor.at_end and len(cursor.spec.plan()):
             _logger.info("epoch %d has no batches left (its last batch was delivered already): "
@@ -297,12 +345,19 @@ class EpochIterator(Iterator[Any]):
             batch = next(self.stream)
         except StopIteration:
             self.live = False
+            self.handoff.finished = True
             self._cursor.end_epoch()
             raise
         except BaseException:
+            self.handoff.finished = True  # an error the loop saw, not a silent drop
             self.close()
             raise
         self._cursor.advance()
+        record = self.handoff
+        if record.delivered == 0:  # the first batch: by next() or by a loop? (~1 µs, once)
+            record.by_call = not taken_by_for_loop(sys._getframe(1))
+            record.epoch, record.sample = self._cursor.epoch, self._cursor.sample
+        record.delivered += 1
         return batch
 
     def __len__(self) -> int:
@@ -335,14 +390,41 @@ def _no_iterator() -> None:
 class LiveIterator:
     """A loader's one live :class:`EpochIterator`, held weakly: a ``break`` out of a ``for``
     loop lets it be collected, which stops its workers. Pickles empty (a running epoch belongs
-    to its process)."""
+    to its process).
+
+    It keeps the last iterator's :class:`Handoff`, and when a new iterator continues an epoch
+    that the last one left after a single batch taken with ``next()`` (``next(iter(loader))``
+    to look at a sample), logs once per loader, at WARNING, that the batch was consumed and how
+    many are left, with ``peek()`` as the way to look without consuming. A ``for`` loop that
+    breaks (at any batch) and is resumed, an iterator stepped with ``next()`` more than once,
+    and ``set_epoch``/``load_state_dict`` in between (:meth:`forget`) stay quiet.
+    """
 
     def __init__(self) -> None:
         self._ref: Callable[[], EpochIterator | None] = _no_iterator
+        self._last: Handoff | None = None
+        self._warned = False
 
-    def start(self, iterator: EpochIterator) -> EpochIterator:
+    def start(self, iterator: EpochIterator, cursor: Cursor) -> EpochIterator:
+        """Hold ``iterator`` (weakly) as the live one; say once if the one before it was a
+        dropped one-batch peek that this one continues after."""
+        last, self._last = self._last, iterator.handoff
+        if last is not None and not self._warned and last.dropped_one_peek(cursor):
+            self._warned = True
+            epoch_batches, left = len(cursor.spec.plan()), len(iterator)
+            _logger.warning(
+                "lanceloader: this iteration continues epoch %d with %d of its %d batches left: "
+                "an earlier iterator of this loader handed batch %d to a next() call and was "
+                "dropped, so that batch is consumed (next(iter(loader)) takes a batch from the "
+                "epoch). To look at a batch without consuming it, use loader.peek(). (Said once "
+                "per loader.)", cursor.epoch, left, epoch_batches, epoch_batches - left - 1)
         self._ref = weakref.ref(iterator)
         return iterator
+
+    def forget(self) -> None:
+        """The cursor was moved on purpose (``set_epoch``, ``load_state_dict``): the last
+        iterator's place no longer matters."""
+        self._last = None
 
     def current(self) -> EpochIterator | None:
         """The iterator started last, while it exists (live or not)."""
@@ -371,4 +453,4 @@ class LiveIterator:
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._ref = _no_iterator
+        self.__init__()  # type: ignore[misc]

@@ -207,11 +207,21 @@ class BatchWork:
                     f"lanceloader: raised while preparing batch {task.batches[i]} of epoch "
                     f"{task.epoch}: preparing rows {_preview(rows)} of Lance dataset "
                     f"{self.source.uri!r} (version {self.source.version}), "
-                    f"{self.source.describe_rows(rows)}",
+                    f"{self.source.describe_rows(rows)}{self._row_note(exc, rows)}",
                 )
                 raise
             offset += size
         return result
+
+
+    def _row_note(self, exc: Exception, rows: np.ndarray) -> str:
+        """Where the row an error names (``ConversionError.row``, a null) lies in the dataset:
+        known without a transform, which may drop or reorder rows."""
+        row = getattr(exc, "row", None)
+        if not isinstance(row, int) or self.transform is not None or not 0 <= row < len(rows):
+            return ""
+        return (f"; its row {row} is position {int(rows[row])}: "
+                f"{self.source.describe_rows(rows[row:row + 1])}")
 
 
 def _sliceable(schema: pa.Schema, conv: Conversion) -> bool:

@@ -34,6 +34,7 @@ import pickle
 import select
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
@@ -180,11 +181,13 @@ def wait_for_exit(pid: int) -> None:
         os.close(fd)
 
 
-def picklable_error(exc: BaseException) -> BaseException:
-    """``exc`` if it survives pickling, else a ``RuntimeError`` naming its type and message: what
-    may cross to another process."""
+def picklable_error(exc: BaseException,
+                    dumps: Callable[[BaseException], bytes] = pickle.dumps) -> BaseException:
+    """``exc`` if it survives pickling with ``dumps`` (process workers pass cloudpickle's, which
+    also carries exception classes defined in ``__main__``), else a ``RuntimeError`` naming its
+    type and message: what may cross to another process."""
     try:
-        pickle.loads(pickle.dumps(exc))
+        pickle.loads(dumps(exc))
         return exc
     except Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}")

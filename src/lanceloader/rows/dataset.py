@@ -14,6 +14,10 @@ import hashlib
 import json
 import os
 import re
+import socket
+import threading
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,10 @@ from lanceloader.lifecycle.lifetime import picklable_error
 # (pylance 14); Lance repeats a failed request several times itself, so with them it ends in an
 # error after a few minutes, as the loop's stall_timeout would.
 OBJECT_STORE_TIMEOUTS = {"connect_timeout": "5s", "timeout": "30s", "client_retry_timeout": "30"}
+# While a Lance call on an object store runs longer than this, its store is probed each time: a
+# gone store (refused connections, a name that does not resolve) ends the call with an error
+# within seconds, where Lance's retries of every request took minutes (226 s measured).
+STORE_PROBE_S = 1.0
 # What a read may raise that is not the read's failure: these pass through as they are. Anything
 # else, a Rust panic (pyo3's PanicException, a BaseException) included, becomes a ReadError.
 NOT_READ_FAILURES = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)
@@ -102,8 +110,12 @@ def clean_message(exc: BaseException, uri: str | None = None,
     'Not found: /tmp/x.lance/_versions'
     """
     text = strip_rust_paths(str(exc)).strip()
-    if uri and uri.startswith("/"):
-        text = re.sub(r"(?<![\w/.])" + re.escape(uri.lstrip("/")), uri, text)
+    if uri and not is_object_store(uri) and not uri.startswith("file://"):
+        # Lance shows a local path absolute and normalised, less its leading "/": the user's
+        # path as given goes back in its place (the longer spelling first).
+        lance_forms = {os.path.abspath(os.path.expanduser(uri)).lstrip("/"), uri.lstrip("/")}
+        for form in sorted(lance_forms - {"", uri}, key=len, reverse=True):
+            text = re.sub(r"(?<![\w/.~-])" + re.escape(form), lambda _: uri, text)
     return redact(text, storage_options) or type(exc).__name__
 
 
@@ -172,6 +184,7 @@ def object_store_hint(message: str, uri: str, storage_options: dict[str, str] | 
                 "(or session_token) in storage_options, or the environment's AWS_* variables "
                 "and the machine's role")
     if any(s in message for s in ("error sending request", "Connection refused", "dns error",
+                                  "refuses connections", "does not resolve",
                                   "connect error", "timed out", "operation timed out")):
         return (f"could not reach {endpoint}: check endpoint= (with allow_http='true' for an "
                 "http:// endpoint), the network or proxy, and that the server is running")
@@ -192,6 +205,114 @@ def object_store_options(uri: str, storage_options: dict[str, str] | None
     if not is_object_store(uri) or any(k.lower() in OBJECT_STORE_TIMEOUTS for k in given):
         return storage_options
     return {**OBJECT_STORE_TIMEOUTS, **given}
+
+
+def store_address(uri: str, storage_options: dict[str, str] | None) -> tuple[str, int] | None:
+    """The host and port an object-store ``uri`` is served from (the ``endpoint`` option, or the
+    store's public endpoint), or None when unknown or reached through a proxy (then only Lance's
+    own timeouts apply).
+
+    >>> store_address("s3://b/d.lance", {"endpoint": "http://127.0.0.1:9000"})
+    ('127.0.0.1', 9000)
+    >>> store_address("gs://b/d.lance", None)
+    ('storage.googleapis.com', 443)
+    >>> store_address("/data/d.lance", None) is None
+    True
+    """
+    if not is_object_store(uri):
+        return None
+    options = {k.lower(): v for k, v in (storage_options or {}).items()}
+    if any(k.endswith("proxy_url") for k in options) or any(
+            os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+                                        "ALL_PROXY", "all_proxy")):
+        return None
+    scheme = uri.split("://", 1)[0].lower()
+    endpoint = options.get("endpoint") or options.get("aws_endpoint") or (
+        os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
+        if scheme in ("s3", "s3a") else None)
+    if endpoint is None:
+        region = options.get("region") or options.get("aws_region") or os.environ.get(
+            "AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        endpoint = {"s3": f"https://s3.{region}.amazonaws.com",
+                    "s3a": f"https://s3.{region}.amazonaws.com",
+                    "gs": "https://storage.googleapis.com"}.get(scheme)
+        if endpoint is None:
+            return None
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    if not parsed.hostname:
+        return None
+    try:
+        port = parsed.port or (80 if parsed.scheme == "http" else 443)
+    except ValueError:
+        return None
+    return parsed.hostname, port
+
+
+def store_unreachable(address: tuple[str, int], timeout: float = 2.0) -> str | None:
+    """Why the store at ``address`` is certainly unreachable (its name does not resolve, or it
+    refuses connections), or None when a connection opened or the answer is not certain (a
+    connect that times out may be a slow network: Lance's own timeouts decide)."""
+    host, port = address
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"the store's host name {host!r} does not resolve ({exc.strerror})"
+    refused = None
+    for family, kind, proto, _, where in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.settimeout(timeout)
+                probe.connect(where)
+            return None
+        except ConnectionRefusedError:
+            refused = f"{host}:{port} refuses connections (no server listens there)"
+        except OSError:
+            return None
+    return refused
+
+
+class StoreUnreachable(ConnectionError):
+    """A call to the object store was abandoned: the store is certainly gone."""
+
+
+def reaching_store(call: Callable[[], Any], uri: str, storage_options: dict[str, str] | None,
+                   probe_every_s: float | None = None) -> Any:
+    """``call()`` (a Lance read of ``uri``), ended within seconds when the store is gone.
+
+    For a local ``uri`` it is simply called. For an object store it runs on a daemon thread
+    while this thread waits; every ``probe_every_s`` (:data:`STORE_PROBE_S`) it is still
+    running, the store's address is probed (:func:`store_unreachable`): a host name that does
+    not resolve or a refused connection raises :class:`StoreUnreachable` (a ``ConnectionError``,
+    which the read makes a ``ReadError``) at once, leaving the call to end by itself in the
+    background (Lance retries each failed request, so a gone store took minutes to fail). A
+    server that accepts connections keeps Lance's timeouts (:data:`OBJECT_STORE_TIMEOUTS`).
+
+    >>> reaching_store(lambda: 42, "/data/d.lance", None)
+    42
+    """
+    address = store_address(uri, storage_options)
+    if address is None:
+        return call()
+    every = STORE_PROBE_S if probe_every_s is None else probe_every_s
+    done, outcome = threading.Event(), {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="lanceloader-store-call", daemon=True).start()
+    while not done.wait(every):
+        why = store_unreachable(address)
+        if why is not None and not done.is_set():
+            raise StoreUnreachable(f"could not reach {uri!r}: {why}; the request was abandoned "
+                                   "instead of waiting for Lance's retries")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def dataset_identity(schema: pa.Schema, fragments: list[Any]) -> str:

@@ -61,6 +61,7 @@ from lanceloader.rows.dataset import (
     object_store_hint,
     object_store_options,
     open_dataset,
+    reaching_store,
     redact_exception,
 )
 from lanceloader.rows.protocol import (
@@ -379,7 +380,9 @@ class Source:
         """The rows at ``positions`` and how many of them came from the cache."""
         offsets = self.row_offsets(positions)
         if self.cache is None:
-            return self._read_offsets(offsets), 0
+            # a gone object store fails in seconds, not after Lance's retries
+            return reaching_store(lambda: self._read_offsets(offsets), self.uri,
+                                  self.storage_options), 0
         return read_cached(self, offsets)
 
     def _read_offsets(self, offsets: np.ndarray) -> pa.Table:

@@ -12,18 +12,25 @@ Contract:
   ``epoch`` with ``world_size=1``, transformed. Transforms may return a RecordBatch or a dict of
   NumPy arrays (an array of shape ``(n, a, b)`` becomes nested fixed-size lists).
 * **Resumable, committed once.** The epoch is cut into pieces of ``rows_per_fragment`` rows; each
-  piece is written as a Lance fragment (data files only, invisible) and recorded in
-  ``<out>/_lanceloader_materialize.json`` (for an object-store ``out_uri``, in this machine's
-  ``~/.cache/lanceloader/materialize/``, so a rerun on the same machine resumes). A rerun after
-  a crash (even SIGKILL) with the same settings reuses the pieces recorded there and writes the
-  rest; the dataset version appears only at the end, in one commit, so a half-finished run
-  leaves no visible version (and an existing dataset at ``out_uri`` keeps its current version
-  until then).
-* **One run per output.** A run holds a lock on its progress record (``flock``, released when
-  the process ends, even by SIGKILL); a second run into the same output on the same machine
-  fails at once with an error instead of interleaving its pieces with the first's.
+  piece is written as a Lance fragment (data files only, invisible) and recorded in a progress
+  record in this machine's cache directory (``~/.cache/lanceloader/materialize/``, named by a
+  hash of the output's location: :func:`progress_path`), never inside the dataset. A rerun on
+  the same machine after a crash (even SIGKILL) with the same settings reuses the pieces
+  recorded there and writes the rest; the dataset version appears only at the end, in one
+  commit, so a half-finished run leaves no visible version (and an existing dataset at
+  ``out_uri`` keeps its current version until then).
+* **The same settings, or a refusal.** A rerun whose settings differ from the recorded run's
+  (another transform, filter, order, ...) is refused with a ``ValueError`` naming both; it
+  resumes with the recorded settings, or starts over with ``restart=True`` (which removes the
+  recorded run's pieces). A transform counts by value (:func:`transform_identity`): its class
+  and state, or its function's code and the plain values it reads, so ``decode_images(mean=A)``
+  and ``decode_images(mean=B)`` are different transforms.
+* **One run per output.** A run holds a lock on its output (``flock`` in the cache directory,
+  released when the process ends, even by SIGKILL); a second run into the same output on the
+  same machine fails at once with an error instead of interleaving its pieces with the first's.
 * **Lineage.** The output's schema metadata ``lanceloader.lineage`` (JSON) records the source URI,
-  version and identity, filter, splits, columns, transform, order settings, seed and epoch;
+  version and identity, filter, splits, columns, the transform (described with its parameters,
+  and ``transform_id``, the hash of its identity), order settings, seed and epoch;
   ``lanceloader inspect`` shows it.
 
 >>> import tempfile
@@ -40,7 +47,6 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import itertools
 import json
@@ -57,16 +63,15 @@ from tqdm import tqdm
 
 from lanceloader.arguments import check_int, check_storage_options
 from lanceloader.batch.output import as_conversion
-from lanceloader.batch.transforms import transform_name
 from lanceloader.engine.stats import Recorder
 from lanceloader.engine.stream import Stream
 from lanceloader.ordering.plan import Plan
-from lanceloader.rows.dataset import is_object_store
 from lanceloader.state.format import order_settings
 from lanceloader.write.convert import dataset_version
+from lanceloader.write.identity import transform_identity
+from lanceloader.write.runs import OutputLock, local_path, record_path
 
 LINEAGE_KEY = b"lanceloader.lineage"
-PROGRESS_FILE = "_lanceloader_materialize.json"
 MODES = ("create", "overwrite")
 
 
@@ -74,18 +79,38 @@ def lineage(loader: Any, epoch: int) -> dict[str, Any]:
     """Where a materialised copy comes from: JSON-safe, no credentials."""
     src = loader.source
     rows = src.settings()
-    return {"source": src.uri, "version": src.version, "identity": src.identity,
-            "filter": rows["filter"], "splits": rows["splits"], "split": rows["split"],
-            "split_key": rows["split_key"], "columns": src.columns,
-            "transform": None if loader.transform is None else transform_name(loader.transform),
-            "order": order_settings(src, loader.order), "epoch": epoch,
-            "batch_size": loader.batch_size}
+    described, identity = (
+        (None, None) if loader.transform is None else transform_identity(loader.transform)
+    )
+    return {
+        "source": src.uri,
+        "version": src.version,
+        "identity": src.identity,
+        "filter": rows["filter"],
+        "splits": rows["splits"],
+        "split": rows["split"],
+        "split_key": rows["split_key"],
+        "columns": src.columns,
+        "transform": described,
+        "transform_id": identity,
+        "order": order_settings(src, loader.order),
+        "epoch": epoch,
+        "batch_size": loader.batch_size,
+    }
 
 
-def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
-                mode: str = "create", rows_per_fragment: int = 256 * 1024,
-                num_workers: int | None = None, progress: bool | None = None,
-                storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
+def materialize(
+    loader: Any,
+    out_uri: str | os.PathLike[str],
+    *,
+    epoch: int = 0,
+    mode: str = "create",
+    rows_per_fragment: int = 256 * 1024,
+    num_workers: int | None = None,
+    progress: bool | None = None,
+    storage_options: dict[str, str] | None = None,
+    restart: bool = False,
+) -> lance.LanceDataset:
     """Write epoch ``epoch`` of ``loader`` (all ranks' rows, in order) to ``out_uri``; returns
     the new dataset. See the module's text for the contract (``lanceloader.ray.materialize``
     does the same on a Ray cluster).
@@ -97,15 +122,34 @@ def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
         num_workers: the loader's workers by default.
         progress: a progress bar on stderr; default when stderr is a terminal.
         storage_options: for an object-store ``out_uri``, passed to Lance (as for ``Loader``).
+        restart: discard the pieces of an unfinished earlier run into ``out_uri`` with other
+            settings (by default such a run is refused, naming both) and start over.
     """
-    with Job.start(loader, out_uri, epoch, mode, rows_per_fragment, storage_options) as job:
+    with Job.start(
+        loader, out_uri, epoch, mode, rows_per_fragment, storage_options, restart=restart
+    ) as job:
         show = sys.stderr.isatty() if progress is None else progress
-        with tqdm(total=len(job.pieces), initial=len(job.pieces) - len(job.todo()),
-                  unit="piece", desc="materialize", file=sys.stderr, disable=not show) as bar:
+        with tqdm(
+            total=len(job.pieces),
+            initial=len(job.pieces) - len(job.todo()),
+            unit="piece",
+            desc="materialize",
+            file=sys.stderr,
+            disable=not show,
+        ) as bar:
             for number in job.todo():
-                job.record(number, *write_piece(job.loader, job.out, job.epoch,
-                                                job.pieces[number], job.metadata, num_workers,
-                                                job.storage_options))
+                job.record(
+                    number,
+                    *write_piece(
+                        job.loader,
+                        job.out,
+                        job.epoch,
+                        job.pieces[number],
+                        job.metadata,
+                        num_workers,
+                        job.storage_options,
+                    ),
+                )
                 bar.update(1)
         return job.commit()
 
@@ -126,11 +170,20 @@ class Job:
     done: dict[str, Any]
     progress: Path
     storage_options: dict[str, str] | None = None
-    lock: Any = None
+    lock: OutputLock | None = None
 
     @classmethod
-    def start(cls, loader: Any, out_uri: str | os.PathLike[str], epoch: int, mode: str,
-              rows_per_fragment: int, storage_options: dict[str, str] | None = None) -> Job:
+    def start(
+        cls,
+        loader: Any,
+        out_uri: str | os.PathLike[str],
+        epoch: int,
+        mode: str,
+        rows_per_fragment: int,
+        storage_options: dict[str, str] | None = None,
+        *,
+        restart: bool = False,
+    ) -> Job:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         check_int("rows_per_fragment", rows_per_fragment, minimum=1)
@@ -138,33 +191,52 @@ class Job:
         check_storage_options(storage_options)
         out = os.fspath(out_uri)
         progress = progress_path(out)
-        lock = _hold(progress.with_name(progress.name + ".lock"), out)
+        lock = OutputLock(
+            "materialize",
+            out,
+            f"another materialize is writing {out!r}; wait "
+            "for it to finish, or write to another output. Its pieces are reused "
+            "by a rerun with the same settings once it has stopped",
+        )
+        lock.__enter__()
         try:
             if mode == "create" and dataset_version(out, storage_options) is not None:
-                raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
-                                      "mode='overwrite' to replace it with a new version")
+                raise FileExistsError(
+                    f"{out!r} already holds a Lance dataset; pass "
+                    "mode='overwrite' to replace it with a new version"
+                )
             plan = epoch_plan(loader)
             per_piece = max(1, rows_per_fragment // loader.batch_size)
-            pieces = [range(start, min(start + per_piece, len(plan)))
-                      for start in range(0, len(plan), per_piece)]
+            pieces = [
+                range(start, min(start + per_piece, len(plan)))
+                for start in range(0, len(plan), per_piece)
+            ]
             facts = lineage(loader, epoch)
-            fingerprint = hashlib.blake2b(json.dumps([facts, per_piece], sort_keys=True,
-                                                     default=str).encode(),
-                                          digest_size=12).hexdigest()
-            done = _progress(progress, fingerprint)
+            fingerprint = hashlib.blake2b(
+                json.dumps([facts, per_piece], sort_keys=True, default=str).encode(), digest_size=12
+            ).hexdigest()
+            done = _progress(progress, fingerprint, facts, per_piece, out, restart)
         except BaseException:
-            lock.close()
+            lock.__exit__()
             raise
-        return cls(loader, out, epoch, pieces,
-                   {LINEAGE_KEY: json.dumps(facts, default=str).encode()}, done, progress,
-                   storage_options, lock)
+        return cls(
+            loader,
+            out,
+            epoch,
+            pieces,
+            {LINEAGE_KEY: json.dumps(facts, default=str).encode()},
+            done,
+            progress,
+            storage_options,
+            lock,
+        )
 
     def __enter__(self) -> Job:
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.lock is not None:
-            self.lock.close()  # closing releases the flock
+            self.lock.__exit__()  # removes the lock file and releases the flock
             self.lock = None
 
     def todo(self) -> list[int]:
@@ -181,44 +253,33 @@ class Job:
         """The one commit: every piece's fragments, in order, as a new version."""
         written = [self.done["pieces"][str(n)] for n in range(len(self.pieces))]
         if not any(piece["fragments"] for piece in written):
-            raise ValueError(f"the loader's epoch {self.epoch} has no rows: nothing to "
-                             "materialise")
-        dataset = commit_fragments(self.out, written, "the transform returned different "
-                                   "columns or types in different batches; make it return one "
-                                   "schema", self.storage_options)
+            raise ValueError(f"the loader's epoch {self.epoch} has no rows: nothing to materialise")
+        dataset = commit_fragments(
+            self.out,
+            written,
+            "the transform returned different "
+            "columns or types in different batches; make it return one "
+            "schema",
+            self.storage_options,
+        )
         self.progress.unlink(missing_ok=True)
         return dataset
 
 
 def progress_path(out: str) -> Path:
-    """Where a run into ``out`` records its pieces: in the output directory, or for an object
-    store in this machine's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``), named by a
-    hash of the URI."""
-    if not is_object_store(out):
-        return Path(out.removeprefix("file://")) / PROGRESS_FILE
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    name = hashlib.blake2b(out.rstrip("/").encode(), digest_size=12).hexdigest()
-    return base / "lanceloader" / "materialize" / f"{name}.json"
+    """Where a run into ``out`` records its pieces: in this machine's cache directory
+    (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``lanceloader/materialize/``), named by a hash of
+    the output's location (a local path with symlinks resolved, or the URI); never inside the
+    dataset."""
+    return record_path("materialize", out)
 
 
-def _hold(path: Path, out: str) -> Any:
-    """The open lock file ``path``, exclusively locked (released when closed or when the
-    process dies); a second run into ``out`` fails at once instead of waiting."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    file = open(path, "a+")  # noqa: SIM115 (held for the job's lifetime, closed by Job)
-    try:
-        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        file.close()
-        raise RuntimeError(
-            f"another materialize is writing {out!r} (it holds {os.fspath(path)!r}); wait "
-            "for it to finish, or write to another output. Its pieces are reused by a rerun "
-            "with the same settings once it has stopped") from None
-    return file
-
-
-def commit_fragments(out: str, written: list[dict[str, Any]], mismatch: str,
-                     storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
+def commit_fragments(
+    out: str,
+    written: list[dict[str, Any]],
+    mismatch: str,
+    storage_options: dict[str, str] | None = None,
+) -> lance.LanceDataset:
     """Commit, as one new version of ``out`` (``Overwrite``), the fragments of ``written``
     (``{"fragments": [metadata as JSON], "schema": IPC hex}`` each, in order), which must all
     have one schema (else ``ValueError(mismatch)``)."""
@@ -226,11 +287,15 @@ def commit_fragments(out: str, written: list[dict[str, Any]], mismatch: str,
     if len(schemas) != 1:
         raise ValueError(mismatch)
     schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schemas.pop())))
-    fragments = [FragmentMetadata.from_json(json.dumps(f))
-                 for piece in written for f in piece["fragments"]]
-    return lance.LanceDataset.commit(out, lance.LanceOperation.Overwrite(schema, fragments),
-                                     read_version=dataset_version(out, storage_options),
-                                     storage_options=storage_options)
+    fragments = [
+        FragmentMetadata.from_json(json.dumps(f)) for piece in written for f in piece["fragments"]
+    ]
+    return lance.LanceDataset.commit(
+        out,
+        lance.LanceOperation.Overwrite(schema, fragments),
+        read_version=dataset_version(out, storage_options),
+        storage_options=storage_options,
+    )
 
 
 def epoch_plan(loader: Any) -> Plan:
@@ -238,16 +303,25 @@ def epoch_plan(loader: Any) -> Plan:
     return Plan(loader.source.num_rows, loader.batch_size)
 
 
-def write_piece(loader: Any, out: str, epoch: int, batches: range,
-                metadata: dict[bytes, bytes], num_workers: int | None = None,
-                storage_options: dict[str, str] | None = None
-                ) -> tuple[list[dict[str, Any]], str]:
+def write_piece(
+    loader: Any,
+    out: str,
+    epoch: int,
+    batches: range,
+    metadata: dict[bytes, bytes],
+    num_workers: int | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> tuple[list[dict[str, Any]], str]:
     """Run ``loader``'s pipeline over ``batches`` of its epoch ``epoch`` and write them to
     ``out`` as uncommitted fragments; returns their metadata and the schema (hex of its IPC
     bytes). Runs in any process: the loader pickles as plain parameters."""
     reading = loader.reading(num_workers or loader.num_workers)
-    reading = dataclasses.replace(reading, finish=None, placement=None, work=dataclasses.replace(
-        reading.work, output=as_conversion("arrow")))
+    reading = dataclasses.replace(
+        reading,
+        finish=None,
+        placement=None,
+        work=dataclasses.replace(reading.work, output=as_conversion("arrow")),
+    )
     stream = Stream(reading, epoch, epoch_plan(loader), batches, Recorder())
     converted = (_to_arrow(batch) for batch in stream)
     first = next(converted, None)
@@ -259,24 +333,80 @@ def write_piece(loader: Any, out: str, epoch: int, batches: range,
         for table in itertools.chain([first], converted):
             for batch in table.to_batches():
                 yield batch.replace_schema_metadata(metadata)
+
     try:
-        fragments = write_fragments(pa.RecordBatchReader.from_batches(schema, rows()), out,
-                                    schema=schema, max_rows_per_file=1 << 30,  # one file per piece
-                                    storage_options=storage_options)
+        # "create" where no dataset is yet: Lance warns "No existing dataset" otherwise
+        mode = "create" if dataset_version(out, storage_options) is None else "overwrite"
+        fragments = write_fragments(
+            pa.RecordBatchReader.from_batches(schema, rows()),
+            out,
+            schema=schema,
+            max_rows_per_file=1 << 30,  # one file per piece
+            mode=mode,
+            storage_options=storage_options,
+        )
     finally:
         stream.close()
     return [f.to_json() for f in fragments], schema.serialize().to_pybytes().hex()
 
 
-def _progress(path: Path, fingerprint: str) -> dict[str, Any]:
-    """The pieces a run with the same settings already wrote (none when the settings differ)."""
+def _progress(
+    path: Path, fingerprint: str, facts: dict[str, Any], per_piece: int, out: str, restart: bool
+) -> dict[str, Any]:
+    """The pieces an unfinished run with the same settings already wrote. A record of a run
+    with other settings is refused (``ValueError`` naming both), or with ``restart`` discarded
+    with its pieces' data files."""
+    fresh = {"fingerprint": fingerprint, "lineage": facts, "per_piece": per_piece, "pieces": {}}
     try:
         state = json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
-        return {"fingerprint": fingerprint, "pieces": {}}
-    if state.get("fingerprint") != fingerprint:
-        return {"fingerprint": fingerprint, "pieces": {}}
-    return state
+        return fresh
+    if state.get("fingerprint") == fingerprint:
+        return state
+    if not state.get("pieces"):
+        return fresh
+    if restart:
+        _remove_pieces(out, state["pieces"])
+        return fresh
+    raise ValueError(_other_settings(out, path, state, facts, per_piece))
+
+
+def _other_settings(
+    out: str, path: Path, state: dict[str, Any], facts: dict[str, Any], per_piece: int
+) -> str:
+    """Why the run recorded in ``state`` cannot be resumed with ``facts``: what differs."""
+    then = {**state.get("lineage", {}), "batches per piece": state.get("per_piece")}
+    now = {**facts, "batches per piece": per_piece}
+    if (
+        then.get("transform_id") != now["transform_id"]
+        and then.get("transform") == now["transform"]
+    ):  # the same description, another value (code, closure, hidden state)
+        then["transform"] = f"{then['transform']} (identity {then['transform_id']})"
+        now["transform"] = f"{now['transform']} (identity {now['transform_id']})"
+    differ = [
+        f"{key}: {then.get(key)!r} then, {now[key]!r} now"
+        for key in now
+        if key != "transform_id"
+        and json.dumps(then.get(key), default=str, sort_keys=True)
+        != json.dumps(now[key], default=str, sort_keys=True)
+    ]
+    return (
+        f"an unfinished materialize into {out!r} ({len(state['pieces'])} pieces written, "
+        f"recorded in {os.fspath(path)!r}) had other settings: {'; '.join(differ)}. Rerun "
+        "it with its settings to resume it, or pass restart=True to discard its pieces and "
+        "start over with these"
+    )
+
+
+def _remove_pieces(out: str, pieces: dict[str, Any]) -> None:
+    """Delete the data files of the recorded (uncommitted) ``pieces`` of a local output."""
+    path = local_path(out)
+    if path is None:  # an object store: left for Lance's cleanup_old_versions
+        return
+    for piece in pieces.values():
+        for fragment in piece.get("fragments", []):
+            for file in FragmentMetadata.from_json(json.dumps(fragment)).files:
+                Path(path, "data", os.path.basename(file.path)).unlink(missing_ok=True)
 
 
 def _save_progress(path: Path, state: dict[str, Any]) -> None:
@@ -293,10 +423,16 @@ def _to_arrow(batch: Any) -> pa.Table:
     if isinstance(batch, pa.Table):
         return batch
     if isinstance(batch, dict):
-        return pa.table({name: _column(np.asarray(value)) if not isinstance(value, pa.Array)
-                         else value for name, value in batch.items()})
-    raise TypeError(f"materialize needs batches as Arrow or a dict of arrays; the transform "
-                    f"returned a {type(batch).__name__}")
+        return pa.table(
+            {
+                name: _column(np.asarray(value)) if not isinstance(value, pa.Array) else value
+                for name, value in batch.items()
+            }
+        )
+    raise TypeError(
+        f"materialize needs batches as Arrow or a dict of arrays; the transform "
+        f"returned a {type(batch).__name__}"
+    )
 
 
 def _column(array: np.ndarray) -> pa.Array:

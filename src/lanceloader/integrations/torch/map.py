@@ -8,7 +8,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lance
@@ -18,7 +18,7 @@ import torch.utils.data
 
 from lanceloader.arguments import check_bool
 from lanceloader.batch.checks import check_output, check_schema
-from lanceloader.batch.output import Conversion
+from lanceloader.batch.output import Conversion, with_fill_nulls
 from lanceloader.batch.transforms import (
     DEFAULT_MAX_SKIP_FRACTION,
     OnError,
@@ -32,7 +32,7 @@ from lanceloader.engine.work import BatchWork
 from lanceloader.integrations.torch.collation import Rows, watch_training_process
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, ReadTask
-from lanceloader.pipeline import RowsSettings
+from lanceloader.pipeline import RowsSettings, check_nulls
 
 
 class MapDataset(torch.utils.data.Dataset):
@@ -68,6 +68,8 @@ class MapDataset(torch.utils.data.Dataset):
             comes back shorter).
         max_skip_fraction: the share of a batch's rows that may be skipped, as for ``Loader``.
         output: ``"torch"`` (default), ``"numpy"``, ``"python"``, ``"arrow"`` or a ``Conversion``.
+        fill_nulls: column name to the value its nulls take, as for ``Loader`` (nulls found
+            at construction where a scan is cheap).
         read_ahead: when the indices come from a :class:`BatchSampler`, read the batches this
             process will be asked for next ahead, many per Lance call, on one background thread
             (which then runs ``transform``), holding at most two reads of up to 16,384 rows
@@ -106,16 +108,18 @@ class MapDataset(torch.utils.data.Dataset):
         on_error: OnError = "raise",
         max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
         output: str | Conversion = "torch",
+        fill_nulls: Mapping[str, Any] | None = None,
         read_ahead: bool = True,
     ) -> None:
         self.transform = as_transform(transform)
         check_on_error(on_error, max_skip_fraction)
         self.on_error, self.max_skip_fraction = on_error, max_skip_fraction
-        self.conversion = check_output(output)
+        self.conversion = check_output(with_fill_nulls(output, fill_nulls))
         self.source = RowsSettings(columns, filter, version, storage_options, splits, split,
                                    split_key, cache, cache_size).build(dataset)
         if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)
+            check_nulls(self.source, self.conversion)
         check_bool("read_ahead", read_ahead)
         self.read_ahead = read_ahead
         self.recorder = Recorder()
