@@ -362,9 +362,11 @@ def test_stats_and_the_verdict_know_the_cache(uri, tmp_path):
     stats = loader.stats(epoch=-1)
     assert "100% of rows from the cache" in str(stats)
     assert stats.to_dict()["rows_cached"] == ROWS
-    if stats.bottleneck.stage != "training loop":
-        assert stats.bottleneck.stage == "cache reads", stats.bottleneck
-        assert "block shuffle" not in stats.bottleneck.suggestion  # no advice for storage
+    # Never storage: the reads were the cache's. Which other stage limits depends on the
+    # machine's load (a read share under STAGE_SHARE is "hand-off" or "startup").
+    assert stats.bottleneck.stage in {"training loop", "cache reads", "hand-off", "startup"}, (
+        stats.bottleneck)
+    assert "block shuffle" not in stats.bottleneck.suggestion  # no advice for storage
 
 
 def test_map_dataset_reads_through_a_shared_directory(uri, tmp_path, small_pieces):

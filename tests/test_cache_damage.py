@@ -83,6 +83,24 @@ def test_random_bytes_written_into_a_piece_are_caught_and_read_again(uri, tmp_pa
     assert read_all(source) == want and source.cache.damaged == 6  # and good from then on
 
 
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_damaged_pieces_are_counted_in_the_loaders_stats(uri, tmp_path, worker_type):
+    """What the cache dropped reaches ``stats()`` (and its table), from threads and processes."""
+    cache = tmp_path / "c"
+    filled(uri, cache)
+    for piece in pieces(cache)[:4]:
+        with open(piece, "r+b") as file:
+            file.seek(piece.stat().st_size // 2)
+            file.write(b"\xff" * 8)
+    loader = ll.Loader(uri, batch_size=500, columns=COLUMNS, cache=str(cache),
+                       cache_size=1 << 30, num_workers=2, worker_type=worker_type)
+    ids = [int(i) for batch in loader for i in batch["id"]]
+    assert ids == list(range(ROWS))
+    stats = loader.stats()
+    assert stats.cache_damaged == 4
+    assert "4 damaged cache files dropped and read again" in str(stats)
+
+
 def test_bytes_changed_between_two_reads_of_one_source_are_caught(uri, tmp_path):
     cache = tmp_path / "c"
     source = filled(uri, cache)

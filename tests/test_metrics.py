@@ -117,7 +117,8 @@ def test_wandb_offline_run(small_uri: str, tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    run = wandb.init(project="lanceloader-test", dir=str(tmp_path))
+    # mode= as well as the environment: wandb may have read its settings before this test
+    run = wandb.init(project="lanceloader-test", dir=str(tmp_path), mode="offline")
     try:
         loader = loader_of(small_uri)
         for _ in metrics.log_every(loader, run, EVERY):

@@ -14,13 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lanceloader as ll
-from lanceloader.engine.stats import (
-    IDLE_SHARE,
-    STAGE_SHARE,
-    new_counters,
-    usable_cores,
-    verdict,
-)
+from lanceloader.engine.stats import new_counters
+from lanceloader.engine.verdict import IDLE_SHARE, STAGE_SHARE, usable_cores, verdict
 
 
 def sleepy(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -122,7 +117,8 @@ def test_a_stage_is_blamed_only_above_its_share_of_worker_time(small_uri: str) -
     s = loader.stats()
     stages = {"storage I/O": "read", "storage latency": "read", "cache reads": "read",
               "decode/transform": "transform", "conversion": "convert"}
-    assert s.bottleneck.stage != "decode/transform", str(s)
+    # Which stage limits a live run depends on the machine's load (a busy machine stretches the
+    # 3 ms sleep); the rule does not: a stage is named only above its share of worker time.
     if s.bottleneck.stage in stages:  # a stage named: it held the workers at least half the time
         stage = stages[s.bottleneck.stage]
         reads = -(-len(loader) // loader.batches_per_read)
@@ -148,6 +144,16 @@ def test_wait_percentiles_match_the_loops_own_clock(small_uri: str) -> None:
     for ours, theirs in ((s.wait_p50_s, statistics.median(waits)), (s.wait_p95_s, cuts[94])):
         assert theirs / 1.3 <= ours <= theirs * 1.3 + 1e-4, (ours, theirs, waits)
     assert s.first_wait_s <= max(waits) and "wait per batch" in str(s)
+
+
+def test_the_issues_process_run_does_not_blame_a_transform_of_3_percent() -> None:
+    # the issue's numbers: 2 process workers, the loop waited 95%, the transform used 3% of the
+    # workers' time, reading 2%: the wait is the hand-off, not the transform
+    c = new_counters()
+    c.update(batches=100, wall_s=2.0, wait_s=1.9, read_s=0.08, transform_s=0.12, convert_s=0.01,
+             depth_sum=400, depth_samples=100, first_wait_s=0.2)
+    v = verdict(c, workers=2, shuffle_random=False, worker_type="process", cores=2)
+    assert v.stage == "hand-off" and "worker_type='thread'" in v.suggestion, v
 
 
 def counters(waited: float, read: float, transform: float, convert: float, first: float,

@@ -9,7 +9,7 @@ batch's wait), where the workers ran (usable cores, the share of their time busy
 process used: CPU clocks read at each epoch's start and then at most every 20 ms, at least
 every second, from the per-batch call), and a verdict naming the bottleneck with what to try.
 
-The verdict (:func:`verdict`) blames a worker stage only when it took at least
+The verdict (:func:`~lanceloader.engine.verdict.verdict`, its own module) blames a worker stage only when it took at least
 ``STAGE_SHARE`` of the workers' time, advises more workers only when cores were idle, and
 never advises a setting already in place (``worker_type``, when the caller says it).
 
@@ -53,13 +53,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lanceloader.engine.verdict import Verdict, cores_busy, process_cores, usable_cores, verdict
+
 # The loop's wait per batch, as a histogram: 10 buckets per decade from 1 µs to 10⁴ s.
 WAIT_PER_DECADE = 10
 WAIT_EDGES = tuple(1e-6 * 10 ** (i / WAIT_PER_DECADE) for i in range(10 * WAIT_PER_DECADE + 1))
 WAIT_KEYS = tuple(f"wait_bucket_{i}" for i in range(len(WAIT_EDGES) + 1))
 COUNTERS = (
     "batches", "rows", "nbytes", "wall_s", "read_s", "transform_s", "convert_s", "wait_s",
-    "step_s", "rows_read", "rows_skipped", "rows_cached", "io_bytes", "io_iops", "depth_sum",
+    "step_s", "rows_read", "rows_skipped", "rows_cached", "cache_damaged", "io_bytes", "io_iops", "depth_sum",
     "depth_samples", "copy_batches", "copy_bytes", "copy_s", "copy_exposed_s", "copies_late",
     "device_ahead_max", "device_ahead_bytes_max",
     # the first batch's wait; CPU: this process's seconds, the usable cores' busy and total
@@ -71,18 +73,6 @@ COUNTERS = (
 SAMPLING = ("cpu_at", "busy_at", "all_at", "cpu_next")
 MAXIMA = ("device_ahead_max", "device_ahead_bytes_max")  # the most at any time, not sums
 SUMMED = tuple(k for k in COUNTERS if k not in MAXIMA)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The stage that limits throughput, the numbers behind it, and what to try."""
-
-    stage: str
-    evidence: str
-    suggestion: str
-
-    def __str__(self) -> str:
-        return f"bottleneck: {self.stage} ({self.evidence}). Try: {self.suggestion}"
 
 
 @dataclass(frozen=True)
@@ -108,6 +98,8 @@ class Stats:
     queue_depth_mean: float
     bottleneck: Verdict = field(compare=False)
     rows_cached: int = 0  # rows read from the loader's cache (``cache=``), not from storage
+    # cache files that failed their check (dropped, read again from the dataset, never delivered)
+    cache_damaged: int = 0
     padding_fraction: float | None = None  # with ``pack=``: padding tokens of the packed rows
     # The device stage (``device=``, engine/device.py): batches and bytes copied; the copies'
     # time (CUDA: device time) and the part of it the consumer's stream waited for; copies
@@ -182,7 +174,9 @@ class Stats:
                             f"({self.requests_per_1000_rows:,.1f} requests per 1,000 rows), "
                             f"{self.io_bandwidth / 1e6:,.1f} MB/s while reading"
                             + (f"; {100 * self.rows_cached / self.rows_read:.0f}% of rows from "
-                               "the cache" if self.rows_cached and self.rows_read else "")),
+                               "the cache" if self.rows_cached and self.rows_read else "")
+                            + (f"; {self.cache_damaged} damaged cache files dropped and read "
+                               "again" if self.cache_damaged else "")),
             ("read", f"{self.read_s:.2f} s ({100 * self.read_s / cap:.0f}% of {self.workers} "
                      f"worker{'s' if self.workers != 1 else ''})" if cap else "-"),
             ("transform", f"{self.transform_s:.2f} s ({100 * self.transform_s / cap:.0f}% of workers)" if cap else "-"),
@@ -224,203 +218,6 @@ def _ms(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{1e6 * seconds:,.0f} µs" if seconds < 1e-3 else f"{1000 * seconds:,.1f} ms"
-
-
-# Read time per storage request above which reading is latency-bound: local disks answer in
-# well under a millisecond, object stores in tens of milliseconds.
-LATENCY_BOUND_S = 0.005
-# ... and only for requests of less than this on average: a big request is slow because of its
-# size (bandwidth), not the latency.
-SMALL_REQUEST_BYTES = 1 << 20
-# The loop waited less than this share of the wall time: the loader keeps up.
-LOOP_WAIT_SHARE = 0.1
-# A stage is blamed only when it took at least this share of the workers' time (wall time × the
-# workers that had a read): below it the workers sat idle while the loop waited, and the stage
-# is not the limit.
-STAGE_SHARE = 0.5
-# The usable cores count as idle when at least this share of their time was idle (any process).
-IDLE_SHARE = 0.25
-# The first batch's wait counts as the limit when it is at least this share of the loop's wait.
-STARTUP_SHARE = 0.5
-# Thread workers busy in a transform while this process used between these many cores: they
-# took turns on the GIL (a transform that sleeps or waits on I/O uses far less than one core).
-GIL_CORES = (0.75, 1.3)
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the verdict knows of where the workers ran (all measured or configured, never
-    guessed): ``worker_type`` is ``None`` when the caller did not say."""
-
-    workers: int
-    worker_type: str | None
-    cores: int
-    cores_busy: float | None  # share of the usable cores' time busy (any process); None: unmeasured
-    process_cores: float | None  # cores this process used on average; None: unmeasured
-
-    @property
-    def cores_idle(self) -> bool:
-        """Measured idle cores; unmeasured, fewer workers than cores."""
-        if self.cores_busy is None:
-            return self.workers < self.cores
-        return 1.0 - self.cores_busy >= IDLE_SHARE
-
-    def idle_note(self) -> str:
-        if self.cores_busy is None:
-            return f"{self.workers} workers on {self.cores} cores"
-        return f"the {self.cores} cores were {100 * (1 - self.cores_busy):.0f}% idle"
-
-    def more_workers(self, cpu_bound: bool) -> str | None:
-        """``num_workers`` advice, only when cores are idle; a CPU-bound stage on process
-        workers never gets more processes than cores (they would take turns on them)."""
-        if not self.cores_idle:
-            return None
-        if cpu_bound and self.worker_type == "process":
-            if self.workers >= self.cores:
-                return None
-            return (f"num_workers={self.cores} ({self.idle_note()} with {self.workers} "
-                    "process workers)")
-        return (f"more workers than {self.workers}, e.g. num_workers={2 * self.workers} "
-                f"({self.idle_note()})")
-
-    @property
-    def gil_bound(self) -> bool:
-        """Several thread workers, one core's worth of CPU in this process, and idle cores
-        (measured: on cores that other processes keep busy, one core is all there is): the
-        threads take turns on the GIL."""
-        return (self.worker_type != "process" and self.workers >= 2 and self.cores >= 2
-                and self.process_cores is not None and self.cores_busy is not None
-                and self.cores_idle and GIL_CORES[0] <= self.process_cores <= GIL_CORES[1])
-
-
-def _seconds_per_request(s: dict[str, float]) -> float:
-    return s["read_s"] / s["io_iops"] if s.get("io_iops") else 0.0
-
-
-def _try(*parts: str | None) -> str:
-    return "; ".join(p for p in parts if p)
-
-
-def verdict(s: dict[str, float], workers: int, shuffle_random: bool,
-            worker_type: str | None = None, cores: int | None = None) -> Verdict:
-    """Name the limiting stage from an epoch's (or a run's) counters, and what to try.
-
-    Rules: the training loop is the limit when it waited less than ``LOOP_WAIT_SHARE`` of the
-    wall time; a worker stage (read, transform, convert) is blamed only when it took at least
-    ``STAGE_SHARE`` of the workers' time (wall × the workers that had a read); otherwise the workers sat idle while
-    the loop waited, and the verdict is ``startup`` (the first batch's wait) or ``hand-off``.
-    More workers are advised only when cores were idle (measured; unmeasured: fewer workers
-    than cores); a setting already in place (``worker_type``) is never advised.
-
-    >>> c = new_counters()
-    >>> c.update(batches=10, wall_s=1.0, wait_s=0.9, transform_s=0.03, read_s=0.01)
-    >>> verdict(c, workers=2, shuffle_random=False, worker_type="process").stage
-    'hand-off'
-    """
-    wall = s["wall_s"]
-    if wall <= 0 or s["batches"] == 0:
-        return Verdict("none yet", "no batches delivered", "iterate over the loader first")
-    waited = s["wait_s"] / wall
-    if waited < LOOP_WAIT_SHARE:
-        return Verdict(
-            "training loop",
-            f"the loop waited for data {100 * waited:.0f}% of the time",
-            "nothing to gain in the loader; speed up the model step or use more devices",
-        )
-    machine = Machine(max(1, workers), worker_type, cores or usable_cores(),
-                      cores_busy(s), process_cores(s))
-    # the workers' time: wall time × the workers that had a read (an epoch of one read keeps
-    # one worker busy, however many there are)
-    capacity = wall * max(1, min(machine.workers, int(s.get("depth_samples", 0))))
-    shares = {k: s[f"{k}_s"] / capacity for k in ("read", "transform", "convert")}
-    stage = max(shares, key=lambda k: shares[k])
-    evidence = (f"the loop waited {100 * waited:.0f}% of the time; workers spent "
-                + ", ".join(f"{100 * v:.0f}% of their time in {k}" for k, v in shares.items()))
-    if shares[stage] < STAGE_SHARE:
-        return _idle_workers(s, machine, evidence)
-    if stage == "read":
-        return _read_verdict(s, machine, evidence, shuffle_random)
-    if stage == "transform":
-        if machine.gil_bound:
-            return Verdict(
-                "decode/transform",
-                f"{evidence}; this process used {machine.process_cores:.1f} cores while "
-                f"{machine.workers} thread workers transformed: they took turns on the GIL",
-                _try(f"worker_type='process' (num_workers={min(machine.workers, machine.cores)})",
-                     "or run the transform once and store its result in Lance"))
-        return Verdict("decode/transform", evidence, _try(
-            machine.more_workers(cpu_bound=True),
-            "make the transform cheaper, or run it once and store its result in Lance"))
-    return Verdict("conversion", evidence, _try(
-        "read fewer columns, use output='arrow', or avoid string/ragged columns",
-        machine.more_workers(cpu_bound=True)))
-
-
-def _read_verdict(s: dict[str, float], machine: Machine, evidence: str,
-                  shuffle_random: bool) -> Verdict:
-    if s.get("rows_cached", 0) >= 0.9 * max(1, s["rows_read"]):
-        return Verdict(
-            "cache reads", f"{evidence}, {100 * s['rows_cached'] / s['rows_read']:.0f}% of rows "
-            "from the cache",
-            _try(machine.more_workers(cpu_bound=True),
-                 "if the cache is a directory on disk: cache='memory' (thread workers) or a "
-                 "directory on /dev/shm reads faster when the data fits in RAM"))
-    small_requests = s["io_bytes"] < SMALL_REQUEST_BYTES * max(1, s.get("io_iops", 0))
-    more = machine.more_workers(cpu_bound=False)
-    if small_requests and _seconds_per_request(s) > LATENCY_BOUND_S:
-        return Verdict(
-            "storage latency",
-            f"{evidence}; each storage request took {1000 * _seconds_per_request(s):.0f} ms of "
-            f"read time ({s['io_bytes'] / max(1, s['io_iops']) / 1e3:,.0f} KB on average)",
-            _try("make each request carry more rows: a block shuffle (shuffle_block_size=1024) "
-                 "instead of a full shuffle" if shuffle_random else None,
-                 "bigger reads (rows_per_read)",
-                 f"keep more requests in flight: {more}" if more else None,
-                 None if s.get("rows_cached", 0) else
-                 "cache=, a local directory (or 'memory'), so that later epochs read locally"))
-    if shuffle_random:
-        return Verdict("storage I/O", evidence, _try(
-            "use a block shuffle (shuffle_block_size=1024) instead of a full shuffle, or "
-            "materialise a shuffled copy", more))
-    return Verdict("storage I/O", evidence, _try(
-        "raise rows_per_read", more, "on object storage, more requests in flight hide latency"
-        if more else None))
-
-
-def _idle_workers(s: dict[str, float], machine: Machine, evidence: str) -> Verdict:
-    """The loop waited, but no stage kept the workers busy: the wait is elsewhere."""
-    first, wait = s.get("first_wait_s", 0.0), s["wait_s"]
-    if first >= STARTUP_SHARE * wait:
-        starting = ("worker processes to start and " if machine.worker_type == "process"
-                    else "")
-        return Verdict(
-            "startup",
-            f"{evidence}; the first batch took {first:.2f} s of the {wait:.2f} s the loop "
-            f"waited (the {starting}first read)",
-            _try("paid once per iter(): longer epochs amortise it",
-                 "worker_type='thread' starts no processes (when the transform releases the "
-                 "GIL or is cheap)" if machine.worker_type == "process" else None))
-    depth = s["depth_sum"] / s["depth_samples"] if s.get("depth_samples") else 0.0
-    if machine.worker_type == "process":
-        return Verdict(
-            "hand-off",
-            f"{evidence}: batches wait on their way from the worker processes to the loop "
-            "(shared memory, unpickling, tensors made in the loop)",
-            "with a transform this cheap, worker_type='thread' skips the trip between processes")
-    if depth < machine.workers:
-        return Verdict(
-            "hand-off", f"{evidence}; {depth:.1f} reads in flight on average for "
-            f"{machine.workers} workers", "raise prefetch so that every worker has a read")
-    return Verdict("hand-off", f"{evidence}: the time goes between the workers and the loop",
-                   "look at the timeline (loader.trace(path)) for the gaps between a worker's "
-                   "read and the loop's batch")
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def cpu_sample() -> tuple[float, float, float]:
@@ -528,18 +325,6 @@ def wait_percentiles(histogram: Sequence[float], qs: Sequence[float]) -> list[fl
     return out + [WAIT_EDGES[-1]] * (len(qs) - len(out))
 
 
-def cores_busy(c: dict[str, float]) -> float | None:
-    """The share of the usable cores' time that was busy (any process) while the loader ran;
-    ``None`` when unmeasured (not Linux, or under 0.1 core-seconds sampled)."""
-    return c["cores_busy_s"] / c["cores_all_s"] if c.get("cores_all_s", 0) >= 0.1 else None
-
-
-def process_cores(c: dict[str, float]) -> float | None:
-    """Cores this process (consumer and thread workers) used on average while the loader ran;
-    ``None`` under 50 ms sampled."""
-    return c["cpu_s"] / c["cpu_wall_s"] if c.get("cpu_wall_s", 0) >= 0.05 else None
-
-
 def count_delivered(c: dict[str, float], rows: int, nbytes: int, wait_s: float, step_s: float,
                     wall_s: float) -> None:
     """A batch was handed to the training loop: update an epoch's counters (from
@@ -593,10 +378,12 @@ class Recorder:
         return self._current
 
     def task(self, seconds: dict[str, float], rows_read: int, io_bytes: int, io_iops: int,
-             rows_skipped: int, in_flight: int, rows_cached: int = 0) -> None:
+             rows_skipped: int, in_flight: int, rows_cached: int = 0,
+             cache_damaged: int = 0) -> None:
         """A worker's task arrived at the consumer."""
         c = self._current
         c["rows_cached"] += rows_cached
+        c["cache_damaged"] += cache_damaged
         for stage, value in seconds.items():
             c[f"{stage}_s"] += value
         c["rows_read"] += rows_read
@@ -699,7 +486,7 @@ class Recorder:
             io_bytes=int(c["io_bytes"]), io_iops=int(c["io_iops"]), workers=workers,
             queue_depth_mean=c["depth_sum"] / depth_n if depth_n else 0.0,
             bottleneck=verdict(c, workers, shuffle_random, worker_type, cores),
-            rows_cached=int(c["rows_cached"]),
+            rows_cached=int(c["rows_cached"]), cache_damaged=int(c["cache_damaged"]),
             copy_batches=int(c["copy_batches"]), copy_bytes=int(c["copy_bytes"]),
             copy_s=c["copy_s"], copy_exposed_s=c["copy_exposed_s"],
             copies_late=int(c["copies_late"]), device_ahead_max=int(c["device_ahead_max"]),

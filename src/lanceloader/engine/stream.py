@@ -240,7 +240,8 @@ class Stream(Iterator[Any]):
         rows_read = sum(result.rows) + result.rows_skipped
         self._recorder.task(result.seconds, rows_read, result.io_bytes, result.io_iops,
                             result.rows_skipped, self._pool.in_flight + 1,
-                            rows_cached=result.rows_cached)
+                            rows_cached=result.rows_cached,
+                            cache_damaged=result.cache_damaged)
         for name, start, end, args in result.spans:
             self._recorder.event(name, start, end, lane=result.lane, **args)
 

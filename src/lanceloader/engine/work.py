@@ -75,6 +75,7 @@ class TaskResult:
     io_iops: int = 0
     rows_cached: int = 0
     rows_skipped: int = 0
+    cache_damaged: int = 0
     spans: list[tuple[str, float, float, dict[str, Any]]] = field(default_factory=list)
     lane: str = ""
 
@@ -151,7 +152,7 @@ class BatchWork:
             spans.append(("read", t0, t1, {"first_batch": task.batches[0], "rows": len(positions)}))
         lane = f"{threading.current_thread().name} (pid {os.getpid()})"
         result = TaskResult([], [], [], seconds, read.io_bytes, read.io_iops, read.rows_cached,
-                            spans=spans, lane=lane)
+                            spans=spans, lane=lane, cache_damaged=read.cache_damaged)
         # Arrow bytes per row, once per read (per batch it costs ~10 µs): exact for fixed-width
         # columns, the read's average for strings.
         bytes_per_row = (rows.bytes_per_row if isinstance(rows, Pieces) else

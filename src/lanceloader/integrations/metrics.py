@@ -41,14 +41,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lanceloader.engine.stats import (
-    WAIT_EDGES,
-    WAIT_KEYS,
-    Recorder,
-    Stats,
-    cores_busy,
-    wait_percentiles,
-)
+from lanceloader.engine.stats import WAIT_EDGES, WAIT_KEYS, Recorder, Stats, wait_percentiles
+from lanceloader.engine.verdict import cores_busy
 
 PREFIX = "lanceloader/"
 # The Prometheus histogram's bucket bounds: every half decade of the stats' own buckets, from
@@ -338,7 +332,7 @@ class LoaderCollector:
 
     Metrics, labelled ``loader`` (the name given) and ``rank``: ``lanceloader_batches_total``,
     ``_rows_total``, ``_bytes_total`` (delivered, Arrow bytes), ``_rows_read_total``,
-    ``_rows_skipped_total``, ``_rows_cached_total``, ``_storage_bytes_total``,
+    ``_rows_skipped_total``, ``_rows_cached_total``, ``_cache_damaged_total``, ``_storage_bytes_total``,
     ``_storage_requests_total``, ``_worker_seconds_total{stage}``,
     ``_loop_seconds_total{state="waiting"|"working"}``, gauges ``_epochs``, ``_workers``,
     ``_reads_in_flight``, ``_cores_busy_ratio`` (when measured),
@@ -370,6 +364,7 @@ class LoaderCollector:
             "rows_read": ("rows_read", "Rows read from the dataset"),
             "rows_skipped": ("rows_skipped", "Rows a transform skipped (on_error='skip')"),
             "rows_cached": ("rows_cached", "Rows read from the loader's cache"),
+            "cache_damaged": ("cache_damaged", "Cache files that failed their check (read again)"),
             "storage_bytes": ("io_bytes", "Bytes Lance read from storage"),
             "storage_requests": ("io_iops", "Lance's storage I/O operations"),
         }

@@ -37,7 +37,10 @@ Two kinds:
     again, never delivered. Not caught: media corruption that leaves the mtime alone after a
     version was checked (the disk's or filesystem's own checks are for that); where extended
     attributes are refused, every process checks every file it opens once. Rows are read with ``pread`` from the record batches
-    that hold them, never mapped: a file truncated under a reader is caught, never a SIGBUS.
+    that hold them, never mapped: a file truncated under a reader is caught, never a SIGBUS. A
+    piece a read wanted most of is copied whole once and kept in the process's memory while
+    its file is unchanged (checked by one ``stat`` per read), within :data:`HELD_BYTES` per
+    process, so a full shuffle over pieces that fit runs at memory speed.
     CRC-32 (zlib: 8 ms per 16 MiB piece on this 2-core machine, where SHA-256 takes 12 and
     BLAKE2b 31) catches every burst of up to 32 bits and other damage but for a 2^-32 chance;
     it guards against damage, not against someone who can write the directory.
@@ -128,6 +131,14 @@ BATCH_BYTES = 256 << 10
 # A piece's estimated bytes (rows x the source's bytes per row) times this must fit the cap
 # for the piece to be downloaded whole: IPC framing, and rows wider than the estimate.
 ESTIMATE_MARGIN = 1.25
+# Pieces a process read whole (a read wanted most of their record batches) stay in its memory,
+# least recently used out first, within this many bytes per process: a full shuffle wants a few
+# rows of every piece in every batch, and reading them again with pread would copy each piece
+# once per batch. A held piece is served while its file is unchanged (one stat per read).
+HELD_BYTES = 256 << 20
+# A held piece's file has its access time touched (the eviction's "recently used") at most this
+# often.
+TOUCH_EVERY_S = 30.0
 # The longest wait for a lock that another thread or process holds (a piece being filled, the
 # directory, a plan being made): far longer than any fill, so only a stuck holder reaches it.
 LOCK_WAIT_S = 600.0
@@ -301,10 +312,12 @@ class PieceFile:
     under a reader raises :class:`DamagedFile`, never SIGBUS). Holds one file descriptor until
     it is garbage-collected."""
 
-    def __init__(self, file: pa.NativeFile, length: int, batch_rows: int) -> None:
+    def __init__(self, file: pa.NativeFile, length: int, batch_rows: int,
+                 on_read_whole: Callable[[pa.Table], None] | None = None) -> None:
         self._file, self._length = file, length
         self._reader = pa.ipc.open_file(file, footer_offset=length)
         self.batch_rows = max(1, batch_rows)
+        self._on_read_whole = on_read_whole  # given the whole piece when a read copied it all
 
     @property
     def num_rows(self) -> int:
@@ -321,7 +334,10 @@ class PieceFile:
             needed = np.unique(batch)
             source = self._reader
             if len(needed) * 2 > source.num_record_batches:  # most of it: one pread
-                source = pa.ipc.open_file(pa.py_buffer(self._file.read_at(self._length, 0)))
+                whole = pa.ipc.open_file(pa.py_buffer(self._file.read_at(self._length, 0)))
+                if self._on_read_whole is not None:
+                    self._on_read_whole(whole.read_all())
+                source = whole
             table = pa.Table.from_batches([source.get_batch(int(b)) for b in needed],
                                           self._reader.schema)
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
@@ -412,6 +428,11 @@ class DiskCache:
         # name -> (inode, size, mtime, extra) of the file version this object checked
         self._checked: dict[str, tuple[int, int, int, int]] = {}
         self._too_big: set[str] = set()
+        # name -> (file version, table, last touch) of pieces read whole (HELD_BYTES)
+        self._held: OrderedDict[str, tuple[tuple[int, int, int], pa.Table, float]] = OrderedDict()
+        self._held_bytes = 0
+        self._unremovable: set[tuple[str, tuple[int, int, int] | None]] = set()
+        self._thread = threading.local()  # files this thread found damaged since take_damaged
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root": self.root, "size": self.size}
@@ -465,29 +486,101 @@ class DiskCache:
             os.utime(fd, ns=(time.time_ns(), stat.st_mtime_ns))
         return file, length, extra
 
-    def get(self, name: str) -> PieceFile | None:
+    def get(self, name: str) -> PieceFile | pa.Table | None:
         """The piece ``name``, open and checked, or None when the cache lacks it (or its file
-        was damaged: then it is dropped, counted in ``damaged`` and logged)."""
+        was damaged: then it is dropped, counted in ``damaged`` and logged). A piece this
+        process read whole comes from its memory while its file is unchanged."""
+        held = self._held_piece(name)
+        if held is not None:
+            return held
         opened = self._open_checked(self._path(name), name)
         if opened is None:
             return None
         file, length, extra = opened
+        stat = os.fstat(file.fileno())
+        version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         try:
-            return PieceFile(file, length, extra)
+            return PieceFile(file, length, extra,
+                             on_read_whole=lambda table: self._hold(name, version, table))
         except (pa.ArrowInvalid, OSError) as exc:
             file.close()
             self.drop(name, self._path(name), None, f"unreadable Arrow file ({exc})")
             return None
 
+    def take_damaged(self) -> int:
+        """Files this thread found damaged (and dropped) since its last call: a read reports
+        them with its rows (``Read.cache_damaged``, counted in ``stats()``)."""
+        count, self._thread.damaged = getattr(self._thread, "damaged", 0), 0
+        return count
+
+    def _held_piece(self, name: str) -> pa.Table | None:
+        """The piece ``name`` from this process's memory, if it was read whole and its file is
+        still that version (a file changed, replaced or removed since is read again)."""
+        with self._count:
+            entry = self._held.get(name)
+        if entry is None:
+            return None
+        version, table, touched = entry
+        path = self._path(name)
+        try:
+            stat = os.stat(path)
+        except OSError:
+            stat = None
+        with self._count:
+            if stat is None or (stat.st_ino, stat.st_size, stat.st_mtime_ns) != version:
+                if self._held.pop(name, None) is not None:
+                    self._held_bytes -= table.nbytes
+                return None
+            self._held.move_to_end(name)
+            now = time.monotonic()
+            if now - touched >= TOUCH_EVERY_S:
+                self._held[name] = (version, table, now)
+            else:
+                return table
+        with contextlib.suppress(OSError):  # least recently used goes first (read-only: skip)
+            os.utime(path, ns=(time.time_ns(), stat.st_mtime_ns))
+        return table
+
+    def _hold(self, name: str, version: tuple[int, int, int], table: pa.Table) -> None:
+        """Keep a piece read whole in this process's memory, within :data:`HELD_BYTES`."""
+        if table.nbytes > HELD_BYTES:
+            return
+        with self._count:
+            old = self._held.pop(name, None)
+            if old is not None:
+                self._held_bytes -= old[1].nbytes
+            self._held[name] = (version, table, time.monotonic())
+            self._held_bytes += table.nbytes
+            while self._held_bytes > HELD_BYTES:
+                _, (_, dropped, _) = self._held.popitem(last=False)
+                self._held_bytes -= dropped.nbytes
+
     def drop(self, name: str, path: Path, version: tuple[int, int, int] | None, why: str) -> None:
         """Remove the damaged file ``path`` (only if it is still the version found damaged, not
-        a fresh copy another process published meanwhile), count and log it."""
+        a fresh copy another process published meanwhile), count and log it: once per damaged
+        file, by the thread that removed it (others that found it damaged meanwhile see it gone
+        or replaced); a file that cannot be removed (a read-only cache) once per version."""
         self._checked.pop(name, None)
-        self._counted("damaged")
-        with contextlib.suppress(OSError):
+        with self._count:
+            held = self._held.pop(name, None)
+            if held is not None:
+                self._held_bytes -= held[1].nbytes
+        found: tuple[int, int, int] | None = None
+        try:
             stat = os.stat(path)
-            if version is None or (stat.st_ino, stat.st_size, stat.st_mtime_ns) == version:
-                os.unlink(path)
+            found = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if version is not None and found != version:
+                return  # replaced by a fresh copy meanwhile
+            os.unlink(path)
+        except FileNotFoundError:
+            return  # another thread or process dropped it first
+        except OSError:  # not removable (read-only): report each damaged version once
+            with self._count:
+                if (name, found) in self._unremovable:
+                    return
+                self._unremovable.add((name, found))
+        self._thread.damaged = getattr(self._thread, "damaged", 0) + 1
+        self._counted("damaged")
         _logger.warning("cache file %s in the cache directory %r failed its check (%s): dropped; "
                         "its rows are read from the dataset again", path.name,
                         os.fspath(self.root), why)
@@ -834,6 +927,10 @@ class MemoryCache:
             self._tables[name] = table
             self._used += table.nbytes
         return True
+
+    def take_damaged(self) -> int:
+        """Always 0: tables in memory are never damaged (the protocol of ``DiskCache``)."""
+        return 0
 
     def used_bytes(self) -> int:
         return self._used

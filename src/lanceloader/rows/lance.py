@@ -315,10 +315,12 @@ class Source:
                     self._reader, self._reader_pid = forksafe.CleanReader(self), os.getpid()
                 return self._reader.read_rows(positions)
             table, cached = self._read_local(positions)
+            damaged = 0 if self.cache is None else self.cache.take_damaged()
             if self._ds is None or self._pid != os.getpid():
-                return Read(table, 0, 0, cached)  # all from the cache: Lance not opened here
+                # all from the cache: Lance not opened here
+                return Read(table, 0, 0, cached, damaged)
             io = self._ds.io_stats_incremental()
-            return Read(table, io.read_bytes, io.read_iops, cached)
+            return Read(table, io.read_bytes, io.read_iops, cached, damaged)
         except (ReadError, *NOT_READ_FAILURES):
             raise
         except BaseException as exc:

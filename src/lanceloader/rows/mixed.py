@@ -427,7 +427,7 @@ class MixedSource:
             return Read(self.schema_table())
         parts: list[pa.Table] = []
         wheres: list[np.ndarray | None] = []
-        io_bytes = iops = cached = 0
+        io_bytes = iops = cached = damaged = 0
         for k in range(len(self.names)):
             index = runs.indices(k)
             if not len(index):
@@ -439,6 +439,7 @@ class MixedSource:
             read, where = self.sources[k].read_stream(index)
             io_bytes, iops = io_bytes + read.io_bytes, iops + read.io_iops
             cached += read.rows_cached
+            damaged += read.cache_damaged
             table = self._conform(k, as_table(read.rows))
             if self.mix.source_column:
                 label = self.mix.labels[k]
@@ -446,7 +447,7 @@ class MixedSource:
                                             pa.array(np.full(len(table), label, np.int16)))
             parts.append(table)
             wheres.append(where)
-        return Read(mixed_rows(parts, wheres, runs), io_bytes, iops, cached)
+        return Read(mixed_rows(parts, wheres, runs), io_bytes, iops, cached, damaged)
 
     def _conform(self, k: int, table: pa.Table) -> pa.Table:
         """Source ``k``'s rows (transformed already), checked against the common schema."""

@@ -92,7 +92,8 @@ class OrderedSource:
             return self.source.read_rows(unique), where
         read = self.source.read_rows(positions)
         rows = self.conform(as_table(read.rows), epoch, sample)
-        return Read(rows, read.io_bytes, read.io_iops, read.rows_cached), None
+        return Read(rows, read.io_bytes, read.io_iops, read.rows_cached,
+                    read.cache_damaged), None
 
     def conform(self, table: pa.Table, epoch: np.ndarray | int, sample: np.ndarray) -> pa.Table:
         """``table`` (the rows of ``sample`` of ``epoch``) through the transform, which must

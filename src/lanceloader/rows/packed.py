@@ -349,7 +349,7 @@ class PackedSource:
         out = pa.table({self.packing.column: tensor_array(ids),
                         "segment_ids": tensor_array(segments),
                         "position_ids": tensor_array(positions_in)})
-        return Read(out, read.io_bytes, read.io_iops, read.rows_cached)
+        return Read(out, read.io_bytes, read.io_iops, read.rows_cached, read.cache_damaged)
 
     def schema_table(self) -> pa.Table:
         return empty_table(self.schema)

@@ -43,12 +43,14 @@ import pyarrow as pa
 @dataclass(frozen=True)
 class Read:
     """What a read of rows returns: the rows (exactly one per position, in order) and what the
-    read cost: Lance's bytes and IOPS, and the rows served by the cache."""
+    read cost: Lance's bytes and IOPS, the rows served by the cache, and the cache files that
+    failed their check during the read (dropped and read again, never delivered)."""
 
     rows: pa.Table | Pieces
     io_bytes: int = 0
     io_iops: int = 0
     rows_cached: int = 0
+    cache_damaged: int = 0
 
 
 class RowSource(Protocol):
