@@ -136,6 +136,9 @@ ESTIMATE_MARGIN = 1.25
 # rows of every piece in every batch, and reading them again with pread would copy each piece
 # once per batch. A held piece is served while its file is unchanged (one stat per read).
 HELD_BYTES = 256 << 20
+# A piece is read whole (one pread) and held when at least this many of its size fit HELD_BYTES;
+# a larger one (rows wider than the piece size assumes) is read by record batch (PieceFile).
+HELD_PIECES_AT_LEAST = 8
 # A held piece's file has its access time touched (the eviction's "recently used") at most this
 # often.
 TOUCH_EVERY_S = 30.0
@@ -500,6 +503,13 @@ class DiskCache:
         stat = os.fstat(file.fileno())
         version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         try:
+            if length <= HELD_BYTES // HELD_PIECES_AT_LEAST:  # read whole, once, and held
+                with file:
+                    data = file.read_at(length, 0)
+                if len(data) != length:
+                    raise OSError(f"{len(data)} of its {length} bytes could be read")
+                table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+                return self._hold(name, version, table)
             return PieceFile(file, length, extra,
                              on_read_whole=lambda table: self._hold(name, version, table))
         except (pa.ArrowInvalid, OSError) as exc:
@@ -541,10 +551,13 @@ class DiskCache:
             os.utime(path, ns=(time.time_ns(), stat.st_mtime_ns))
         return table
 
-    def _hold(self, name: str, version: tuple[int, int, int], table: pa.Table) -> None:
-        """Keep a piece read whole in this process's memory, within :data:`HELD_BYTES`."""
+    def _hold(self, name: str, version: tuple[int, int, int], table: pa.Table) -> pa.Table:
+        """Keep a piece read whole in this process's memory, within :data:`HELD_BYTES`, as one
+        chunk (a take over one chunk is several times faster than over its record batches);
+        returns the table kept."""
         if table.nbytes > HELD_BYTES:
-            return
+            return table
+        table = table.combine_chunks()
         with self._count:
             old = self._held.pop(name, None)
             if old is not None:
@@ -554,6 +567,7 @@ class DiskCache:
             while self._held_bytes > HELD_BYTES:
                 _, (_, dropped, _) = self._held.popitem(last=False)
                 self._held_bytes -= dropped.nbytes
+        return table
 
     def drop(self, name: str, path: Path, version: tuple[int, int, int] | None, why: str) -> None:
         """Remove the damaged file ``path`` (only if it is still the version found damaged, not
