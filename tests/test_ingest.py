@@ -284,6 +284,14 @@ def test_an_image_with_a_garbage_middle_is_refused_unless_checks_are_off(tmp_pat
     assert dict(decoded.skipped).keys() == {"dog/noise.jpg", "dog/noise.png"}
     unchecked = ll.convert(root, tmp_path / "raw.lance", check_images="none", progress=False)
     assert unchecked.rows == 8 and unchecked.skipped == ()
+    # the command line has the same choice
+    from lanceloader.cli import main
+
+    assert main(["convert", str(root), str(tmp_path / "cli.lance"), "--quiet"]) == 0
+    assert lance.dataset(str(tmp_path / "cli.lance")).count_rows() == 6
+    assert main(["convert", str(root), str(tmp_path / "cli-raw.lance"), "--quiet",
+                 "--check-images", "none"]) == 0
+    assert lance.dataset(str(tmp_path / "cli-raw.lance")).count_rows() == 8
 
 
 KILLED_CONVERT = """

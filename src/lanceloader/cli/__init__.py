@@ -235,6 +235,10 @@ def add_convert(sub: Any) -> None:
                    help="an unreadable image: skip and list it (default), or stop")
     c.add_argument("--resize", type=positive_int, metavar="PX",
                    help="re-encode images as JPEG with the longer side at most PX pixels")
+    c.add_argument("--check-images", choices=("structure", "decode", "none"),
+                   default="structure",
+                   help="how each image is checked before it is stored: its JPEG/PNG structure "
+                        "(default), a full decode (slower), or not at all")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(run=convert.convert)
 

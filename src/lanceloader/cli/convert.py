@@ -20,6 +20,7 @@ def convert(args: argparse.Namespace) -> int:
                 mode=args.mode,
                 on_error=args.on_error,
                 resize=args.resize,
+                check_images=args.check_images,
                 progress=not args.quiet,
             )
         except FileExistsError as exc:

@@ -271,11 +271,15 @@ class Source:
                 "'spawn'"
             )
         if self._ds is None or self._pid != os.getpid():
-            self._ds = lance.dataset(
+            # Opened into locals and published fragments first, the process id last: a thread
+            # that reads concurrently (Grain calls from many threads) sees either nothing (and
+            # opens its own: harmless) or a dataset with its fragments, never one without.
+            ds = lance.dataset(
                 self.uri, version=self.version,
                 storage_options=object_store_options(self.uri, self.storage_options),
             )
-            self._fragments = self._ds.get_fragments()
+            self._fragments = ds.get_fragments()
+            self._ds = ds
             self._pid = os.getpid()
         return self._ds
 
