@@ -196,8 +196,14 @@ def test_end_of_epoch_is_a_state_of_its_own(small_uri: str) -> None:
         next(it)
     del it  # the loop never saw StopIteration
     assert loader.epoch == 0 and loader.state_dict()["sample"] == 1000
-    assert ids_of(loader) == [] and loader.epoch == 1  # the empty rest of epoch 0
-    assert len(ids_of(loader)) == 1000
+    state = loader.state_dict()
+    # in this run, the loop that handed out the last batch ended the epoch: the next is whole
+    assert len(ids_of(loader)) == 1000 and loader.epoch == 2
+    # a state taken there resumes to the empty rest of epoch 0, then epoch 1
+    resumed = ll.Loader(small_uri, batch_size=400, columns=["id"])
+    resumed.load_state_dict(state)
+    assert ids_of(resumed) == [] and resumed.epoch == 1
+    assert len(ids_of(resumed)) == 1000
 
 
 def test_loader_pickles_and_keeps_its_pinned_version(small_uri: str) -> None:
@@ -341,3 +347,52 @@ def test_loops_that_break_and_resume_and_moved_cursors_stay_quiet(small_uri: str
         loader.load_state_dict(ll.Loader(small_uri, batch_size=100, columns=["id"]).state_dict())
         assert len(ids_of(loader)) == 1000
     assert _dropped_peek_warnings(caplog) == []
+
+
+def test_a_loop_that_stops_at_len_gets_the_next_epoch(tmp_path) -> None:
+    """Lightning's loop takes len(loader) batches and never asks for the StopIteration, holding
+    its iterator: the next iter() is the next epoch, whole, not a LoaderInUseError or an empty
+    rest of the last one."""
+    from lanceloader.demo import write_demo_dataset
+
+    uri = write_demo_dataset(tmp_path / "d.lance", rows=1000)
+    loader = ll.Loader(uri, batch_size=100, columns=["id"])
+    first = iter(loader)
+    ids = [int(i) for _ in range(len(loader)) for i in next(first)["id"]]
+    second = iter(loader)  # `first` still referenced, never exhausted
+    assert ids == list(range(1000)) and second.epoch == 1
+    assert [int(i) for b in second for i in b["id"]] == list(range(1000))
+    # zip stops at len() and drops the iterator (collected): the same
+    assert len(list(zip(range(len(loader)), loader))) == 10 and loader.epoch == 2
+    assert loader.epoch == 2 and next(iter(loader))["id"][0] == 0 and loader.epoch == 3
+    stuck = iter(loader)  # epoch 3, one batch taken: still in use
+    next(stuck)
+    with pytest.raises(ll.LoaderInUseError):
+        iter(loader)
+
+
+def test_lightning_trains_two_whole_epochs_on_a_plain_loader(tmp_path) -> None:
+    L = pytest.importorskip("lightning")
+    from lanceloader.demo import write_demo_dataset
+
+    uri = write_demo_dataset(tmp_path / "d.lance", rows=500)
+    seen: list[int] = []
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(64, 1)
+
+        def training_step(self, batch: dict, index: int) -> torch.Tensor:
+            seen.extend(int(i) for i in batch["id"])
+            return self.layer(batch["x"]).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    loader = ll.Loader(uri, batch_size=100, columns=["id", "x"], output="torch", shuffle=True)
+    L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False,
+              default_root_dir=str(tmp_path)).fit(Model(), train_dataloaders=loader)
+    assert len(seen) == 1000 and sorted(seen[:500]) == sorted(seen[500:]) == list(range(500))
+    assert seen[:500] != seen[500:]  # two epochs, two orders
