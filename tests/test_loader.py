@@ -363,7 +363,7 @@ def test_a_loop_that_stops_at_len_gets_the_next_epoch(tmp_path) -> None:
     assert ids == list(range(1000)) and second.epoch == 1
     assert [int(i) for b in second for i in b["id"]] == list(range(1000))
     # zip stops at len() and drops the iterator (collected): the same
-    assert len(list(zip(range(len(loader)), loader))) == 10 and loader.epoch == 2
+    assert len(list(zip(range(len(loader)), loader, strict=False))) == 10 and loader.epoch == 2
     assert loader.epoch == 2 and next(iter(loader))["id"][0] == 0 and loader.epoch == 3
     stuck = iter(loader)  # epoch 3, one batch taken: still in use
     next(stuck)
