@@ -208,7 +208,8 @@ def test_lightning_trainer_and_csv_logger(small_uri: str, tmp_path: Path) -> Non
         enable_model_summary=False,
         default_root_dir=str(tmp_path),
     )
-    # Lightning stops an epoch at len() without asking for more: the second epoch is a full one
+    # Lightning stops an epoch at len() without asking for more: the wrapper ends the loader's
+    # epoch with its last batch, so the second epoch is a full one
     trainer.fit(Model(), train_dataloaders=metrics.log_every(loader, logger, EVERY))
     logger.save()
     with open(Path(logger.log_dir) / "metrics.csv") as f:

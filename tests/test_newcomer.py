@@ -55,7 +55,7 @@ def test_a_dataloader_batch_size_over_an_iterable_dataset_is_refused(small_uri) 
 
 def test_more_process_workers_than_cores_is_hinted_once(small_uri, monkeypatch) -> None:
     monkeypatch.setattr(pipeline, "_hinted", set())
-    cores = pipeline.available_cores()
+    cores = pipeline.usable_cores()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ll.Loader(small_uri, worker_type="process", num_workers=cores + 1)

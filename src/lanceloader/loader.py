@@ -211,7 +211,6 @@ class Loader:
         stepped more than once, ``set_epoch`` and ``load_state_dict`` stay quiet.
         """
         self._live.check_idle("iter()", self, self._cursor)
-        self._live.end_delivered_epoch(self._cursor)
         return self._live.start(EpochIterator(self.reading(self.num_workers), self._cursor,
                                               self.recorder, self.log_every), self._cursor)
 

@@ -48,6 +48,7 @@ from lanceloader.engine.stream import (
     default_prefetch,
     reads_in_flight,
 )
+from lanceloader.engine.verdict import usable_cores
 from lanceloader.engine.work import BatchWork
 from lanceloader.lifecycle import forksafe
 from lanceloader.ordering.order import Order
@@ -345,17 +346,10 @@ def refuse_mix_settings(rows: RowsSettings, order: OrderSettings) -> None:
             "source Loaders")
 
 
-def available_cores() -> int:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def hint_process_workers(workers: int) -> None:
     """Say once per process when there are more process workers than cores: each is a whole
     interpreter, and they take turns on the cores (4 on 2 cores ran 2.3x slower than 2)."""
-    cores = available_cores()
+    cores = usable_cores()
     if workers > cores and "process-workers" not in _hinted:
         _hinted.add("process-workers")
         warnings.warn(

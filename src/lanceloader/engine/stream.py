@@ -302,13 +302,6 @@ class Handoff:
     delivered: int = 0
     by_call: bool = False
     finished: bool = False
-    last_batch_epoch: int | None = None  # the epoch whose last batch it handed out
-
-    def handed_out_last(self, cursor: Cursor) -> bool:
-        """True when the iterator handed out its epoch's last batch, was never asked for the
-        ``StopIteration``, and the cursor still stands at that epoch's end."""
-        return (not self.finished and self.last_batch_epoch == cursor.epoch
-                and cursor.at_end)
 
     def dropped_one_peek(self, cursor: Cursor) -> bool:
         """True when the iterator gave exactly one batch, to a ``next()`` call (not a ``for``
@@ -366,13 +359,25 @@ class EpochIterator(Iterator[Any]):
             record.by_call = not taken_by_for_loop(sys._getframe(1))
             record.epoch, record.sample = self._cursor.epoch, self._cursor.sample
         record.delivered += 1
-        if not len(self.stream):
-            record.last_batch_epoch = self._cursor.epoch
         return batch
 
     def __len__(self) -> int:
         """Batches this iterator has still to deliver."""
         return len(self.stream) if self.live else 0
+
+    def finish_if_delivered(self) -> bool:
+        """End the epoch, as ``StopIteration`` would, when every batch was handed out and the
+        iterator is still held: a loop that stops at ``len()`` and keeps its iterator
+        (Lightning's) never asks for the ``StopIteration``, and its next ``iter()`` is the next
+        epoch. (An iterator closed or collected there leaves the cursor at the epoch's end, as a
+        state taken there does.) True when it did."""
+        if not self.live or len(self.stream):
+            return False
+        self.live = False
+        self.handoff.finished = True
+        self._cursor.end_epoch()
+        self.stream.close()
+        return True
 
     def close(self) -> None:
         """Stop the workers of this epoch; the loader's cursor stays where it stopped."""
@@ -431,17 +436,6 @@ class LiveIterator:
         self._ref = weakref.ref(iterator)
         return iterator
 
-    def end_delivered_epoch(self, cursor: Cursor) -> None:
-        """End the epoch, as ``StopIteration`` would have, when the last iterator handed out its
-        last batch and was never asked for more (a loop that stops at ``len()``, as Lightning's
-        does, or ``zip(range(len(loader)), loader)``) and the cursor still stands there: the
-        next ``iter()`` is the next epoch. A cursor at an epoch's end by a loaded state is not
-        touched (it resumes to the empty rest of that epoch, then the next)."""
-        last = self._last
-        if last is not None and last.handed_out_last(cursor):
-            last.finished = True
-            cursor.end_epoch()
-
     def forget(self) -> None:
         """The cursor was moved on purpose (``set_epoch``, ``load_state_dict``): the last
         iterator's place no longer matters."""
@@ -452,13 +446,11 @@ class LiveIterator:
         return self._ref()
 
     def check_idle(self, what: str, owner: Any, cursor: Cursor) -> None:
-        """Raise :class:`LoaderInUseError` when an iterator is live, naming the ways out. An
-        iterator that handed out its epoch's last batch is not in the way: it is closed (its
-        epoch ends at the next ``iter()``: :meth:`end_delivered_epoch`)."""
+        """Raise :class:`LoaderInUseError` when an iterator is live, naming the ways out. A
+        live iterator that handed out its epoch's last batch is not in the way: its epoch ends
+        here (:meth:`EpochIterator.finish_if_delivered`)."""
         running = self._ref()
-        if running is not None and running.live and not len(running):
-            running.close()  # handed out its last batch: nothing left to deliver
-        if running is None or not running.live:
+        if running is None or not running.live or running.finish_if_delivered():
             return
         raise LoaderInUseError(
             f"{what} on {owner!r} while an iterator of it is live: it is delivering epoch "

@@ -234,9 +234,9 @@ _KINDS = (
 
 class LoggedLoader(Iterable[Any]):
     """A loader whose iteration writes :func:`scalars` every ``every`` batches; see
-    :func:`log_every`. Re-iterable: each ``iter()`` continues the loader (a loop that stops at
-    ``len()`` without asking for more, as Lightning's does, gets the next epoch from the next
-    ``iter()``, as with the loader itself); ``len()`` is the loader's;
+    :func:`log_every`. Re-iterable: each ``iter()`` is the loader's next epoch, ended as its
+    last batch is handed out (so a loop that stops at ``len()`` without asking for more, as
+    Lightning's does, gets the next epoch from the next ``iter()``); ``len()`` is the loader's;
     ``step`` counts the batches delivered through it."""
 
     def __init__(
@@ -262,11 +262,15 @@ class LoggedLoader(Iterable[Any]):
 
     def __iter__(self) -> Iterator[Any]:
         it = iter(self.loader)
+        left = len(it) if hasattr(it, "__len__") else -1
         try:
             for batch in it:  # the write, after a batch is delivered, is the loop's time
                 self.step += 1
                 if self.step % self.every == 0:
                     self.write()
+                left -= 1
+                if left == 0:  # end the epoch with its last batch: a consumer that stops at
+                    next(it, None)  # len() (Lightning) then gets the next epoch from iter()
                 yield batch
         finally:
             close = getattr(it, "close", None)
