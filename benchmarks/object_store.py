@@ -26,6 +26,12 @@ on every piece file, timed apart) as a fraction of that epoch's time, give what 
 raw ``to_batches`` scan of the local copy. ``--rss`` also measures, in fresh processes, the peak
 RSS and the largest size of a cache directory capped below the data, for two dataset sizes.
 
+Every "without a cache" loader passes ``cache=None`` (the default is ``"auto"``). With no cache
+argument (the automatic cache, a fresh directory under ``/dev/shm`` per run): the first and
+second epochs of a sequential read and of a full shuffle (whole epochs), against the same order's
+rows/s with ``cache=None`` (the table above: a full shuffle's first ``--shuffle-rows`` rows) and
+against raw ``to_batches`` on the store.
+
 moto is a single Python process: it bounds the absolute numbers (a real store serves many
 requests at once). The ratios, loader vs raw on the same server, and the requests per 1,000 rows
 are what carry over.
@@ -161,6 +167,7 @@ def main() -> None:
 
         def loader(dataset=uri, **kw):
             store = {"storage_options": options} if dataset == uri else {}
+            kw.setdefault("cache", None)  # "without a cache" means it (the default is "auto")
             return ll.Loader(dataset, batch_size=256, columns=COLUMNS, num_workers=args.workers,
                              **store, **kw)
 
@@ -227,6 +234,24 @@ def main() -> None:
                             "second req": second_req, "local": on_disk, "fresh": fresh,
                             "check s": check_s}
 
+        def default_epoch(epoch: int, order: dict) -> tuple[float, float]:
+            """Epoch ``epoch`` of a loader with no cache argument (the automatic cache, in a
+            fresh directory under /dev/shm per run)."""
+            def run(start) -> int:
+                with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
+                    os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
+                    try:
+                        return epochs(lambda: loader(cache="auto", **order), epoch)(start)
+                    finally:
+                        del os.environ["LANCELOADER_AUTO_CACHE_DIR"]
+            return median_run(s3, run, args.repeats)
+
+        automatic: dict[str, tuple[float, float, float, float]] = {}
+        for name in ("sequential", "full shuffle"):
+            first, first_req = default_epoch(1, ORDERS[name])
+            second, second_req = default_epoch(2, ORDERS[name])
+            automatic[name] = (first, first_req, second, second_req)
+
         memory = memory_req = scan = float("nan")
         if not args.cache_only:
             memory, memory_req = median_run(
@@ -282,6 +307,16 @@ def main() -> None:
         print(f"\ncache='memory', full shuffle epoch 2: {memory:,.0f} rows/s "
               f"({memory_req:.2f} req/1k rows) vs raw to_batches on local disk {scan:,.0f} "
               f"rows/s: {memory / scan:.2f}x")
+
+    print("\nno cache argument (the automatic cache, a directory under /dev/shm): epochs 1 and "
+          "2 vs the same order with cache=None (epoch 1) and vs raw to_batches on the store")
+    print(f"{'case':<22}{'epoch 1':>11}{'vs none':>9}{'req/1k':>8}{'epoch 2':>12}"
+          f"{'vs raw scan':>13}{'req/1k':>8}")
+    for name, (first, first_req, second, second_req) in automatic.items():
+        none = results[name]["loader"] if name in results else float("nan")
+        raw = results["sequential"]["raw"] if results else float("nan")
+        print(f"{name:<22}{first:>11,.0f}{first / none:>8.2f}x{first_req:>8.2f}{second:>12,.0f}"
+              f"{second / raw:>12.2f}x{second_req:>8.2f}")
 
     if args.rss:
         print("\npeak RSS and the cache directory's largest size, cap below the data:")

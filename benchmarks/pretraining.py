@@ -2,19 +2,25 @@
 
 Method
 ------
-Ratios of two numbers measured in the same run; every case runs ``--repeats`` times with the two
-sides alternating, and medians are quoted (2 shared cores: single runs move by 2x).
+Ratios of numbers measured in the same process: every case runs once untimed (Lance, the page
+cache and the allocator warmed alike), then ``--repeats`` rounds in which each case runs once,
+the order reversed every other round; a ratio is the median of each round's paired ratio
+(spread: min-max), so drift of a shared machine cancels. 2 shared cores: single runs move 2x.
 
 Cases
 -----
 ``mix``
     ``Loader(Mix({a, b, c}, equal weights))`` over three datasets of ``--rows / 3`` rows each vs
     ``Loader`` over one dataset of ``--rows`` rows with the same columns (an int64 id and 64
-    float32) and fragments of the same size (12 in all on each side), both in sequential order and in block shuffle (each source block-shuffled),
-    numpy output, 2 thread workers, batch 256. Target: mix >= 0.9x single source. Also the
-    mix with ``run_length=256`` (one source per batch, its rows not copied into mixed order),
-    and both in sequential order with 2 process workers (whose batches are copied into shared
-    memory, single source or not).
+    float32) and fragments of the same size (12 in all on each side), numpy output, 2 thread
+    workers, batch 256, ``cache=None`` on both sides (the mix's cost, not a cache's choice):
+    sample by sample (``mix``) and one source per batch (``run_length=256``), in sequential
+    order, in block shuffle (each source block-shuffled, 1,024-row blocks), and in sequential
+    order with 2 process workers. Targets (issue 26): block shuffle and one source per batch
+    >= 0.94x a single source, sample by sample >= 0.8x or the copy floor: ``copy_floor`` times,
+    on one thread, a worker's task of 65,536 rows of the single source against placing as many
+    rows of three sources in mixed order (scattered, as a mix does, and by one Arrow take), and
+    states the best ratio a sample-by-sample mix can reach, ``read / (read + place)``.
 ``pack``
     Packing ``--docs`` documents of 1-2,000 tokens (mean ~700) into 2,048-token rows:
     (a) ``pack_tokens`` alone (the per-batch work, one core) in tokens/s, target >= 5M;
@@ -33,6 +39,7 @@ Cases
 Usage::
 
     python benchmarks/pretraining.py                    # 2.4M rows, 200k documents, 5 repeats
+    python benchmarks/pretraining.py --cases mix        # the mixing table only
     python benchmarks/pretraining.py --rows 60000 --docs 20000 --repeats 1   # smoke run
 """
 
@@ -44,6 +51,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +61,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import lanceloader as ll
+from lanceloader.ordering.interleave import interleave
+from lanceloader.ordering.plan import read_tasks
+from lanceloader.rows.mixed import place_rows
 from lanceloader.rows.packed import pack_plan, pack_tokens
 
 BATCH = 256
@@ -97,36 +108,140 @@ def epoch_rate(loader: ll.Loader) -> float:
     return rows / (time.perf_counter() - t0)
 
 
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median, min and max of repeated measurements (what the tables quote)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "runs": values}
+
+
+def alternated(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Each case once untimed (warming Lance, the page cache and the allocator alike), then
+    ``repeats`` rounds in which every case runs once, the order reversed every other round."""
+    for run in cases.values():
+        run()
+    results: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(repeats):
+        for name in names[:: 1 if r % 2 == 0 else -1]:
+            results[name].append(cases[name]())
+    return results
+
+
+def ratios(results: dict[str, list[float]], base: str) -> dict[str, Any]:
+    """Each case against ``base``: the ratio of each round's two runs (paired in time, so
+    the machine's drift cancels), as median and spread, and the runs' rates."""
+    out = {}
+    for name, runs in results.items():
+        paired = [a / b for a, b in zip(runs, results[base], strict=True)]
+        out[name] = {"rows_per_s": spread(runs), "ratio": spread(paired)}
+    return out
+
+
 def mix_case(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
+    """Three equal sources mixed vs one source of as many rows, per mode (see the module's
+    text). ``cache=None`` on both sides: the mix's cost alone, not a cache's choice."""
     out: dict[str, Any] = {}
     block = {"shuffle": True, "shuffle_block_size": 1024}
     for mode, kw, workers in (("sequential", {}, "thread"), ("block", block, "thread"),
                               ("sequential_processes", {}, "process")):
-        one, mixed, per_batch = [], [], []
-        for r in range(repeats):
-            def run_single(kw: dict[str, Any] = kw, workers: str = workers) -> float:
-                return epoch_rate(ll.Loader(single, batch_size=BATCH, num_workers=2,
-                                            worker_type=workers, **kw))
+        def run_single(kw: dict[str, Any] = kw, workers: str = workers) -> float:
+            return epoch_rate(ll.Loader(single, batch_size=BATCH, num_workers=2, cache=None,
+                                        worker_type=workers, **kw))
 
-            def run_mix(kw: dict[str, Any] = kw, run_length: int = 1,
-                        workers: str = workers) -> float:
-                mix = ll.Mix({f"s{k}": ll.Loader(p, **kw) for k, p in enumerate(parts)},
-                             run_length=run_length)
-                return epoch_rate(ll.Loader(mix, batch_size=BATCH, num_workers=2,
-                                            worker_type=workers))
+        def run_mix(kw: dict[str, Any] = kw, run_length: int = 1,
+                    workers: str = workers) -> float:
+            mix = ll.Mix({f"s{k}": ll.Loader(p, cache=None, **kw) for k, p in enumerate(parts)},
+                         run_length=run_length)
+            return epoch_rate(ll.Loader(mix, batch_size=BATCH, num_workers=2,
+                                        worker_type=workers))
 
-            cases = [(run_single, one), (run_mix, mixed),
-                     (lambda kw=kw, workers=workers: run_mix(kw, BATCH, workers), per_batch)]
-            for f, sink in cases[:: 1 if r % 2 == 0 else -1]:
-                sink.append(f())
-        out[mode] = {"single_rows_per_s": statistics.median(one),
-                     "mix_rows_per_s": statistics.median(mixed),
-                     "ratio": statistics.median(mixed) / statistics.median(one),
-                     "mix_one_source_per_batch_rows_per_s": statistics.median(per_batch),
-                     "ratio_one_source_per_batch":
-                         statistics.median(per_batch) / statistics.median(one),
-                     "runs": {"single": one, "mix": mixed, "one_source_per_batch": per_batch}}
+        def run_larger(kw: dict[str, Any] = kw, workers: str = workers) -> float:
+            """One source per batch in reads of three single-source reads' rows (within the
+            engine's 32 MiB): what sizing a mix's reads by its sources would give."""
+            mix = ll.Mix({f"s{k}": ll.Loader(p, cache=None, **kw) for k, p in enumerate(parts)},
+                         run_length=BATCH)
+            rows = min(3 * 65_536, int(32 * 2**20 // mix.source().bytes_per_row))
+            return epoch_rate(ll.Loader(mix, batch_size=BATCH, num_workers=2,
+                                        worker_type=workers, rows_per_read=rows))
+
+        cases = {"single": run_single, "mix": run_mix,
+                 "one_source_per_batch": lambda kw=kw, w=workers: run_mix(kw, BATCH, w)}
+        if workers == "thread":
+            cases["one_source_per_batch_larger_reads"] = run_larger
+        out[mode] = ratios(alternated(cases, repeats), "single")
+    out["copy_floor"] = copy_floor(single, parts, repeats)
     return out
+
+
+def copy_floor(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
+    """What putting rows in mixed order costs next to reading them, one thread: a worker's
+    whole task for 65,536 rows of the single source read in order (Lance read, conversion,
+    batches) against placing the same number of rows, read from three sources, in mixed order
+    sample by sample: scattered (what a mix does) and by one Arrow take of the parts joined.
+    The floor of a sample-by-sample mix is ``read / (read + place)``."""
+    loader = ll.Loader(single, batch_size=BATCH, num_workers=1, cache=None)
+    pipeline = loader._pipeline
+    task = next(read_tasks(0, loader.plan(), 256, ramp=False))
+    work = pipeline.work()
+    n = len(task.samples)
+    tables = [lance.dataset(p).to_table(limit=n // 3 + (k < n % 3)) for k, p in enumerate(parts)]
+    source = interleave((1, 1, 1))[np.arange(n) % 3]
+    places = [np.flatnonzero(source == k) for k in range(3)]
+    joined = np.empty(n, np.int64)
+    for k, place in enumerate(places):
+        joined[place] = sum(len(t) for t in tables[:k]) + np.arange(len(place))
+
+    def timed(f: Callable[[], Any]) -> Callable[[], float]:
+        def run() -> float:
+            t0 = time.perf_counter()
+            for _ in range(5):
+                f()
+            return n * 5 / (time.perf_counter() - t0)
+        return run
+
+    cases = {
+        "read": timed(lambda: work(task)),
+        "scatter": timed(lambda: place_rows(tables, [None] * 3, places, n)),
+        "arrow_take": timed(lambda: pa.concat_tables(tables).combine_chunks()
+                            .take(pa.array(joined))),
+    }
+    results = alternated(cases, repeats)
+    read = statistics.median(results["read"])
+    out = {name: {"rows_per_s": spread(runs)} for name, runs in results.items()}
+    for name in ("scatter", "arrow_take"):
+        place = statistics.median(results[name])
+        out[name]["floor"] = (1 / read) / (1 / read + 1 / place)
+    return out
+
+
+def mix_table(mix: dict[str, Any]) -> str:
+    """The mix results as the Markdown table docs/pretraining.md quotes."""
+    lines = ["| mode | single source (rows/s) | mix (rows/s) | mix / single | one source per "
+             "batch (rows/s) | per batch / single | per batch, 3x larger reads / single |",
+             "|---|---|---|---|---|---|---|"]
+    for mode in ("sequential", "block", "sequential_processes"):
+        m = mix[mode]
+
+        def rate(case: str, m: dict[str, Any] = m) -> str:
+            return f"{m[case]['rows_per_s']['median'] / 1e6:.2f}M"
+
+        def ratio(case: str, m: dict[str, Any] = m) -> str:
+            r = m[case]["ratio"]
+            return f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
+
+        lines.append(f"| {mode.replace('_', ', ')} | {rate('single')} | {rate('mix')} | "
+                     f"{ratio('mix')} | {rate('one_source_per_batch')} | "
+                     f"{ratio('one_source_per_batch')} | "
+                     f"{ratio('one_source_per_batch_larger_reads') if len(m) > 3 else '-'} |")
+    floor = mix["copy_floor"]
+    lines.append("")
+    lines.append(f"Copy floor of a sample-by-sample mix (one thread, 65,536 rows): a read "
+                 f"{floor['read']['rows_per_s']['median'] / 1e6:.1f}M rows/s, placing rows "
+                 f"{floor['scatter']['rows_per_s']['median'] / 1e6:.1f}M rows/s scattered "
+                 f"(floor {floor['scatter']['floor']:.2f}x), "
+                 f"{floor['arrow_take']['rows_per_s']['median'] / 1e6:.1f}M rows/s by one "
+                 f"Arrow take of the parts joined (floor {floor['arrow_take']['floor']:.2f}x).")
+    return "\n".join(lines)
 
 
 def packed_mix_case(root: Path, uri: str, docs: int, repeats: int) -> dict[str, Any]:
@@ -143,22 +258,20 @@ def packed_mix_case(root: Path, uri: str, docs: int, repeats: int) -> dict[str, 
         tokens = sum(int((b["segment_ids"] > 0).sum()) for b in loader)
         return tokens / (time.perf_counter() - t0)
 
-    one, mixed = [], []
-    for r in range(repeats):
-        def run_one() -> float:
-            return rate(ll.Loader(uri, columns=["input_ids"], batch_size=16, num_workers=2,
-                                  pack=ll.pack("input_ids", SEQ_LEN), shuffle=True,
-                                  shuffle_block_size=64))
+    def run_one() -> float:
+        return rate(ll.Loader(uri, columns=["input_ids"], batch_size=16, num_workers=2,
+                              pack=ll.pack("input_ids", SEQ_LEN), shuffle=True,
+                              shuffle_block_size=64))
 
-        def run_mix() -> float:
-            mix = ll.Mix({f"s{k}": packed(p) for k, p in enumerate(parts)})
-            return rate(ll.Loader(mix, batch_size=16, num_workers=2))
+    def run_mix() -> float:
+        mix = ll.Mix({f"s{k}": packed(p) for k, p in enumerate(parts)})
+        return rate(ll.Loader(mix, batch_size=16, num_workers=2))
 
-        for f, sink in ((run_one, one), (run_mix, mixed))[:: 1 if r % 2 == 0 else -1]:
-            sink.append(f())
+    runs = alternated({"one": run_one, "mix": run_mix}, repeats)
+    one, mixed = runs["one"], runs["mix"]
     return {"one_packed_tokens_per_s": statistics.median(one),
             "mix_of_packed_tokens_per_s": statistics.median(mixed),
-            "ratio": statistics.median(mixed) / statistics.median(one),
+            "ratio": statistics.median([m / o for m, o in zip(mixed, one, strict=True)]),
             "runs": {"one": one, "mix": mixed}}
 
 
@@ -259,25 +372,41 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_400_000)
     parser.add_argument("--docs", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cases", default="mix,pack,state",
+                        help="comma-separated cases to run (default: all of mix,pack,state)")
     parser.add_argument("--data-dir", default=str(Path(__file__).parent / "data"))
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" /
                                              "pretraining.json"))
     args = parser.parse_args()
+    cases = set(args.cases.split(","))
+    if not cases <= {"mix", "pack", "state"}:
+        parser.error(f"--cases takes mix, pack and state, got {args.cases!r}")
     root = Path(args.data_dir)
     root.mkdir(parents=True, exist_ok=True)
     single, parts = datasets(root, args.rows)
     uri, lengths = token_dataset(root, args.docs)
-    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "lance": lance.__version__, "load_before": os.getloadavg()},
-              "args": vars(args)}
-    result["mix"] = mix_case(single, parts, args.repeats)
-    result["pack"] = pack_case(uri, lengths, args.repeats)
-    result["mix"]["packed_tokens"] = packed_mix_case(root, uri, args.docs, args.repeats)
-    result["state"] = state_case(parts, uri, args.repeats)
+    result: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "lance": lance.__version__, "load_before": os.getloadavg()},
+        "args": vars(args)}
+    if "mix" in cases:
+        result["mix"] = mix_case(single, parts, args.repeats)
+        result["mix"]["packed_tokens"] = packed_mix_case(root, uri, args.docs, args.repeats)
+    if "pack" in cases:
+        result["pack"] = pack_case(uri, lengths, args.repeats)
+    if "state" in cases:
+        result["state"] = state_case(parts, uri, args.repeats)
     result["machine"]["load_after"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "args"}, indent=2))
+    if "mix" in result:
+        packed = result["mix"]["packed_tokens"]
+        print(f"\n{mix_table(result['mix'])}\nMix of 3 packed token datasets vs one: "
+              f"{packed['ratio']:.2f}x ({packed['mix_of_packed_tokens_per_s'] / 1e6:.1f}M vs "
+              f"{packed['one_packed_tokens_per_s'] / 1e6:.1f}M tokens/s)")
+    print(f"load average before / after: {result['machine']['load_before'][0]:.1f} / "
+          f"{result['machine']['load_after'][0]:.1f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

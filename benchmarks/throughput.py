@@ -28,6 +28,12 @@ Cases
     Loader (batch 256, block 1024, window 8) over a full epoch (or ``--block-rows``), vs a
     single-threaded ``ds.take(np.arange(...))`` of each 1024-row block the loader touched, in the
     order the loader first delivered a row of it. Also: block-shuffle / full-shuffle loader rows/s.
+``default full shuffle, epoch 2``
+    ``Loader(uri, shuffle=True)`` with no ``cache`` argument (the automatic cache: a directory
+    under ``/dev/shm``, a fresh one per run), its second epoch, vs ``to_batches(8192)``. The
+    loader side runs in a fresh process per repeat, which also reports its first epoch (the
+    fill), its peak RSS and the bytes the cache took in ``/dev/shm``. Every other case passes
+    ``cache=None``: they measure reads from the dataset.
 ``time to first batch``
     Construct a ``Loader`` and take one batch, per mode (median); raw Lance opening the dataset
     and reading one equivalent batch is shown for reference (no target).
@@ -72,6 +78,7 @@ TARGET_SEQUENTIAL = 0.9
 TARGET_FULL_SHUFFLE = 1.6
 TARGET_BLOCK_SHUFFLE = 0.9
 TARGET_BLOCK_OVER_FULL = 20.0
+TARGET_AUTO_SECOND_EPOCH = 0.4
 
 HERE = Path(__file__).resolve().parent
 
@@ -185,6 +192,7 @@ def loader_kwargs(mode: str, num_workers: int | None) -> dict[str, Any]:
         "seed": SEED,
         "output": "numpy",
         "num_workers": num_workers,
+        "cache": None,  # reads from the dataset; the automatic cache has its own case
     }
     if mode == "full":
         kwargs.update(shuffle=True)
@@ -406,6 +414,58 @@ def case_first_batch(
     return results
 
 
+def auto_epochs(uri: str, num_workers: int | None, queue: Any) -> None:
+    """In a fresh process: ``Loader(uri, shuffle=True)`` with no cache argument, a private
+    automatic-cache directory under /dev/shm; puts (epoch 1 rows/s, epoch 2 rows/s, bytes in
+    /dev/shm, peak RSS in MiB, what the cache is)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
+        os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
+        kwargs = {k: v for k, v in loader_kwargs("full", num_workers).items() if k != "cache"}
+        loader = Loader(uri, **kwargs)
+        rates = []
+        for _ in range(2):
+            start, rows = time.perf_counter(), 0
+            for batch in loader:
+                rows += len(batch["id"])
+            rates.append(rows / (time.perf_counter() - start))
+        cache = loader.source.cache
+        queue.put((rates[0], rates[1], cache.used_bytes() if cache is not None else 0,
+                   peak_rss_mib(), loader.source.cache_choice))
+
+
+def case_auto_cache(uri: str, ds: lance.LanceDataset, args: argparse.Namespace) -> Case:
+    """The default loader's full shuffle, second epoch, vs ``to_batches(8192)``."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    runs: list[tuple[float, float, int, float, str]] = []
+
+    def loader_run() -> float:
+        queue = context.Queue()
+        child = context.Process(target=auto_epochs, args=(uri, args.num_workers, queue))
+        child.start()
+        runs.append(queue.get(timeout=1800))
+        child.join()
+        return runs[-1][1]
+
+    pairs = list(paired(args.repeats, loader_run, lambda: raw_sequential(ds, 8192)))
+    first = statistics.median(r[0] for r in runs)
+    shm = max(r[2] for r in runs)
+    rss = max(r[3] for r in runs)
+    return Case(
+        name="default full shuffle, epoch 2 vs to_batches(8192)",
+        loader_rows_per_s=[p[0] for p in pairs],
+        raw_rows_per_s=[p[1] for p in pairs],
+        target=TARGET_AUTO_SECOND_EPOCH,
+        note=(f"epoch 1 {_rate(first)}/s; /dev/shm {shm / 2**20:,.0f} MiB; "
+              f"peak RSS {rss:,.0f} MiB"),
+        extra={"epoch_1_rows_per_s": [r[0] for r in runs], "shm_bytes": shm,
+               "peak_rss_mib": rss, "cache": runs[-1][4]},
+    )
+
+
 def _all_equal(arrays: list[np.ndarray]) -> bool:
     return all(np.array_equal(arrays[0], a) for a in arrays[1:])
 
@@ -494,6 +554,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--json", type=Path, default=HERE / "results" / "throughput.json", help="JSON output"
     )
     p.add_argument("--strict", action="store_true", help="exit 1 if any target is missed")
+    p.add_argument("--auto-only", action="store_true",
+                   help="only the default loader's full shuffle (automatic cache) case")
     args = p.parse_args(argv)
     for name in ("rows", "fragments", "repeats", "shuffle_rows"):
         if getattr(args, name) < 1:
@@ -511,6 +573,13 @@ def main(argv: list[str] | None = None) -> int:
     warm_page_cache(ds)
     print(f"{args.repeats} repeat(s) per case, medians quoted; {info['cpu_count']} cores")
 
+    if args.auto_only:
+        print("default full shuffle (automatic cache) ...", flush=True)
+        auto = case_auto_cache(uri, ds, args)
+        print_table([auto], [])
+        print(f"\ncache: {auto.extra['cache']}")
+        write_json(args.json, {"machine": info, "cases": [auto.to_json()]})
+        return 1 if args.strict and auto.passed is False else 0
     print("sequential ...", flush=True)
     cases = case_sequential(uri, ds, args)
     print("full shuffle ...", flush=True)
@@ -518,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     print("block shuffle ...", flush=True)
     block, block_ids = case_block_shuffle(uri, ds, args)
     cases += [full, block, case_block_over_full(block, full)]
+    print("default full shuffle (automatic cache) ...", flush=True)
+    cases.append(case_auto_cache(uri, ds, args))
     print("time to first batch ...", flush=True)
     first = case_first_batch(uri, args, {"full": full_ids, "block": block_ids})
 

@@ -215,6 +215,24 @@ def read_epoch(uri: str, cache: str, order: str) -> tuple[list[int], int]:
     return rows_of(loader)[0], loader.source.cache.fills
 
 
+def test_a_shuffle_over_more_pieces_than_are_held_keeps_the_held_ones(uri, tmp_path,
+                                                                      small_pieces, monkeypatch):
+    """Room in memory for 3 of the 6 pieces, each read wanting all 6: least-recently-used
+    eviction dropped each piece just before its next use and read all 6 whole for every read;
+    now the 3 held stay and only the other 3 are read from their files."""
+    loader = loader_of(uri, cache=str(tmp_path / "c"), shuffle=True, rows_per_read=1000,
+                       num_workers=1)
+    rows_of(loader)
+    cache = loader.source.cache
+    piece = max(table.nbytes for _, table, _ in cache._held.values())
+    monkeypatch.setattr(cache_module, "HELD_BYTES", 3 * piece + piece // 2)
+    cache._held.clear()
+    cache._held_bytes, cache.reads_whole = 0, 0
+    assert sorted(rows_of(loader)[0]) == list(range(ROWS))
+    assert len(cache._held) == 3
+    assert cache.reads_whole <= 3 * 6 + 3  # 6 reads: 3 unheld pieces each, the first 3 once
+
+
 @pytest.mark.parametrize("order", ["sequential", "full"])
 def test_processes_filling_one_directory_download_each_piece_once(uri, tmp_path, order):
     cache = str(tmp_path / "c")
@@ -306,6 +324,221 @@ def test_stale_temporary_files_are_removed_by_the_next_eviction(tmp_path):
     assert not stale.exists() and (tmp_path / "a.arrow").exists()
 
 
+# --- byte ranges that are not rows (fetch_bytes) ----------------------------------------------
+
+def fetch_counted(root: str, key: str, log: str, start) -> bytes:
+    """In a fresh process: fetch ``key``; each make() appends a line to ``log`` (slowly, so the
+    others arrive while it runs)."""
+    start.wait(60)
+
+    def make() -> bytes:
+        with open(log, "a") as file:
+            file.write(f"{os.getpid()}\n")
+        time.sleep(0.3)
+        return key.encode() * 1000
+    return DiskCache(root, 1 << 20).fetch_bytes(key, make)
+
+
+def test_processes_fetching_one_key_make_it_once(tmp_path):
+    root, log = str(tmp_path), str(tmp_path / "log")
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, context.Pool(3) as pool:
+        start = manager.Event()
+        results = pool.starmap_async(fetch_counted, [(root, "clip-1", log, start)] * 3)
+        start.set()
+        got = results.get(120)
+    assert got == [b"clip-1" * 1000] * 3
+    assert len(Path(log).read_text().split()) == 1
+
+
+@pytest.mark.parametrize("kind", ["disk", "memory"])
+def test_threads_fetching_one_key_make_it_once(tmp_path, kind):
+    from concurrent.futures import ThreadPoolExecutor
+    cache = DiskCache(tmp_path, 1 << 20) if kind == "disk" else MemoryCache(1 << 20)
+    made = []
+
+    def make() -> bytes:
+        made.append(1)
+        time.sleep(0.1)
+        return b"range"
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: cache.fetch_bytes("k", make), range(4)))
+    assert got == [b"range"] * 4 and len(made) == 1 and cache.fills == 1
+
+
+def test_damaged_bytes_are_dropped_counted_and_made_again(tmp_path):
+    cache = DiskCache(tmp_path, 1 << 20)
+    cache.fetch_bytes("k", lambda: b"a" * 5000)
+    (path,) = tmp_path.glob("*.bin")
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF  # one flipped byte, same length
+    path.write_bytes(bytes(data))
+    other = DiskCache(tmp_path, 1 << 20)  # another process's view: checks the changed file
+    assert other.fetch_bytes("k", lambda: b"a" * 5000) == b"a" * 5000
+    assert (other.damaged, other.fills) == (1, 1)
+    path.write_bytes(path.read_bytes()[:-3])  # truncated
+    assert other.fetch_bytes("k", lambda: b"b" * 5000) == b"b" * 5000
+    assert (other.damaged, other.fills) == (2, 2)
+
+
+def test_fetched_bytes_stay_within_the_cap_least_recently_used_out(tmp_path):
+    cache = DiskCache(tmp_path, 10_000)
+    for key in "abc":
+        cache.fetch_bytes(key, lambda key=key: key.encode() * 3000)
+        time.sleep(0.01)
+    assert cache.used_bytes() <= 10_000
+    cache.fetch_bytes("a", lambda: b"?")  # read: now the most recent
+    cache.fetch_bytes("d", lambda: b"d" * 3000)  # evicts b, the least recently used
+    assert cache.used_bytes() <= 10_000
+    assert cache.fetch_bytes("a", lambda: b"?") == b"a" * 3000
+    assert cache.fetch_bytes("b", lambda: b"new") == b"new"
+    assert cache.fetch_bytes("big", lambda: b"x" * 20_000) == b"x" * 20_000  # not kept
+    assert cache.fetch_bytes("big", lambda: b"y" * 20_000) == b"y" * 20_000  # made again
+    assert cache.not_kept == 2 and cache.used_bytes() <= 10_000
+    memory = MemoryCache(10_000)
+    for key in "abcd":
+        memory.fetch_bytes(key, lambda key=key: key.encode() * 3000)
+    assert memory.used_bytes() <= 10_000
+    assert memory.fetch_bytes("a", lambda: b"new") == b"new"  # evicted first
+
+
+def test_fetch_bytes_bad_input_names_the_fix(tmp_path):
+    for cache in (DiskCache(tmp_path, 1 << 20), MemoryCache(1 << 20)):
+        with pytest.raises(TypeError, match="str key"):
+            cache.fetch_bytes(7, lambda: b"")
+        with pytest.raises(TypeError, match="must return bytes"):
+            cache.fetch_bytes("k", lambda: "text")
+        assert cache.fetch_bytes("k", lambda: bytearray(b"ok")) == b"ok"
+
+
+# --- the automatic cache (cache="auto", the default) ------------------------------------------
+
+def auto_epoch(uri: str, shm: str, results) -> None:
+    """In a fresh process: a default Loader (full shuffle) with the automatic cache's directory
+    under ``shm``; reports its ids, downloads, choice and sweeper; then waits to be killed."""
+    cache_module.AUTO_SHM_DIR = Path(shm)
+    cache_module.PIECE_BYTES = 1
+    loader = loader_of(uri, shuffle=True)
+    ids = rows_of(loader)[0]
+    results.put((sorted(ids) == list(range(ROWS)), loader.source.cache.fills,
+                 loader.source.cache_choice, cache_module._sweepers[-1].pid))
+    time.sleep(600)
+
+
+def wait_gone(pid: int, bound_s: float = 60.0) -> None:
+    """Wait (at most ``bound_s``) until process ``pid`` has exited."""
+    from lanceloader.lifecycle.lifetime import alive
+    deadline = time.monotonic() + bound_s
+    while alive(pid):
+        assert time.monotonic() < deadline, f"process {pid} still runs after {bound_s} s"
+        time.sleep(0.05)
+
+
+def test_two_processes_share_the_automatic_cache_and_the_last_ones_death_removes_it(uri,
+                                                                                     tmp_path):
+    """Both SIGKILLed (no atexit, no finally): the directory stays while one of them uses it
+    and is gone once the last is dead."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    users = []
+    try:
+        for _ in range(2):
+            users.append(context.Process(target=auto_epoch, args=(uri, str(tmp_path), results)))
+            users[-1].start()
+            whole, fills, choice, users[-1].sweeper = results.get(timeout=120)
+            assert whole and choice.startswith(f"auto: {tmp_path}"), choice
+            assert fills == (6 if len(users) == 1 else 0)  # the second read the first's pieces
+        (root,) = tmp_path.iterdir()
+        assert len(list(root.glob("*.arrow"))) == 6
+        os.kill(users[0].pid, signal.SIGKILL)
+        users[0].join(10)
+        wait_gone(users[0].sweeper)  # it ran, and left the directory to the other user
+        assert len(list(root.glob("*.arrow"))) == 6
+        os.kill(users[1].pid, signal.SIGKILL)
+        users[1].join(10)
+        wait_gone(users[1].sweeper)
+        assert not root.exists()
+    finally:
+        for user in users:
+            user.kill()
+            user.join(10)
+
+
+@pytest.mark.filterwarnings("ignore:lanceloader. forking a process:RuntimeWarning")
+def test_a_forked_child_does_not_keep_the_automatic_cache_alive(tmp_path, monkeypatch):
+    """A fork inherits the user's lock: held by a child that outlives its parent, the
+    directory would stay after every user died. The child closes it."""
+    import fcntl
+    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)
+    cache_module.auto_cache(True, False, 1000.0)
+    lock = cache_module.auto_cache_root() / cache_module.USERS_LOCK
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # holds no lock now: report whether an exclusive one is possible after close
+        os.close(read)
+        os.write(write, b"ok" if not cache_module._joined else b"kept")
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 4) == b"ok"
+    os.close(read)
+    os.waitpid(child, 0)
+    fd = os.open(lock, os.O_RDWR)
+    try:  # this process's own shared lock still holds
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+
+
+def test_leftovers_of_dead_users_are_removed_when_the_next_joins(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)
+    root = cache_module.auto_cache_root()
+    root.mkdir()
+    (root / "stale.arrow").write_bytes(b"x" * 1000)  # its users and sweepers all died
+    cache, choice = cache_module.auto_cache(True, False, 1000.0)
+    assert isinstance(cache, DiskCache) and cache.root == root and "a shuffle" in choice
+    assert not (root / "stale.arrow").exists()
+
+
+@pytest.mark.parametrize(("order", "chosen"), [("sequential", False), ("block", True),
+                                               ("full", True)])
+def test_the_default_caches_shuffles_that_fit_and_says_why(uri, tmp_path, monkeypatch, order,
+                                                           chosen):
+    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)
+    loader = loader_of(uri, **ORDERS[order])
+    assert rows_of(loader) == rows_of(loader_of(uri, cache=None, **ORDERS[order]))
+    assert isinstance(loader.source.cache, DiskCache) == chosen
+    stats = loader.stats()
+    assert stats.cache == loader.source.cache_choice and f"cache           {stats.cache}" in str(
+        stats)
+    if chosen:
+        assert rows_of(loader)[0] and loader.stats(epoch=-1).rows_cached == ROWS
+    else:
+        assert "sequential read of local data gains nothing" in stats.cache
+    monkeypatch.setattr(cache_module, "AUTO_MEMORY_SHARE", 1e-9)  # a budget nothing fits
+    small = loader_of(uri, **ORDERS[order])
+    assert small.source.cache is None
+    assert "exceed the budget" in small.source.cache_choice or not chosen
+    assert loader_of(uri, cache=None, shuffle=True).source.cache is None
+
+
+def test_a_cache_is_never_part_of_the_state(uri, tmp_path, monkeypatch):
+    """A state taken with the automatic cache loads into a loader without one, and back."""
+    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)
+    auto, off = loader_of(uri, shuffle=True), loader_of(uri, shuffle=True, cache=None)
+    iterator = iter(auto)
+    next(iterator)
+    state = auto.state_dict()
+    iterator.close()
+    off.load_state_dict(state)
+    assert ids_of(off) == ids_of(loader_of(uri, shuffle=True, cache=None))[100:]
+
+
+def test_auto_is_for_loaders_only(uri):
+    with pytest.raises(ValueError, match="cache='auto' is chosen by the Loader"):
+        make_cache("auto", None)
+
+
 # --- plans: once per machine, not once per rank ------------------------------------------------
 
 def test_a_filter_plan_is_scanned_once_and_shared_through_the_directory(uri, tmp_path):
@@ -325,7 +558,7 @@ def test_a_filter_plan_is_scanned_once_and_shared_through_the_directory(uri, tmp
 
 @pytest.mark.parametrize(("cache", "size", "error", "says"), [
     (None, 100, ValueError, "cache_size= needs cache="),
-    (3, None, TypeError, "cache must be None, 'memory' or a directory"),
+    (3, None, TypeError, "cache must be 'auto', None, 'memory' or a directory"),
     ("memory", 0, ValueError, "cache_size must be a number of bytes >= 1"),
     ("memory", True, ValueError, "cache_size must be a number of bytes"),
     ("memory", 1.5, ValueError, "cache_size must be a number of bytes"),

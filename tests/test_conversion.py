@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import io
+import mmap
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lance.arrow import BFloat16Array
 
 import lanceloader as ll
@@ -25,6 +30,7 @@ from lanceloader.batch.output import (
     column_to_numpy,
     to_output,
 )
+from lanceloader.batch.transforms import apply_transform
 
 # Arrow memory is read-only; the loader silences torch's warning about wrapping it once per process,
 # but pytest resets warning filters for every test.
@@ -304,11 +310,13 @@ def test_conversion_normalises_and_pickles() -> None:
 
 
 def test_nested_lists_become_one_python_list_per_row() -> None:
-    batch = pa.record_batch({
-        "tags": pa.array([["a", "b"], [], ["c", None]]),
-        "sents": pa.array([[[1, 2], [3]], [[4]], []]),
-        "spans": pa.array([[{"s": 0, "e": 2}], [], [{"s": 1, "e": 1}]]),
-    })
+    batch = pa.record_batch(
+        {
+            "tags": pa.array([["a", "b"], [], ["c", None]]),
+            "sents": pa.array([[[1, 2], [3]], [[4]], []]),
+            "spans": pa.array([[{"s": 0, "e": 2}], [], [{"s": 1, "e": 1}]]),
+        }
+    )
     for output in ("numpy", "torch", "jax", "tf"):
         out = to_output(batch, output)
         assert out["tags"] == [["a", "b"], [], ["c", None]]
@@ -316,8 +324,11 @@ def test_nested_lists_become_one_python_list_per_row() -> None:
         assert out["spans"] == [[{"s": 0, "e": 2}], [], [{"s": 1, "e": 1}]]
     check_schema(batch.schema, "torch")
     holes = pa.record_batch({"tags": pa.array([["a"], None])})
-    with pytest.raises(ConversionError, match=r"column 'tags' .* has 1 null values \(of 2\); "
-                       r"fill them: Loader\(\.\.\., fill_nulls=\{'tags': \[\]\}\)"):
+    with pytest.raises(
+        ConversionError,
+        match=r"column 'tags' .* has 1 null values \(of 2\); "
+        r"fill them: Loader\(\.\.\., fill_nulls=\{'tags': \[\]\}\)",
+    ):
         to_output(holes, "numpy")
     with pytest.raises(ConversionError, match=r"got fill_nulls\['tags'\]='xy', not a list"):
         to_output(holes, Conversion(fill_nulls={"tags": "xy"}))
@@ -522,11 +533,15 @@ NULL_IDS = (37, 40)  # sequential batches of 16: batch 2, rows 5 and 8; fragment
 @pytest.fixture
 def nulls_uri(tmp_path) -> str:
     """64 rows in fragments of 32: ``score`` (float) and ``name`` (string) null at NULL_IDS."""
-    table = pa.table({
-        "id": np.arange(64),
-        "score": pa.array([None if i in NULL_IDS else float(i) for i in range(64)], pa.float32()),
-        "name": pa.array([None if i in NULL_IDS else str(i) for i in range(64)]),
-    })
+    table = pa.table(
+        {
+            "id": np.arange(64),
+            "score": pa.array(
+                [None if i in NULL_IDS else float(i) for i in range(64)], pa.float32()
+            ),
+            "name": pa.array([None if i in NULL_IDS else str(i) for i in range(64)]),
+        }
+    )
     return str(lance.write_dataset(table, tmp_path / "nulls.lance", max_rows_per_file=32).uri)
 
 
@@ -538,19 +553,24 @@ def _fix_of(message: str) -> dict:
     fill = re.search(r"Loader\(\.\.\., fill_nulls=(\{.*?\})\)", message)
     filt = re.search(r"filter=('.*?')$", message.splitlines()[0])
     assert fill and filt, message
-    return {"fill_nulls": ast.literal_eval(fill.group(1)), "filter": ast.literal_eval(filt.group(1))}
+    return {
+        "fill_nulls": ast.literal_eval(fill.group(1)),
+        "filter": ast.literal_eval(filt.group(1)),
+    }
 
 
 def test_fill_nulls_is_a_keyword_of_the_loader_and_the_torch_datasets(nulls_uri: str) -> None:
     from lanceloader.torch import IterableDataset, MapDataset
 
     fills = {"score": -1.0}
-    loader = ll.Loader(nulls_uri, batch_size=16, columns=["score"], output="torch",
-                       fill_nulls=fills)
+    loader = ll.Loader(
+        nulls_uri, batch_size=16, columns=["score"], output="torch", fill_nulls=fills
+    )
     scores = torch.cat([b["score"] for b in loader])
     assert scores[list(NULL_IDS)].tolist() == [-1.0, -1.0] and scores[36].item() == 36.0
-    dataset = IterableDataset(nulls_uri, batch_size=16, columns=["score"], output="torch",
-                              fill_nulls=fills)
+    dataset = IterableDataset(
+        nulls_uri, batch_size=16, columns=["score"], output="torch", fill_nulls=fills
+    )
     assert torch.cat([b["score"] for b in dataset]).tolist() == scores.tolist()
     rows = MapDataset(nulls_uri, columns=["score"], fill_nulls=fills)
     assert rows[37]["score"].item() == -1.0
@@ -565,13 +585,20 @@ def test_nulls_are_refused_at_construction_with_fixes_that_run_as_written(nulls_
     assert "'score' (float) has 2 null values in the 64 rows this loader reads" in message
     assert "the first: Lance row 37, fragment 1 row 5" in message
     fix = _fix_of(message)
-    filled = ll.Loader(nulls_uri, batch_size=16, columns=["id", "score"], output="torch",
-                       fill_nulls=fix["fill_nulls"])
+    filled = ll.Loader(
+        nulls_uri,
+        batch_size=16,
+        columns=["id", "score"],
+        output="torch",
+        fill_nulls=fix["fill_nulls"],
+    )
     assert sum(len(b["score"]) for b in filled) == 64
-    kept = ll.Loader(nulls_uri, batch_size=16, columns=["id", "score"], output="torch",
-                     filter=fix["filter"])
+    kept = ll.Loader(
+        nulls_uri, batch_size=16, columns=["id", "score"], output="torch", filter=fix["filter"]
+    )
     assert sorted(i for b in kept for i in b["id"].tolist()) == [
-        i for i in range(64) if i not in NULL_IDS]
+        i for i in range(64) if i not in NULL_IDS
+    ]
     from lanceloader.torch import MapDataset
 
     with pytest.raises(ConversionError):  # the torch dataset checks the same way
@@ -583,9 +610,15 @@ def test_construction_looks_only_at_the_rows_the_loader_reads(nulls_uri: str) ->
     with pytest.raises(ConversionError, match=r"in the 33 rows .* filter='\(id > 30\) AND score"):
         ll.Loader(nulls_uri, columns=["score"], filter="id > 30")
     splits = {"a": 0.5, "b": 0.5}
-    holders = [s for s in splits if any(
-        i in NULL_IDS for b in ll.Loader(nulls_uri, columns=["id"], splits=splits, split=s)
-        for i in b["id"].tolist())]
+    holders = [
+        s
+        for s in splits
+        if any(
+            i in NULL_IDS
+            for b in ll.Loader(nulls_uri, columns=["id"], splits=splits, split=s)
+            for i in b["id"].tolist()
+        )
+    ]
     for split in splits:  # only a split holding a null row is refused
         if split in holders:
             with pytest.raises(ConversionError):
@@ -595,11 +628,13 @@ def test_construction_looks_only_at_the_rows_the_loader_reads(nulls_uri: str) ->
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
-def test_nulls_found_in_a_batch_name_the_batch_and_the_row(nulls_uri: str,
-                                                           worker_type: str) -> None:
+def test_nulls_found_in_a_batch_name_the_batch_and_the_row(
+    nulls_uri: str, worker_type: str
+) -> None:
     """Text columns are not scanned at construction: the batch holding the null says where."""
-    loader = ll.Loader(nulls_uri, batch_size=16, columns=["name"], worker_type=worker_type,
-                       num_workers=2)
+    loader = ll.Loader(
+        nulls_uri, batch_size=16, columns=["name"], worker_type=worker_type, num_workers=2
+    )
     with pytest.raises(ConversionError) as info:
         list(loader)
     error = info.value
@@ -610,3 +645,205 @@ def test_nulls_found_in_a_batch_name_the_batch_and_the_row(nulls_uri: str,
     assert fix["fill_nulls"] == {"name": ""}
     filled = ll.Loader(nulls_uri, batch_size=16, columns=["name"], fill_nulls=fix["fill_nulls"])
     assert [n for b in filled for n in b["name"]][37] == ""
+
+
+# --- ByteRows: binary columns as one buffer plus offsets ------------------------------------------
+
+PAYLOADS = [b"\xff\xd8\xffjpeg", b"", b"x" * 300, bytes(range(256)), b"\x00"]
+BINARY_TYPES = [pa.binary(), pa.large_binary()] + (
+    [pa.binary_view()] if hasattr(pa, "binary_view") else []
+)
+
+
+def fixed_payloads(n: int, width: int = 4) -> list[bytes]:
+    return [bytes([i % 256]) * width for i in range(n)]
+
+
+def mapped(array: np.ndarray) -> bool:
+    """Whether ``array`` views a memory mapping (a process worker's shared-memory file)."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap)
+
+
+@pytest.mark.parametrize("typ", BINARY_TYPES, ids=str)
+@pytest.mark.parametrize("output", ["numpy", "torch", "jax"])
+def test_binary_columns_become_byte_rows_equal_to_the_payloads(typ, output) -> None:
+    batch = pa.record_batch({"b": pa.array(PAYLOADS, typ)})
+    rows = column_to_numpy("b", batch.column(0), Conversion(output=output))
+    assert isinstance(rows, ll.ByteRows) and len(rows) == len(PAYLOADS)
+    assert rows.to_list() == PAYLOADS and list(rows) == PAYLOADS and rows == PAYLOADS
+    assert [rows[i] for i in range(-len(PAYLOADS), 0)] == PAYLOADS
+    assert rows.data.dtype == np.uint8 and rows.offsets.dtype == np.int64
+    assert rows.lengths.tolist() == [len(p) for p in PAYLOADS]
+    if typ != pa.binary_view():  # a view type has no one buffer: Arrow casts it (one copy)
+        assert inside(rows.data.ctypes.data, batch.column(0).buffers()[2])
+
+
+def test_fixed_size_binary_rows_view_the_buffer() -> None:
+    payloads = fixed_payloads(7, width=3)
+    col = pa.array(payloads, pa.binary(3))
+    rows = column_to_numpy("f", col.slice(2), Conversion())
+    assert rows == payloads[2:] and rows.offsets.tolist() == [0, 3, 6, 9, 12, 15]
+    assert inside(rows.data.ctypes.data, col.buffers()[1])
+
+
+@pytest.mark.parametrize("typ", [*BINARY_TYPES, pa.binary(4)], ids=str)
+def test_sliced_arrays_give_only_their_rows(typ) -> None:
+    payloads = fixed_payloads(9) if pa.types.is_fixed_size_binary(typ) else PAYLOADS * 2
+    col = pa.array(payloads, typ)
+    for lo, hi in [(1, 4), (3, len(payloads)), (2, 2)]:
+        rows = column_to_numpy("b", col.slice(lo, hi - lo), Conversion(output="torch"))
+        assert rows == payloads[lo:hi]
+        assert rows.offsets[0] == 0 and rows.offsets[-1] == len(rows.data)  # no foreign bytes
+
+
+@pytest.mark.parametrize("typ", [*BINARY_TYPES, pa.binary(4)], ids=str)
+def test_binary_nulls_follow_the_null_rules(typ) -> None:
+    fixed = pa.types.is_fixed_size_binary(typ)
+    payloads = fixed_payloads(4) if fixed else PAYLOADS[:4]
+    col = pa.array([payloads[0], None, payloads[2], payloads[3]], typ)
+    with pytest.raises(
+        ConversionError,
+        match=r"column 'b' .* 1 null values \(of 4\), the first at "
+        r"row 1 .*fill_nulls=\{'b': b''\}",
+    ):
+        column_to_numpy("b", col, Conversion())
+    fill = b"????" if fixed else b"?"
+    rows = column_to_numpy("b", col, Conversion(fill_nulls={"b": fill}))
+    assert isinstance(rows, ll.ByteRows)
+    assert rows == [payloads[0], fill, payloads[2], payloads[3]]
+
+
+@pytest.mark.parametrize("typ", [*BINARY_TYPES, pa.binary(4)], ids=str)
+def test_empty_binary_columns_are_empty_byte_rows(typ) -> None:
+    for col in (pa.array([], typ), pa.array(fixed_payloads(3), pa.binary(4)).slice(3).cast(typ)):
+        rows = column_to_numpy("b", col, Conversion())
+        assert len(rows) == 0 and rows == [] and rows.offsets.tolist() == [0]
+        assert list(rows) == [] and rows.data.size == 0
+
+
+def test_binary_list_option_and_tf_keep_lists_of_bytes() -> None:
+    col = pa.array(PAYLOADS, pa.large_binary())
+    assert column_to_numpy("b", col, Conversion(binary="list")) == PAYLOADS
+    assert type(column_to_numpy("b", col, Conversion(binary="list"))) is list
+    assert type(column_to_numpy("b", col, Conversion(output="tf"))) is list  # tf.string
+    objects = column_to_numpy("b", col, Conversion(strings="numpy"))
+    assert objects.dtype == object and objects.tolist() == PAYLOADS
+    assert (
+        type(column_to_numpy("b", col, Conversion(strings="numpy", binary="rows"))) is ll.ByteRows
+    )
+    assert to_output(pa.record_batch({"b": col}), "python")["b"] == PAYLOADS
+    with pytest.raises(ValueError, match=r"binary must be 'rows'.* or 'list'.*got 'bytes'"):
+        Conversion(binary="bytes")
+    with pytest.raises(ValueError, match="binary='rows' cannot become output='tf'"):
+        Conversion(output="tf", binary="rows")
+    with pytest.raises(ValueError, match="binary only apply to array outputs"):
+        Conversion(output="arrow", binary="list")
+
+
+def test_byte_rows_slices_view_and_pickle_only_their_bytes() -> None:
+    rows = ll.ByteRows.from_list([b"a" * 1000, b"bc", b"d" * 5000])
+    middle = rows[1:2]
+    assert isinstance(middle, ll.ByteRows) and middle == [b"bc"]
+    assert np.shares_memory(middle.data, rows.data)
+    assert rows[::2] == [b"a" * 1000, b"d" * 5000] and rows[5:1] == []
+    back = pickle.loads(pickle.dumps(middle))
+    assert back == middle and len(pickle.dumps(middle)) < 1000  # not the 6 KB it views
+    assert pickle.loads(pickle.dumps(rows)) == rows
+    assert bytes(rows.view(1)) == b"bc" and np.shares_memory(rows.view(1), rows.data)
+    with pytest.raises(IndexError, match="row 3 of a ByteRows of 3 rows"):
+        rows[3]
+    assert repr(rows) == "ByteRows(3 rows, 6,002 bytes)" and rows.nbytes == 6002 + 4 * 8
+
+
+@pytest.mark.parametrize(
+    "data, offsets, match",
+    [
+        (np.zeros(3, np.int32), np.array([0, 3]), "data must be a 1-D uint8 array"),
+        (np.zeros(3, np.uint8), np.array([0, 3], np.int32), "offsets must be a 1-D int64"),
+        (np.zeros(3, np.uint8), np.array([1, 3]), "offsets must start at 0, got 1"),
+        (np.zeros(3, np.uint8), np.array([0, 2]), r"end at len\(data\) = 3, got 2"),
+        (np.zeros(3, np.uint8), np.array([0, 2, 1, 3]), "must not decrease"),
+    ],
+)
+def test_byte_rows_refuse_arrays_that_break_its_invariants(data, offsets, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        ll.ByteRows(data, offsets)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.binary(max_size=20), max_size=12),
+    st.integers(-14, 14),
+    st.integers(-14, 14),
+    st.sampled_from([None, 1, 2, -1]),
+)
+def test_byte_rows_index_and_slice_as_the_list_does(payloads, lo, hi, step) -> None:
+    rows = column_to_numpy("b", pa.array(payloads, pa.binary()), Conversion())
+    assert rows[lo:hi:step] == payloads[lo:hi:step]
+    assert all(rows[i] == payloads[i] for i in range(-len(payloads), len(payloads)))
+
+
+@pytest.fixture
+def bytes_uri(tmp_path) -> str:
+    payloads = [bytes([i % 251]) * (i % 97) for i in range(600)]
+    table = pa.table(
+        {
+            "id": np.arange(600),
+            "blob": pa.array(payloads, pa.large_binary()),
+            "tag": pa.array(fixed_payloads(600, 2), pa.binary(2)),
+        }
+    )
+    return str(lance.write_dataset(table, tmp_path / "bytes.lance", max_rows_per_file=250).uri)
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_byte_rows_through_a_loader(bytes_uri: str, worker_type: str) -> None:
+    expected = lance.dataset(bytes_uri).to_table()
+    loader = ll.Loader(
+        bytes_uri,
+        batch_size=64,
+        worker_type=worker_type,
+        num_workers=2,
+        output=ll.Conversion(output="torch"),
+    )
+    got: dict[str, list] = {"id": [], "blob": [], "tag": []}
+    for batch in loader:
+        assert isinstance(batch["blob"], ll.ByteRows) and isinstance(batch["tag"], ll.ByteRows)
+        assert len(batch["blob"]) == len(batch["id"])
+        if worker_type == "process":  # through the shared-memory file, not pickled bytes
+            assert mapped(batch["blob"].data) and mapped(batch["blob"].offsets)
+        for name in got:
+            got[name].extend(batch[name].tolist() if name == "id" else batch[name])
+    assert got == expected.to_pydict()
+
+
+@pytest.mark.filterwarnings("ignore:lanceloader. forking a process")
+def test_byte_rows_through_torch_dataloader_workers(bytes_uri: str) -> None:
+    from lanceloader.torch import IterableDataset
+
+    ds = IterableDataset(bytes_uri, batch_size=64, output=ll.Conversion(output="torch"))
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    rows: dict[int, bytes] = {}
+    for batch in loader:
+        assert isinstance(batch["blob"], ll.ByteRows)  # torch's collate left it whole
+        rows.update(zip(batch["id"].tolist(), batch["blob"], strict=True))
+    expected = lance.dataset(bytes_uri).to_table(columns=["id", "blob"]).to_pydict()
+    assert rows == dict(zip(expected["id"], expected["blob"], strict=True))
+
+
+def test_decode_images_reads_sliced_large_binary_with_nulls() -> None:
+    from PIL import Image
+
+    def jpeg(value: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 6), (value, 0, 0)).save(buf, format="JPEG", quality=95)
+        return buf.getvalue()
+
+    images = pa.array([jpeg(10), jpeg(60), None, jpeg(200)], pa.large_binary())
+    batch = pa.record_batch({"image": images}).slice(1)  # offset != 0
+    out, skipped = apply_transform(ll.decode_images("image"), batch, "skip", max_skip_fraction=1.0)
+    reds = out.column("image").to_numpy_ndarray()[:, :, :, 0].mean(axis=(1, 2))
+    assert np.allclose(reds, [60, 200], atol=4) and skipped == 1

@@ -258,3 +258,14 @@ def test_stream_place_is_the_index_th_batch_of_the_concatenated_epochs(
         stream += [(e, 0, b) for b in range(epoch_len)]
         e += 1
     assert stream_place(epoch, start, first_len, epoch_len, index) == stream[index]
+
+
+def test_data_source_hands_out_a_binary_column_as_bytes_per_row(tmp_path) -> None:
+    """A binary column converts to ll.ByteRows; Grain's records get one bytes object each."""
+    import pyarrow as pa
+
+    payloads = [bytes([i]) * (i + 2) for i in range(30)]
+    uri = str(tmp_path / "raw.lance")
+    lance.write_dataset(pa.table({"raw": pa.array(payloads, pa.large_binary())}), uri)
+    source = DataSource(uri)
+    assert [source[i]["raw"] for i in range(len(source))] == payloads

@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 import lanceloader as ll
 from lanceloader.ordering.interleave import Interleave, Runs, interleave, rational_weights
 from lanceloader.ordering.plan import read_tasks
-from lanceloader.rows.mixed import mixed_rows
+from lanceloader.rows.mixed import mixed_rows, place_rows
 from lanceloader.rows.protocol import as_table, read_table
 from lanceloader.state.format import StateMismatchError
 
 
+@settings(deadline=None)  # pure, but a loaded 2-core machine runs it past 200 ms
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=6).filter(any),
        st.sampled_from([1, 1, 2, 5]))
 def test_every_prefix_is_within_one_run_of_its_share(quotas: list[int], run: int) -> None:
@@ -43,6 +44,7 @@ def test_every_prefix_is_within_one_run_of_its_share(quotas: list[int], run: int
     assert np.array_equal(np.bincount(slots, minlength=len(quotas)), quotas)
 
 
+@settings(deadline=None)
 @given(st.lists(st.integers(1, 1000), min_size=1, max_size=5))
 def test_rational_weights_keep_the_proportions(weights: list[int]) -> None:
     quotas = rational_weights(weights)
@@ -240,6 +242,121 @@ def test_mixed_rows_puts_every_row_in_its_place(data) -> None:
         given[s] += n
     out = mixed_rows(parts, wheres, Runs(source, np.array(index), length).merged())
     assert as_table(out)["x"].to_pylist() == expected
+
+
+@pytest.fixture(scope="module")
+def wide_sources(tmp_path_factory) -> dict[str, str]:
+    """Three datasets of ids (1000 + row, ...), a fixed-size list and a string per row."""
+    root = tmp_path_factory.mktemp("wide")
+    out = {}
+    for base, (name, rows) in enumerate([("a", 11), ("b", 37), ("c", 64)], start=1):
+        ids = np.arange(rows) + 1000 * base
+        table = pa.table({
+            "id": pa.array(ids),
+            "v": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 3).astype(
+                np.float32)), 3),
+            "s": pa.array([f"r{i}" for i in ids.tolist()])})
+        out[name] = str(root / f"{name}.lance")
+        lance.write_dataset(table, out[name], max_rows_per_file=10)
+    return out
+
+
+@settings(max_examples=8, deadline=None)
+@given(w=st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any),
+       modes=st.lists(st.sampled_from(["sequential", "block", "full"]), min_size=3, max_size=3),
+       run=st.sampled_from([1, 2, 70]), batch=st.integers(1, 40), per_read=st.integers(1, 5),
+       epoch=st.integers(0, 2))
+def test_a_mixed_epoch_is_each_sources_own_order_interleaved(wide_sources, w, modes, run,
+                                                              batch, per_read, epoch) -> None:
+    """Every column of every sample the loader delivers is the row the interleave and the
+    source's own order name (computed here sample by sample, not through a read): copied into
+    place or handed out as pieces, in reads of any size, in any epoch."""
+    orders = {"sequential": {}, "block": {"shuffle": True, "shuffle_block_size": 4},
+              "full": {"shuffle": True}}
+    own = {n: ll.Loader(wide_sources[n], seed=7 + k, **orders[modes[k]])
+           for k, n in enumerate("abc")}
+    mix = ll.Mix(own, weights=dict(zip("abc", w, strict=True)), run_length=run,
+                 samples_per_epoch=150)
+    loader = ll.Loader(mix, batch_size=batch, rows_per_read=batch * per_read, output="arrow")
+    loader.set_epoch(epoch)
+    got = pa.concat_tables(pa.Table.from_batches([b]) for b in loader)
+    il, names = mix.interleave, mix.names
+    expected = []
+    for j in range(150):
+        k = int(il.source_of(np.array([j]))[0])
+        index = epoch * mix.per_epoch[k] + int(il.count(k, j))
+        source = own[names[k]]
+        e, sample = divmod(index, source.source.num_rows)
+        row = int(source.order.positions(e, np.array([sample]))[0])
+        expected.append(1000 * (k + 1) + row)
+    assert got["id"].to_pylist() == expected
+    assert got["v"].to_pylist() == [[float(i)] * 3 for i in expected]
+    assert got["s"].to_pylist() == [f"r{i}" for i in expected]
+
+
+# Column kinds place_rows meets: scattered (fixed width, no nulls) or taken (the rest).
+PLACED_KINDS = {
+    "i64": (pa.int64(), lambda r, n: pa.array(r.integers(-9, 9, n))),
+    "f16x3": (pa.list_(pa.float16(), 3),
+              lambda r, n: pa.FixedSizeListArray.from_arrays(
+                  pa.array(r.standard_normal(3 * n).astype(np.float16)), 3)),
+    "f32x4_null": (pa.list_(pa.float32(), 4),  # a null inside the values: taken
+                   lambda r, n: pa.FixedSizeListArray.from_arrays(
+                       pa.array([None if i == 1 else float(i) for i in range(4 * n)],
+                                pa.float32()), 4)),
+    "bytes5": (pa.binary(5), lambda r, n: pa.array([bytes([i % 256] * 5) for i in range(n)],
+                                                    pa.binary(5))),
+    "ts": (pa.timestamp("us", "UTC"), lambda r, n: pa.array(r.integers(0, 10**9, n),
+                                                            pa.timestamp("us", "UTC"))),
+    "text": (pa.string(), lambda r, n: pa.array([f"s{i}" * (i % 3) for i in range(n)])),
+    "flag": (pa.bool_(), lambda r, n: pa.array(r.integers(0, 2, n).astype(bool))),
+    "i32_null": (pa.int32(), lambda r, n: pa.array([None if i % 4 == 0 else i for i in range(n)],
+                                                    pa.int32())),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_placed_rows_are_each_part_row_at_its_place_in_every_column_kind(data) -> None:
+    """place_rows against the rows placed one by one: every column kind, parts in chunks
+    sliced out of larger arrays (offsets), rows reordered, repeated or in order."""
+    kinds = data.draw(st.lists(st.sampled_from(sorted(PLACED_KINDS)), min_size=1, max_size=4,
+                               unique=True))
+    schema = pa.schema([(k, PLACED_KINDS[k][0]) for k in kinds])
+    rng = np.random.default_rng(data.draw(st.integers(0, 99)))
+    sizes = data.draw(st.lists(st.integers(0, 40), min_size=1, max_size=4))
+    parts, wheres, samples = [], [], []
+    for size in sizes:
+        pad = data.draw(st.integers(0, 3))  # the part's rows begin `pad` rows into its arrays
+        whole = pa.table([PLACED_KINDS[k][1](rng, size + pad + 2) for k in kinds], schema=schema)
+        part = whole.slice(pad, size)
+        cuts = sorted(data.draw(st.lists(st.integers(0, size), max_size=2)))
+        part = pa.Table.from_batches(
+            [b for a, z in itertools.pairwise([0, *cuts, size]) for b in part.slice(a, z - a)
+             .to_batches()], schema=schema)
+        how = data.draw(st.sampled_from(["order", "permuted", "repeats"]))
+        if how == "order" or size == 0:
+            where, count = None, size
+        elif how == "permuted":
+            where, count = rng.permutation(size), size
+        else:
+            count = data.draw(st.integers(1, 2 * size))
+            where = rng.integers(0, size, count)
+        parts.append(part)
+        wheres.append(where)
+        samples.append(count)
+    n = sum(samples)
+    owner = rng.permutation(np.repeat(np.arange(len(sizes)), samples))  # each place's part
+    places = [np.flatnonzero(owner == k) for k in range(len(sizes))]
+    out = place_rows(parts, wheres, places, n)
+    assert out.schema.equals(schema) and out.num_rows == n
+    expected: list[dict] = [{}] * n
+    for k, (part, where, place) in enumerate(zip(parts, wheres, places, strict=True)):
+        rows = part.to_pylist()
+        for i, at in enumerate(place.tolist()):
+            expected[at] = rows[i if where is None else int(where[i])]
+        assert k < len(parts)
+    assert out.to_pylist() == expected
 
 
 @pytest.mark.parametrize(("weights", "run"), [((1, 1, 1), 1), ((3, 2, 1), 1), ((1, 2, 1), 4)])

@@ -18,6 +18,7 @@ import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
 from conftest import ids_of
 from lanceloader.demo import demo_table
+from lanceloader.rows import cache as cache_module
 
 ROWS = 2_000
 ORDERS = {
@@ -103,7 +104,7 @@ def test_stats_count_exactly_the_requests_the_server_answered(s3, remote: str, o
     the epoch's requests, not those of the loader's construction (it used to count those too)."""
     loader = ll.Loader(remote, batch_size=100, columns=["id", "x"], num_workers=2,
                        worker_type=worker_type, storage_options=s3.storage_options,
-                       **ORDERS[order])
+                       cache=None, **ORDERS[order])
     s3.requests(reset=True)
     rows = sum(len(b["id"]) for b in loader)
     served = sum(s3.requests().values())
@@ -213,7 +214,8 @@ def test_store_faults_never_lose_duplicate_or_hang(s3, remote: str, proxy, fault
 def test_the_verdict_names_storage_latency(s3, remote: str, local: str, proxy) -> None:
     proxy.set(latency_s=0.03)
     slow = ll.Loader(remote, batch_size=100, columns=["id"], shuffle=True, num_workers=2,
-                     storage_options={**s3.storage_options, "endpoint": proxy.endpoint})
+                     storage_options={**s3.storage_options, "endpoint": proxy.endpoint},
+                     cache=None)
     assert sum(len(b["id"]) for b in slow) == ROWS
     verdict = slow.stats().bottleneck
     assert verdict.stage == "storage latency", verdict
@@ -241,6 +243,32 @@ def test_with_a_cache_later_epochs_make_no_request(s3, remote: str, local: str, 
     assert sum(s3.requests().values()) == 0  # the second epoch: nothing asked of the store
 
 
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+@pytest.mark.parametrize("order", ["sequential", "full"])
+def test_a_default_loader_caches_by_itself_and_cache_none_turns_it_off(
+        s3, remote: str, tmp_path, monkeypatch, order: str, worker_type: str) -> None:
+    """No cache argument on an object store: the second epoch asks nothing of the store (any
+    order); cache=None asks again; both deliver the same batches."""
+    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)  # this test's own directory
+    settings = {"batch_size": 100, "columns": ["id", "x"], "seed": 3, "num_workers": 2,
+                "worker_type": worker_type, "storage_options": s3.storage_options,
+                **ORDERS[order]}
+    auto, off = ll.Loader(remote, **settings), ll.Loader(remote, cache=None, **settings)
+    assert auto.source.cache_choice.startswith(f"auto: {tmp_path}")
+    assert off.source.cache is None and off.source.cache_choice == "none (cache=None)"
+    for _ in range(2):
+        s3.requests(reset=True)
+        got = list(auto)
+        auto_requests = sum(s3.requests().values())
+        s3.requests(reset=True)
+        want = list(off)
+        assert sum(s3.requests().values()) > 0
+        assert [b["id"].tolist() for b in got] == [b["id"].tolist() for b in want]
+        assert all(np.array_equal(g["x"], w["x"]) for g, w in zip(got, want, strict=True))
+    assert auto_requests == 0  # the second epoch
+    assert "object store pays per request" in auto.stats().cache or order != "sequential"
+
+
 def test_a_filled_cache_serves_while_the_store_is_down(s3, remote: str, tmp_path,
                                                        proxy) -> None:
     """Fill through 503s (Lance retries them), then lose the store: the epoch still comes, all
@@ -250,7 +278,7 @@ def test_a_filled_cache_serves_while_the_store_is_down(s3, remote: str, tmp_path
     settings = {"batch_size": 100, "columns": ["id"], "shuffle": True,
                 "storage_options": options, "num_workers": 2, "stall_timeout": 120}
     cached = ll.Loader(remote, cache=str(tmp_path / "cache"), **settings)
-    plain = ll.Loader(remote, **settings)
+    plain = ll.Loader(remote, cache=None, **settings)
     proxy.set(fail_every=3)
     assert sorted(ids_of(cached)) == list(range(ROWS))
     proxy.set(down_s=600.0)

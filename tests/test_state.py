@@ -207,7 +207,9 @@ def test_any_interleaving_delivers_the_uninterrupted_stream(small_uri: str, ops,
     loader, it, delivered = make(), None, []
     for op in ops:
         if op == "iter":
-            if it is not None and it.live:
+            # a live iterator with batches left is in use; one that handed out the last batch
+            # ends its epoch at the next iter() (a loop that stops at len(), as Lightning's)
+            if it is not None and it.live and len(it) > 0:
                 with pytest.raises(ll.LoaderInUseError):
                     iter(loader)
             else:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 
+import lance
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -817,3 +818,16 @@ def test_iterable_dataset_and_read_ahead_record_stats(small_uri: str) -> None:
                         collate_fn=collate)
     assert sum(len(b["id"]) for b in loader) == 1000
     assert mapped.stats().rows == 1000
+
+
+def test_map_dataset_binary_columns_reach_default_collate_as_bytes(tmp_path) -> None:
+    """A binary column converts to ll.ByteRows; torch's default collate cuts it into one bytes
+    object per row (it raised 'cannot split a ByteRows')."""
+    payloads = [bytes([i]) * (i + 1) for i in range(40)]
+    uri = str(tmp_path / "raw.lance")
+    lance.write_dataset(pa.table({"id": list(range(40)), "raw": pa.array(payloads, pa.binary())}),
+                        uri)
+    ds = MapDataset(uri)
+    assert ds[3]["raw"] == payloads[3]
+    batches = list(DataLoader(ds, batch_size=16, shuffle=False))
+    assert [b for batch in batches for b in batch["raw"]] == payloads

@@ -5,9 +5,11 @@
 >>> for batch in loader: ...                                                # doctest: +SKIP
 """
 
+from lanceloader.batch.audio import decode_audio
 from lanceloader.batch.augment import random_map
 from lanceloader.batch.images import decode_images, normalise
 from lanceloader.batch.output import Conversion, ConversionError
+from lanceloader.batch.tensors import ByteRows
 from lanceloader.batch.text import tokenize
 from lanceloader.batch.transforms import TooManyRowErrors, TransformOutputError, compose, map_rows
 from lanceloader.engine.processes import WorkerDiedError
@@ -18,6 +20,8 @@ from lanceloader.ledger import Ledger
 from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan
+from lanceloader.rows.blobs import blob_files
+from lanceloader.rows.clips import ClipError, audio_clips, video_clips
 from lanceloader.rows.dataset import ReadError
 from lanceloader.rows.lance import Source
 from lanceloader.rows.mixed import Mix
@@ -27,6 +31,8 @@ from lanceloader.write.convert import ConvertSummary, convert
 from lanceloader.write.materialize import materialize
 
 __all__ = [
+    "ByteRows",
+    "ClipError",
     "Conversion",
     "ConversionError",
     "ConvertSummary",
@@ -46,8 +52,11 @@ __all__ = [
     "TransformOutputError",
     "WorkerDiedError",
     "as_tf_dataset",
+    "audio_clips",
+    "blob_files",
     "compose",
     "convert",
+    "decode_audio",
     "decode_images",
     "load_state",
     "map_rows",
@@ -57,5 +66,6 @@ __all__ = [
     "random_map",
     "save_state",
     "tokenize",
+    "video_clips",
 ]
 __version__ = "0.1.0"

@@ -49,6 +49,7 @@ from lanceloader.pipeline import (
     Steps,
     Workers,
 )
+from lanceloader.rows.clips import AudioClips, VideoClips
 from lanceloader.rows.ordered import OrderedSource
 from lanceloader.rows.packed import Packing, PackPlan
 from lanceloader.state.cursor import Cursor
@@ -70,10 +71,24 @@ class Loader:
         split_key: column whose value decides a row's split; default the row offset.
         cache: keep the projected columns for later epochs: a local directory (shared by every
             worker, loader and process naming it, with the filter/split plan) or ``"memory"``
-            (thread workers only); see :mod:`lanceloader.rows.cache`.
-        cache_size: the cache's cap in bytes; default half the free disk space or memory.
+            (thread workers only); see :mod:`lanceloader.rows.cache`. Default ``"auto"``: a
+            shuffle (full or block), or any order on an object store, gets a directory under
+            ``/dev/shm`` shared by the machine's processes, when the projected columns
+            (bytes per row x rows) fit its budget, the lesser of half the free ``/dev/shm``
+            and a quarter of the available memory; a sequential local read gets none. The
+            directory is removed once the last process using it exited (even SIGKILLed).
+            ``stats()`` says what was chosen and why; ``None`` turns caching off.
+        cache_size: the cache's cap in bytes; default half the free disk space or memory
+            (with ``"auto"``: replaces its budget).
         pack: ``ll.pack(column, seq_len)``: rows of ``seq_len`` tokens packed from the token
             lists of ``column`` (:mod:`lanceloader.rows.packed`).
+        clips: ``ll.video_clips(column, frames)`` or ``ll.audio_clips(column, seconds)``: the
+            samples are clips of the media in ``column``, decoded in the workers from only
+            the bytes each needs (:mod:`lanceloader.rows.clips`).
+        blobs: how Lance blob columns arrive, ``{column: "bytes" | "file" | "descriptor"}``:
+            by default their payloads (bytes); ``"file"`` gives a transform lazy file-like
+            objects that read only the ranges it asks for (``ll.blob_files(batch, column)``);
+            ``"descriptor"`` Lance's positions and sizes (:mod:`lanceloader.rows.blobs`).
         shuffle: ``False`` reads in dataset order; ``True`` shuffles, differently each epoch.
         shuffle_block_size: rows read together when shuffling; 1 is a full random shuffle.
         shuffle_window: blocks whose rows are mixed together; default 8 (block shuffle only).
@@ -119,8 +134,10 @@ class Loader:
         *, columns: list[str] | None = None, filter: str | None = None,
         version: int | str | None = None, storage_options: dict[str, str] | None = None,
         splits: dict[str, float] | None = None, split: str | None = None,
-        split_key: str | None = None, cache: str | os.PathLike[str] | None = None,
-        cache_size: int | None = None, pack: Packing | None = None, shuffle: bool = False,
+        split_key: str | None = None, cache: str | os.PathLike[str] | None = "auto",
+        cache_size: int | None = None, pack: Packing | None = None,
+        clips: VideoClips | AudioClips | None = None, blobs: dict[str, str] | None = None,
+        shuffle: bool = False,
         shuffle_block_size: int = 1, shuffle_window: int | None = None, seed: int = 0,
         drop_last: bool = False, transform: Transform | list[Transform] | None = None,
         on_error: OnError = "raise", max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
@@ -136,7 +153,7 @@ class Loader:
         self._pipeline = Pipeline.assemble(
             dataset,
             RowsSettings(columns, filter, version, storage_options, splits, split, split_key,
-                         cache, cache_size, pack),
+                         cache, cache_size, pack, clips, blobs),
             OrderSettings(shuffle, shuffle_block_size, shuffle_window, seed),
             Batching(batch_size, drop_last, rank, world_size),
             Steps(transform, on_error, max_skip_fraction),
@@ -293,9 +310,11 @@ class Loader:
         """What the loader did so far: throughput, I/O, time per stage and the bottleneck;
         ``epoch=None`` sums every iteration, ``-1`` is the last one, ``0`` the first.
         ``print(loader.stats())`` shows a table and the verdict."""
+        source = getattr(self.source, "inner", self.source)  # packed rows, clips: their Source
         stats = self.recorder.snapshot(workers=self.num_workers,
                                        shuffle_random=self._pipeline.random_reads, epoch=epoch,
-                                       worker_type=self._pipeline.workers.worker_type)
+                                       worker_type=self._pipeline.workers.worker_type,
+                                       cache=getattr(source, "cache_choice", None))
         padding = self.source.padding_fraction
         return stats if padding is None else dataclasses.replace(stats, padding_fraction=padding)
 

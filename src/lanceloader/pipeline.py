@@ -53,7 +53,8 @@ from lanceloader.engine.work import BatchWork
 from lanceloader.lifecycle import forksafe
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, read_tasks
-from lanceloader.rows.cache import MemoryCache
+from lanceloader.rows.cache import AUTO, MemoryCache
+from lanceloader.rows.clips import AudioClips, VideoClips, clip_source
 from lanceloader.rows.dataset import is_object_store
 from lanceloader.rows.lance import Source
 from lanceloader.rows.mixed import Mix
@@ -72,7 +73,8 @@ _logger = logging.getLogger("lanceloader")
 
 @dataclass(frozen=True)
 class RowsSettings:
-    """What to read of a dataset: projection, filter, version, split, cache and packing."""
+    """What to read of a dataset: projection, filter, version, split, cache, packing, clips and
+    how blob columns are read."""
 
     columns: list[str] | None = None
     filter: str | None = None
@@ -81,17 +83,28 @@ class RowsSettings:
     splits: dict[str, float] | None = None
     split: str | None = None
     split_key: str | None = None
-    cache: str | os.PathLike[str] | None = None
+    cache: str | os.PathLike[str] | None = AUTO  # chosen from the order and the size
     cache_size: int | None = None
     pack: Packing | None = None
+    clips: VideoClips | AudioClips | None = None
+    blobs: dict[str, str] | None = None  # blob columns: "bytes" (default), "file", "descriptor"
 
-    def build(self, dataset: Any) -> RowSource:
-        """The rows of ``dataset`` (a URI or ``lance.LanceDataset``): Lance rows, packed if
-        asked."""
+    def build(self, dataset: Any, seed: int = 0, random_order: bool = True) -> RowSource:
+        """The rows of ``dataset`` (a URI or ``lance.LanceDataset``): Lance rows, packed or
+        clips if asked (``seed`` draws ``per_video`` clips' starts). ``random_order``: whether
+        they are read shuffled (``cache="auto"`` decides with it; map-style readers, which
+        read by index, leave it True)."""
         if self.pack is not None and not isinstance(self.pack, Packing):
             raise TypeError(f"pack must come from ll.pack(column, seq_len), got {self.pack!r}")
-        source = Source(dataset, **{f.name: getattr(self, f.name)
-                                    for f in dataclasses.fields(self) if f.name != "pack"})
+        if self.pack is not None and self.clips is not None:
+            raise ValueError("pack= and clips= both give the samples (packed token rows, or "
+                             "media clips); a Loader takes one of them")
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                    if f.name not in ("pack", "clips")}
+        settings["random_order"] = random_order
+        if self.clips is not None:
+            return clip_source(dataset, self.clips, seed, **settings)
+        source = Source(dataset, **settings)
         return source if self.pack is None else PackedSource(source, self.pack)
 
 
@@ -187,7 +200,7 @@ class Pipeline:
             source: RowSource = dataset.source()
             the_order: Order = source.order(order.seed)  # type: ignore[attr-defined]
         else:
-            source = rows.build(dataset)
+            source = rows.build(dataset, order.seed, random_order=order.shuffle)
             the_order = order.build(source.num_rows)
         if workers.worker_type == "process" and isinstance(source.cache, MemoryCache):
             raise ValueError("cache='memory' keeps pieces in one process's memory, and each "
@@ -334,7 +347,8 @@ def check_nulls(source: RowSource, conversion: Conversion) -> None:
 
 def refuse_mix_settings(rows: RowsSettings, order: OrderSettings) -> None:
     """A mix takes what to read and its order from its sources: say so for any given here."""
-    given = [f.name for f in dataclasses.fields(rows) if getattr(rows, f.name) is not None]
+    given = [f.name for f in dataclasses.fields(rows)
+             if getattr(rows, f.name) is not None and getattr(rows, f.name) != f.default]
     given += [name for name, value, default in (
         ("shuffle", order.shuffle, False), ("shuffle_block_size", order.shuffle_block_size, 1),
         ("shuffle_window", order.shuffle_window, None)) if value != default]

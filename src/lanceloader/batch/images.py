@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from lanceloader.batch.output import byte_rows
 from lanceloader.batch.tensors import import_framework
 from lanceloader.batch.transforms import (
     BatchTransform,
@@ -64,7 +66,7 @@ class DecodeImages(BatchTransform):
         out: np.ndarray | None = None
         kept: list[int] = []
         decode = self._decode
-        for i, data in enumerate(col.to_pylist()):
+        for i, data in enumerate(row_views(col)):  # no bytes object per row
             try:
                 slot = out[len(kept)] if out is not None else None
                 image = decode(data, slot, self.size)
@@ -93,13 +95,14 @@ class DecodeImages(BatchTransform):
             rows, self.output_column, tensor_array(images.astype(self.dtype, copy=False))
         )
 
-    def _decode(self, data: bytes | None, into: np.ndarray | None,
-                size: tuple[int, int] | None) -> np.ndarray:
-        """One image as ``[H, W, C]`` uint8 of ``size`` (None: its own); decoded straight into
-        ``into`` where it fits."""
+    def _decode(
+        self, data: bytes | np.ndarray | None, into: np.ndarray | None, size: tuple[int, int] | None
+    ) -> np.ndarray:
+        """One image (bytes, or a ``uint8`` array viewing them) as ``[H, W, C]`` uint8 of
+        ``size`` (None: its own); decoded straight into ``into`` where it fits."""
         if data is None:
             raise ValueError(f"column {self.column!r} is null in this row")
-        if self.backend != "pil" and data[:3] == JPEG_MAGIC:
+        if self.backend != "pil" and bytes(data[:3]) == JPEG_MAGIC:
             try:
                 return _decode_simplejpeg(data, size, self.mode, into)
             except Exception:
@@ -230,7 +233,7 @@ def _simplejpeg() -> Any:
 
 
 def _decode_simplejpeg(
-    data: bytes, size: tuple[int, int] | None, mode: str, into: np.ndarray | None
+    data: bytes | np.ndarray, size: tuple[int, int] | None, mode: str, into: np.ndarray | None
 ) -> np.ndarray:
     simplejpeg = _simplejpeg()
     colorspace = "RGB" if mode == "RGB" else "GRAY"
@@ -247,7 +250,7 @@ def _decode_simplejpeg(
     return image if image.shape[:2] == size else _resize(image, size)
 
 
-def _decode_pil(data: bytes, size: tuple[int, int] | None, mode: str) -> np.ndarray:
+def _decode_pil(data: bytes | np.ndarray, size: tuple[int, int] | None, mode: str) -> np.ndarray:
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:
@@ -292,10 +295,13 @@ def _check_device(device: str | None) -> str | None:
         raise ImportError(
             f"decode_images(device={device!r}) decodes with torchvision: pip install torchvision "
             f"(the build matching torch {torch.__version__}, from the same index), or decode on "
-            "the CPU with device=None") from exc
+            "the CPU with device=None"
+        ) from exc
     if not torch.cuda.is_available():
-        raise ValueError(f"decode_images(device={device!r}) but this machine has no CUDA device "
-                         f"(torch {torch.__version__}); decode on the CPU with device=None")
+        raise ValueError(
+            f"decode_images(device={device!r}) but this machine has no CUDA device "
+            f"(torch {torch.__version__}); decode on the CPU with device=None"
+        )
     target = torch.device(device)
     index = torch.cuda.current_device() if target.index is None else target.index
     return f"cuda:{index}"
@@ -312,26 +318,28 @@ def _thread_stream(device: Any) -> Any:
     return streams[device.index]
 
 
-def decode_on_device(d: DecodeImages, batch: pa.RecordBatch, errors: ErrorPolicy
-                     ) -> dict[str, Any]:
+def decode_on_device(d: DecodeImages, batch: pa.RecordBatch, errors: ErrorPolicy) -> dict[str, Any]:
     """:meth:`DecodeImages.apply` on the GPU ``d.device``: the batch as a dict whose
     ``d.output_column`` is a CUDA tensor and whose other columns are Arrow (kept rows)."""
     if multiprocessing.current_process().name.startswith("lanceloader-process-"):
         raise RuntimeError(
             f"decode_images(device={d.device!r}) runs in thread workers: a process worker "
             "cannot hand CUDA tensors to the training process; pass worker_type='thread' (the "
-            "default), or decode on the CPU with device=None")
+            "default), or decode on the CPU with device=None"
+        )
     torch = import_framework("torch")
     source = f"decode_images({d.column!r})"
     col = check_column(batch, d.column, ("binary", "large_binary"), "decode_images")
     device = torch.device(d.device)
     cuda = device.type == "cuda"  # else only the CPU fallback runs (what the tests can run)
-    encoded = _encoded(col)
+    encoded = row_views(col)  # torch is imported: its warning for read-only buffers is off
     images: list[Any] = [None] * len(encoded)
     jpegs = [i for i, e in enumerate(encoded) if cuda and e is not None and _gpu_decodable(e)]
     stream = _thread_stream(device) if cuda else None
-    with torch.cuda.device(device) if cuda else nullcontext(), \
-            torch.cuda.stream(stream) if cuda else nullcontext():
+    with (
+        torch.cuda.device(device) if cuda else nullcontext(),
+        torch.cuda.stream(stream) if cuda else nullcontext(),
+    ):
         on_gpu = [torch.from_numpy(encoded[i]) for i in jpegs]
         for i, image in zip(jpegs, gpu_decode(on_gpu, d.mode, device), strict=True):
             images[i] = image
@@ -339,19 +347,28 @@ def decode_on_device(d: DecodeImages, batch: pa.RecordBatch, errors: ErrorPolicy
         for i in range(len(images)):
             try:
                 if images[i] is None:  # not a JPEG, or refused by the GPU: the CPU path
-                    array = d._decode(col[i].as_py(), None, None)
+                    array = d._decode(encoded[i], None, None)
                     images[i] = torch.from_numpy(array).permute(2, 0, 1).to(device)
                 first = first or tuple(images[i].shape)
                 if d.size is None and tuple(images[i].shape) != first:
                     raise ValueError(
                         f"image is {images[i].shape[2]}x{images[i].shape[1]}, the batch's first "
-                        f"is {first[2]}x{first[1]}; pass size=(H, W) to resize every image")
+                        f"is {first[2]}x{first[1]}; pass size=(H, W) to resize every image"
+                    )
             except Exception as exc:
                 images[i] = None
                 errors.row_failed(exc, i, lambda i=i: row_at(batch, i), source)
         kept = [i for i, image in enumerate(images) if image is not None]
-        out = finish_images([images[i] for i in kept], d.size, d.dtype, d.mean, d.std,
-                            d.layout, _CHANNELS[d.mode], device)
+        out = finish_images(
+            [images[i] for i in kept],
+            d.size,
+            d.dtype,
+            d.mean,
+            d.std,
+            d.layout,
+            _CHANNELS[d.mode],
+            device,
+        )
         if cuda:  # the loop reads it on its own stream: until the device stage records that
             # one (Loader(device=...)), keep the memory from this stream's reuse until the
             # default stream is done with it.
@@ -364,16 +381,22 @@ def decode_on_device(d: DecodeImages, batch: pa.RecordBatch, errors: ErrorPolicy
     return columns
 
 
-def _encoded(col: pa.Array) -> list[np.ndarray | None]:
-    """Each row's bytes as a uint8 array viewing the Arrow buffer (None for a null)."""
-    import_framework("torch")  # silences torch's warning for wrapping read-only buffers
-    offsets_type = np.int64 if pa.types.is_large_binary(col.type) else np.int32
-    _, offsets_buffer, data_buffer = col.buffers()
-    offsets = np.frombuffer(offsets_buffer, offsets_type)[col.offset:col.offset + len(col) + 1]
-    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else \
-        np.empty(0, np.uint8)
-    valid = col.is_valid().to_numpy(zero_copy_only=False)
-    return [data[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(col))]
+def row_views(col: pa.Array) -> list[np.ndarray | None]:
+    """Each row of a binary column as a ``uint8`` array viewing the Arrow buffer (no copy;
+    ``None`` for a null): what the decoders read, so no row becomes a ``bytes`` object.
+
+    >>> [bytes(v) if v is not None else v for v in row_views(pa.array([b"ab", None, b"c"]))]
+    [b'ab', None, b'c']
+    """
+    if not col.null_count:
+        rows = byte_rows(col)
+        return [
+            rows.data[lo:hi]
+            for lo, hi in zip(rows.offsets[:-1].tolist(), rows.offsets[1:].tolist(), strict=True)
+        ]
+    rows = byte_rows(pc.fill_null(col, pa.scalar(b"", col.type)))
+    valid = col.is_valid().to_numpy(zero_copy_only=False).tolist()
+    return [rows.view(i) if ok else None for i, ok in enumerate(valid)]
 
 
 # Start-of-frame markers: the segment that says how many colour components a JPEG has.
@@ -425,9 +448,16 @@ def gpu_decode(encoded: list[Any], mode: str, device: Any) -> list[Any]:
         return out
 
 
-def finish_images(images: list[Any], size: tuple[int, int] | None, dtype: str,
-                  mean: Sequence[float] | None, std: Sequence[float] | None, layout: str,
-                  channels: int, device: Any = None) -> Any:
+def finish_images(
+    images: list[Any],
+    size: tuple[int, int] | None,
+    dtype: str,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    layout: str,
+    channels: int,
+    device: Any = None,
+) -> Any:
     """``[C, H, W]`` uint8 tensors (on any device) as one batch tensor, as the CPU path makes
     it: resized to ``size`` (bilinear, antialiased, rounded to uint8), then ``float32``
     normalised ``(pixel / 255 - mean) / std``, in ``layout``. Torch ops only, so the GPU path's
@@ -444,20 +474,27 @@ def finish_images(images: list[Any], size: tuple[int, int] | None, dtype: str,
         out = torch.empty((0, channels, h, w), dtype=torch.uint8, device=device)
     else:
         if size is not None:
-            images = [image if tuple(image.shape[1:]) == size else _resize_tensor(image, size)
-                      for image in images]
+            images = [
+                image if tuple(image.shape[1:]) == size else _resize_tensor(image, size)
+                for image in images
+            ]
         out = torch.stack(images)
     if dtype == "float32":
         m = torch.tensor(mean if mean is not None else [0.0] * channels, device=out.device)
         s = torch.tensor(std if std is not None else [1.0] * channels, device=out.device)
-        out = out.to(torch.float32) * (1.0 / (255.0 * s)).view(1, -1, 1, 1) - \
-            (m / s).view(1, -1, 1, 1)
+        out = out.to(torch.float32) * (1.0 / (255.0 * s)).view(1, -1, 1, 1) - (m / s).view(
+            1, -1, 1, 1
+        )
     return out.permute(0, 2, 3, 1).contiguous() if layout == "HWC" else out
 
 
 def _resize_tensor(image: Any, size: tuple[int, int]) -> Any:
     torch = import_framework("torch")
     resized = torch.nn.functional.interpolate(
-        image[None].to(torch.float32), size=size, mode="bilinear", antialias=True,
-        align_corners=False)
+        image[None].to(torch.float32),
+        size=size,
+        mode="bilinear",
+        antialias=True,
+        align_corners=False,
+    )
     return resized[0].round_().clamp_(0, 255).to(torch.uint8)

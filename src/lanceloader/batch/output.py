@@ -20,9 +20,13 @@ fixed_shape_tensor                      ``[rows, *shape]``                      
 list<T>, large_list<T>                  ``ragged="pad"``: ``col`` ``[rows, longest, ...]``  yes
                                         padded with ``pad_value``, plus ``col_lengths``
                                         (int64); ``ragged="list"``: a list of arrays        no
-string, binary (large_*, views)         list of ``str`` / ``bytes``; ``strings="numpy"``:   yes
-                                        a NumPy ``StringDType`` (str) or object (bytes)
-                                        array
+binary, large_binary, binary_view,      a :class:`ByteRows`: one ``uint8`` buffer plus      no
+fixed_size_binary (Lance blobs)         ``int64`` offsets, ``rows[i]`` the bytes of row
+                                        ``i`` (``output="tf"``, ``binary="list"``: a list
+                                        of ``bytes``; ``strings="numpy"``: an object
+                                        array)
+string (large_*, views)                 list of ``str``; ``strings="numpy"``: a NumPy      yes
+                                        ``StringDType`` array
 list<string>, list<list<T>>,            a list with one Python list per row (values as      yes
 list<struct> (other nested lists)       ``output="python"`` gives them; nulls inside are
                                         ``None``)
@@ -42,7 +46,8 @@ such values raise instead (enable x64, or cast). float64 becomes float32 there, 
 
 torch wraps the NumPy arrays (no copy); ``jax.device_put`` shares memory on the CPU when the array
 is suitably aligned and copies otherwise (and to accelerators); TensorFlow always copies. Text
-columns stay Python lists or NumPy arrays in every output.
+columns stay Python lists or NumPy arrays in every output, and binary columns
+:class:`ByteRows` of NumPy arrays (``torch.from_numpy(rows.data)`` wraps one).
 
 Example::
 
@@ -65,7 +70,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lanceloader.batch.tensors import (
+    ByteRows,
     ConversionError,
+    _byte_rows,
     bfloat16,
     cast_checked,
     is_bfloat16,
@@ -75,6 +82,7 @@ from lanceloader.batch.tensors import (
 OUTPUTS = ("arrow", "numpy", "python", "torch", "jax", "tf")
 RAGGED = ("pad", "list")
 STRINGS = ("list", "numpy")
+BINARY = ("rows", "list")
 LENGTHS_SUFFIX = "_lengths"
 # Kinds whose values form one rectangular NumPy array per column.
 _ARRAY_KINDS = ("number", "bool", "bfloat16", "temporal", "fixed_list", "tensor")
@@ -95,6 +103,10 @@ class Conversion:
         pad_to: pad every batch to this length (static shapes, e.g. for XLA); longer rows raise.
             Default: the longest row of each batch.
         strings: text columns become a ``"list"`` of str/bytes or ``"numpy"`` arrays.
+        binary: binary columns become ``"rows"`` (a :class:`ByteRows`: one buffer plus offsets,
+            no object per row) or a ``"list"`` of ``bytes`` (one copy per row). Default:
+            ``"rows"`` for ``output="numpy"``, ``"torch"`` and ``"jax"``; a list for ``"tf"``
+            (whose ``tf.string`` takes it), and the ``strings`` rule under ``strings="numpy"``.
         casts: column name to a NumPy dtype name (``{"id": "int64"}``), applied after the nulls
             are filled; integer casts check that every value fits.
 
@@ -113,6 +125,7 @@ class Conversion:
     pad_to: int | None = None
     strings: str = "list"
     casts: Mapping[str, str] = field(default_factory=dict)
+    binary: str | None = None
 
     def __post_init__(self) -> None:
         if self.output not in OUTPUTS:
@@ -124,6 +137,16 @@ class Conversion:
             )
         if self.strings not in STRINGS:
             raise ValueError(f"strings must be 'list' or 'numpy', got {self.strings!r}")
+        if self.binary is not None and self.binary not in BINARY:
+            raise ValueError(
+                "binary must be 'rows' (a ll.ByteRows: one buffer plus offsets) or 'list' (a "
+                f"list of bytes), got {self.binary!r}"
+            )
+        if self.binary == "rows" and self.output == "tf":
+            raise ValueError(
+                "binary='rows' cannot become output='tf': TensorFlow takes bytes as tf.string "
+                "from a list; drop binary= (or pass binary='list')"
+            )
         if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, int | float):
             raise TypeError(f"pad_value must be an int or a float, got {self.pad_value!r}")
         if self.pad_to is not None and (
@@ -134,7 +157,9 @@ class Conversion:
         object.__setattr__(self, "casts", _check_casts(self.casts))
         changed = [n for n in ("fill_nulls", "casts", "pad_to") if getattr(self, n)]
         changed += [
-            n for n in ("ragged", "pad_value", "strings") if getattr(self, n) != _DEFAULTS[n]
+            n
+            for n in ("ragged", "pad_value", "strings", "binary")
+            if getattr(self, n) != _DEFAULTS[n]
         ]
         if self.output in ("arrow", "python") and changed:
             raise ValueError(
@@ -143,7 +168,7 @@ class Conversion:
             )
 
 
-_DEFAULTS = {"ragged": "pad", "pad_value": 0, "strings": "list"}
+_DEFAULTS = {"ragged": "pad", "pad_value": 0, "strings": "list", "binary": None}
 _PLAIN: dict[str, Conversion] = {}
 
 
@@ -158,7 +183,7 @@ def as_conversion(output: str | Conversion) -> Conversion:
     """``output`` as a :class:`Conversion`: a string sets only the output format.
 
     >>> as_conversion("torch")
-    Conversion(output='torch', fill_nulls={}, ragged='pad', pad_value=0, pad_to=None, strings='list', casts={})
+    Conversion(output='torch', fill_nulls={}, ragged='pad', pad_value=0, pad_to=None, strings='list', casts={}, binary=None)
     """
     if isinstance(output, Conversion):
         return output
@@ -402,9 +427,11 @@ def null_fix(path: str, typ: pa.DataType, filter: str | None = None) -> str:
     "fill them: Loader(..., fill_nulls={'score': 0.0}) (also a keyword of ll.torch's datasets and ll.Conversion), or filter them out: filter='score IS NOT NULL'"
     """
     keep = f"{path} IS NOT NULL" if filter is None else f"({filter}) AND {path} IS NOT NULL"
-    return (f"fill them: Loader(..., fill_nulls={{{path!r}: {fill_example(typ)!r}}}) (also a "
-            f"keyword of ll.torch's datasets and ll.Conversion), or filter them out: "
-            f"filter={keep!r}")
+    return (
+        f"fill them: Loader(..., fill_nulls={{{path!r}: {fill_example(typ)!r}}}) (also a "
+        f"keyword of ll.torch's datasets and ll.Conversion), or filter them out: "
+        f"filter={keep!r}"
+    )
 
 
 def fill_example(typ: pa.DataType) -> Any:
@@ -426,21 +453,21 @@ def fill_example(typ: pa.DataType) -> Any:
         return False
     if pa.types.is_floating(typ):
         return 0.0
-    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or \
-            pa.types.is_fixed_size_binary(typ):
+    if _is_binary(typ):
         return b""
     if _is_text(typ):
         return ""
     return 0
 
 
-def with_fill_nulls(output: str | Conversion, fill_nulls: Mapping[str, Any] | None
-                    ) -> str | Conversion:
+def with_fill_nulls(
+    output: str | Conversion, fill_nulls: Mapping[str, Any] | None
+) -> str | Conversion:
     """``output`` with ``fill_nulls`` set: the ``fill_nulls=`` keyword of ``Loader`` and the
     torch datasets, the same as ``output=Conversion(output=..., fill_nulls=...)``.
 
     >>> with_fill_nulls("torch", {"score": 0.0})
-    Conversion(output='torch', fill_nulls={'score': 0.0}, ragged='pad', pad_value=0, pad_to=None, strings='list', casts={})
+    Conversion(output='torch', fill_nulls={'score': 0.0}, ragged='pad', pad_value=0, pad_to=None, strings='list', casts={}, binary=None)
     >>> with_fill_nulls(Conversion(fill_nulls={"a": 0}), {"b": 0})
     Traceback (most recent call last):
     ...
@@ -452,7 +479,8 @@ def with_fill_nulls(output: str | Conversion, fill_nulls: Mapping[str, Any] | No
     if conversion.fill_nulls:
         raise ValueError(
             f"fill_nulls is given twice, as fill_nulls={dict(fill_nulls)!r} and in "
-            f"output=Conversion(fill_nulls={dict(conversion.fill_nulls)!r}); give it once")
+            f"output=Conversion(fill_nulls={dict(conversion.fill_nulls)!r}); give it once"
+        )
     return replace(conversion, fill_nulls=fill_nulls)
 
 
@@ -504,10 +532,11 @@ def _ragged(path: str, arr: pa.Array, conv: Conversion) -> Padded | list[np.ndar
     return Padded(out, lengths)
 
 
-def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray:
+def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray | ByteRows:
     if arr.null_count:
         if path not in conv.fill_nulls:
             raise _null_error(path, arr)
+        arr = _without_views(arr)  # Arrow cannot fill nulls of view types
         try:
             arr = pc.fill_null(arr, pa.scalar(conv.fill_nulls[path], arr.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
@@ -515,6 +544,8 @@ def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray:
                 f"fill_nulls value {conv.fill_nulls[path]!r} for column {path!r} does not fit its "
                 f"type {arr.type}; use a {'str' if 'string' in str(arr.type) else 'bytes'}"
             ) from exc
+    if _is_binary(arr.type) and binary_rule(conv) == "rows":
+        return byte_rows(arr)
     if conv.strings == "list":
         return arr.to_pylist()
     objects = arr.to_numpy(zero_copy_only=False)
@@ -525,6 +556,87 @@ def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray:
     )
     string_dtype = getattr(np.dtypes, "StringDType", None)
     return objects.astype(string_dtype()) if is_str and string_dtype else objects
+
+
+def binary_rule(conv: Conversion) -> str:
+    """What binary columns become under ``conv``: ``"rows"`` (:class:`ByteRows`), ``"list"`` or
+    ``"strings"`` (the ``strings`` option's rule).
+
+    >>> binary_rule(Conversion(output="torch")), binary_rule(Conversion(output="tf"))
+    ('rows', 'list')
+    """
+    if conv.binary is not None:
+        return conv.binary
+    if conv.strings != "list":
+        return "strings"
+    return "list" if conv.output == "tf" else "rows"
+
+
+def byte_rows(arr: pa.Array) -> ByteRows:
+    """A binary array without nulls (of any binary type) as :class:`ByteRows`, viewing its data
+    buffer (no copy; ``binary_view`` is cast to ``large_binary`` first, one copy in Arrow).
+    The offsets are copied to ``int64`` from 0 unless they already are (``large_binary`` from
+    the buffer's start). Nulls are the caller's: they must be filled or refused before.
+
+    >>> byte_rows(pa.array([b"ab", b"c", b"def"]).slice(1)).to_list()
+    [b'c', b'def']
+    >>> byte_rows(pa.array([b"ab", b"cd"], pa.binary(2))).offsets.tolist()
+    [0, 2, 4]
+    """
+    if arr.null_count:
+        raise ValueError(
+            f"byte_rows takes arrays without nulls, got {arr.null_count}; fill "
+            "them first (pyarrow.compute.fill_null)"
+        )
+    n = len(arr)
+    if pa.types.is_fixed_size_binary(arr.type):
+        width = arr.type.byte_width
+        buffer = arr.buffers()[1]
+        data = (
+            np.frombuffer(buffer, np.uint8, n * width, arr.offset * width)
+            if n and width
+            else np.empty(0, np.uint8)
+        )
+        return _byte_rows(data, np.arange(n + 1, dtype=np.int64) * width)
+    if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+        arr = arr.cast(pa.large_binary())  # binary_view: no one buffer to view
+    buffers = arr.buffers()
+    wide = pa.types.is_large_binary(arr.type)
+    if n == 0 or buffers[1] is None:
+        return _byte_rows(np.empty(0, np.uint8), np.zeros(n + 1, np.int64))
+    offsets = np.frombuffer(
+        buffers[1], np.int64 if wide else np.int32, n + 1, arr.offset * (8 if wide else 4)
+    )
+    first, last = int(offsets[0]), int(offsets[-1])
+    data = (
+        np.frombuffer(buffers[2], np.uint8, last - first, first)
+        if last > first
+        else np.empty(0, np.uint8)
+    )
+    if not wide or first:
+        offsets = offsets.astype(np.int64) - first if first else offsets.astype(np.int64)
+    return _byte_rows(data, offsets)
+
+
+def _without_views(arr: pa.Array) -> pa.Array:
+    """``binary_view``/``string_view`` as ``large_binary``/``large_string`` (one copy); other
+    arrays as they are."""
+    t = pa.types
+    if hasattr(t, "is_binary_view") and t.is_binary_view(arr.type):
+        return arr.cast(pa.large_binary())
+    if hasattr(t, "is_string_view") and t.is_string_view(arr.type):
+        return arr.cast(pa.large_string())
+    return arr
+
+
+def _is_binary(typ: pa.DataType) -> bool:
+    t = pa.types
+    return (
+        t.is_binary(typ)
+        or t.is_large_binary(typ)
+        or t.is_fixed_size_binary(typ)
+        or (hasattr(t, "is_binary_view") and t.is_binary_view(typ))
+    )
 
 
 def _nested(path: str, arr: pa.Array, conv: Conversion) -> list[Any]:

@@ -215,20 +215,23 @@ examples:
   lanceloader convert parquet_dir/ data/table.lance
   lanceloader convert data.csv data/table.lance --mode append
   lanceloader convert hf_saved/ data/hf.lance               # a datasets.save_to_disk directory
+  lanceloader convert videos/ data/videos.lance --labels labels.csv   # MP4s and their labels
 """
 
 
 def add_convert(sub: Any) -> None:
     c = sub.add_parser(
         "convert",
-        help="write images, Parquet, CSV or a saved Hugging Face dataset to Lance",
+        help="write images, videos, audio, Parquet, CSV or a saved Hugging Face dataset to Lance",
         description="Stream a source into a new Lance dataset: a folder of images in the\n"
-        "ImageFolder layout, Parquet or CSV files (or a directory of them), or a directory\n"
+        "ImageFolder layout, a folder of videos or of audio files (a blob column and a\n"
+        "keyframe index), Parquet or CSV files (or a directory of them), or a directory\n"
         "written by datasets' save_to_disk.",
         epilog=CONVERT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    c.add_argument("source", help="the images' root folder, a file, or a directory of files")
+    c.add_argument("source", help="the images', videos' or audio files' root folder, a file, "
+                                  "or a directory of files")
     c.add_argument("out", help="the Lance dataset to write (local path or object store URI)")
     c.add_argument("--mode", choices=("create", "overwrite", "append"), default="create")
     c.add_argument("--on-error", choices=("skip", "raise"), default="skip",
@@ -239,6 +242,9 @@ def add_convert(sub: Any) -> None:
                    default="structure",
                    help="how each image is checked before it is stored: its JPEG/PNG structure "
                         "(default), a full decode (slower), or not at all")
+    c.add_argument("--labels", metavar="FILE",
+                   help="a folder of videos or audio files: a CSV or JSON file of labels and "
+                        "metadata, one row per file (its path or file name column names it)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(run=convert.convert)
 

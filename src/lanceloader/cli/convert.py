@@ -21,6 +21,7 @@ def convert(args: argparse.Namespace) -> int:
                 on_error=args.on_error,
                 resize=args.resize,
                 check_images=args.check_images,
+                labels=args.labels,
                 progress=not args.quiet,
             )
         except FileExistsError as exc:

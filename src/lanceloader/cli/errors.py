@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lanceloader.rows.dataset import ReadError, is_object_store, strip_rust_paths
-from lanceloader.write.convert import IMAGE_SUFFIXES
+from lanceloader.write.convert import IMAGE_SUFFIXES, is_lance_dataset
+from lanceloader.write.media import media_kind
 
 # What convert reads as tables (write/convert.py), by suffix.
 TABLE_SUFFIXES = {".parquet": "Parquet", ".csv": "CSV", ".tsv": "CSV"}
@@ -71,6 +72,10 @@ def convertible_kind(path: str) -> str | None:
         return None
     if (p / "dataset_info.json").exists() or (p / "state.json").exists():
         return "a Hugging Face dataset saved with save_to_disk"
+    with contextlib.suppress(ValueError):  # mixed kinds: convert itself says so, naming them
+        media = media_kind(p, is_lance_dataset)
+        if media is not None:
+            return f"a folder of {media} files"
     entries = list(_first_entries(p))
     folders = [e for e in entries if e.is_dir()]
     if folders:  # convert reads a folder with sub-folders as an image folder

@@ -101,6 +101,8 @@ class Stats:
     # cache files that failed their check (dropped, read again from the dataset, never delivered)
     cache_damaged: int = 0
     padding_fraction: float | None = None  # with ``pack=``: padding tokens of the packed rows
+    # the loader's cache and why (``cache="auto"`` chose it, or none, for a reason; or given)
+    cache: str | None = None
     # The device stage (``device=``, engine/device.py): batches and bytes copied; the copies'
     # time (CUDA: device time) and the part of it the consumer's stream waited for; copies
     # issued only on arrival (nothing ahead); the most batches and bytes ahead on the device.
@@ -187,6 +189,8 @@ class Stats:
                      f"{self.rows_skipped:,} + prefetched, not delivered {self.rows_undelivered:,}"),
             ("queue", f"{self.queue_depth_mean:.1f} reads in flight on average"),
         ]
+        if self.cache is not None:
+            rows.append(("cache", self.cache))
         if self.wait_p50_s is not None:
             rows.insert(8, ("wait per batch", (
                 f"p50 {_ms(self.wait_p50_s)}, p95 {_ms(self.wait_p95_s)}, p99 "
@@ -467,7 +471,8 @@ class Recorder:
         return total
 
     def snapshot(self, workers: int = 1, shuffle_random: bool = False,
-                 epoch: int | None = None, worker_type: str | None = None) -> Stats:
+                 epoch: int | None = None, worker_type: str | None = None,
+                 cache: str | None = None) -> Stats:
         """The :class:`Stats` of one epoch (``epoch``: an index, ``-1`` the last) or of all
         (``None``); ``workers`` and ``worker_type`` say how the loader ran (the verdict never
         advises what is set)."""
@@ -485,7 +490,7 @@ class Recorder:
             rows_undelivered=int(c["rows_read"] - c["rows"] - c["rows_skipped"]),
             io_bytes=int(c["io_bytes"]), io_iops=int(c["io_iops"]), workers=workers,
             queue_depth_mean=c["depth_sum"] / depth_n if depth_n else 0.0,
-            bottleneck=verdict(c, workers, shuffle_random, worker_type, cores),
+            bottleneck=verdict(c, workers, shuffle_random, worker_type, cores, cache), cache=cache,
             rows_cached=int(c["rows_cached"]), cache_damaged=int(c["cache_damaged"]),
             copy_batches=int(c["copy_batches"]), copy_bytes=int(c["copy_bytes"]),
             copy_s=c["copy_s"], copy_exposed_s=c["copy_exposed_s"],

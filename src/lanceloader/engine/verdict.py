@@ -112,7 +112,8 @@ def _try(*parts: str | None) -> str:
 
 
 def verdict(s: dict[str, float], workers: int, shuffle_random: bool,
-            worker_type: str | None = None, cores: int | None = None) -> Verdict:
+            worker_type: str | None = None, cores: int | None = None,
+            cache: str | None = None) -> Verdict:
     """Name the limiting stage from an epoch's (or a run's) counters, and what to try.
 
     Rules: the training loop is the limit when it waited less than ``LOOP_WAIT_SHARE`` of the
@@ -150,7 +151,7 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool,
     if shares[stage] < STAGE_SHARE:
         return _idle_workers(s, machine, evidence)
     if stage == "read":
-        return _read_verdict(s, machine, evidence, shuffle_random)
+        return _read_verdict(s, machine, evidence, shuffle_random, cache)
     if stage == "transform":
         if machine.gil_bound:
             return Verdict(
@@ -168,14 +169,20 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool,
 
 
 def _read_verdict(s: dict[str, float], machine: Machine, evidence: str,
-                  shuffle_random: bool) -> Verdict:
+                  shuffle_random: bool, cache: str | None = None) -> Verdict:
+    """The verdict when reads were the limit; ``cache`` is what the loader's cache is and why
+    (``Source.cache_choice``): an automatic cache that did not fit is named with the fix."""
     if s.get("rows_cached", 0) >= 0.9 * max(1, s["rows_read"]):
         return Verdict(
             "cache reads", f"{evidence}, {100 * s['rows_cached'] / s['rows_read']:.0f}% of rows "
             "from the cache",
             _try(machine.more_workers(cpu_bound=True),
+                 None if cache and "/dev/shm" in cache else
                  "if the cache is a directory on disk: cache='memory' (thread workers) or a "
-                 "directory on /dev/shm reads faster when the data fits in RAM"))
+                 "directory on /dev/shm reads faster when the data fits in RAM")
+            or ("every row already comes from memory: a shuffle that reads rows together "
+                "(shuffle_block_size > 1) or more cores read faster"
+                if shuffle_random else "more cores read faster; the cache serves every row"))
     small_requests = s["io_bytes"] < SMALL_REQUEST_BYTES * max(1, s.get("io_iops", 0))
     more = machine.more_workers(cpu_bound=False)
     if small_requests and _seconds_per_request(s) > LATENCY_BOUND_S:
@@ -187,8 +194,7 @@ def _read_verdict(s: dict[str, float], machine: Machine, evidence: str,
                  "instead of a full shuffle" if shuffle_random else None,
                  "bigger reads (rows_per_read)",
                  f"keep more requests in flight: {more}" if more else None,
-                 None if s.get("rows_cached", 0) else
-                 "cache=, a local directory (or 'memory'), so that later epochs read locally"))
+                 None if s.get("rows_cached", 0) else _cache_advice(cache)))
     if shuffle_random:
         return Verdict("storage I/O", evidence, _try(
             "use a block shuffle (shuffle_block_size=1024) instead of a full shuffle, or "
@@ -244,3 +250,15 @@ def process_cores(c: dict[str, float]) -> float | None:
     """Cores this process (consumer and thread workers) used on average while the loader ran;
     ``None`` under 50 ms sampled."""
     return c["cpu_s"] / c["cpu_wall_s"] if c.get("cpu_wall_s", 0) >= 0.05 else None
+
+
+def _cache_advice(cache: str | None) -> str:
+    """What to try about the cache when reads waited on storage and none came from a cache.
+
+    >>> _cache_advice("auto: none (the projected columns (~9 GB) exceed the budget (4 GB))")
+    "cache=, a local directory (or 'memory'), so that later epochs read locally (the automatic cache chose none: the projected columns (~9 GB) exceed the budget (4 GB))"
+    """
+    advice = "cache=, a local directory (or 'memory'), so that later epochs read locally"
+    if cache and cache.startswith("auto: none (") and cache.endswith(")"):
+        return f"{advice} (the automatic cache chose none: {cache[len('auto: none ('):-1]})"
+    return advice

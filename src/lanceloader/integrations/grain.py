@@ -52,6 +52,7 @@ import numpy as np
 from lanceloader.arguments import check_int
 from lanceloader.batch.checks import check_output, check_schema
 from lanceloader.batch.output import Conversion
+from lanceloader.batch.tensors import split_rows as batch_rows
 from lanceloader.batch.transforms import Transform, as_transform
 from lanceloader.engine.stream import Stream
 from lanceloader.engine.work import BatchWork
@@ -233,26 +234,11 @@ def row_conversion(output: str | Conversion) -> Conversion:
 
 
 def split_rows(batch: Any) -> list[Any]:
-    """Per-row values of a converted batch: one dict per row, views of its arrays.
-
-    >>> split_rows({"a": np.array([1, 2]), "b": {"c": ["x", "y"]}})
-    [{'a': np.int64(1), 'b': {'c': 'x'}}, {'a': np.int64(2), 'b': {'c': 'y'}}]
-    """
-    if isinstance(batch, dict):
-        names = list(batch)
-        columns = [split_rows(batch[name]) for name in names]
-        sizes = {name: len(col) for name, col in zip(names, columns, strict=True)}
-        if len(set(sizes.values())) > 1:
-            raise ValueError(f"the batch's columns have different numbers of rows: {sizes}")
-        return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
-    if isinstance(batch, np.ndarray) and batch.ndim:
-        return list(batch)
-    if isinstance(batch, (list, tuple)):
-        return list(batch)
-    raise TypeError(
-        f"cannot split a {type(batch).__name__} into rows for Grain; have the transform return "
-        "a pyarrow.RecordBatch or a dict of columns (arrays or lists, one entry per row)"
-    )
+    """Per-row values of a converted batch (:func:`lanceloader.batch.tensors.split_rows`)."""
+    return batch_rows(
+        batch, "Grain",
+        "have the transform return a pyarrow.RecordBatch or a dict of columns (arrays or lists, "
+        "one entry per row)")
 
 
 class IterDataset(grain.IterDataset):  # type: ignore[misc]

@@ -63,7 +63,16 @@ Two kinds:
     keeps it in RAM and shares it).
 
 The directory also holds the plans of filters and splits (``plan-*.npy``, see
-``Source._select_rows``): every rank and worker of a machine computes a plan once.
+``Source._select_rows``): every rank and worker of a machine computes a plan once, and byte
+ranges that are not rows (``fetch_bytes(key, make)``, e.g. the bytes of a video clip): one
+``make()`` per key among all its users, sealed, checked and capped like pieces.
+
+``cache="auto"`` (the Loader's default, :func:`auto_cache`): a shuffle, or any order on an object
+store, gets a :class:`DiskCache` in one directory per user and machine under ``/dev/shm``
+(:func:`auto_cache_root`), when the projected columns fit the budget (:func:`auto_budget`: the
+lesser of half the free ``/dev/shm`` and a quarter of the available memory); a sequential local
+read gets none. The last process using the directory removes it, even SIGKILLed (its sweeper
+process, :func:`join_auto_cache`).
 
 >>> import pyarrow as pa, tempfile
 >>> cache = DiskCache(tempfile.mkdtemp(), size=1 << 20)
@@ -87,6 +96,8 @@ import logging
 import os
 import shutil
 import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -113,6 +124,7 @@ MIN_PIECE_ROWS = 1024
 # A piece is worth downloading whole when a read wants at least this share of its rows.
 FILL_FRACTION = 1 / 8
 SUFFIX = ".arrow"
+BYTES_SUFFIX = ".bin"  # byte ranges that are not rows (fetch_bytes)
 LOCK = ".lock"  # empty files whose flock guards a piece (and the directory): never counted
 TEMPORARY = ".tmp-"
 # Temporary files of a writer in another PID namespace are removed by an eviction once this old
@@ -139,6 +151,11 @@ HELD_BYTES = 256 << 20
 # A piece is read whole (one pread) and held when at least this many of its size fit HELD_BYTES;
 # a larger one (rows wider than the piece size assumes) is read by record batch (PieceFile).
 HELD_PIECES_AT_LEAST = 8
+# A held piece is evicted for another only once unused this long: a full shuffle wants every
+# piece in every read, and least-recently-used eviction of pieces used in turn (more of them
+# than HELD_BYTES holds) would drop each just before its next use, reading every piece whole
+# for every read. The pieces held stay; the others are read from their files.
+HELD_IDLE_S = 5.0
 # A held piece's file has its access time touched (the eviction's "recently used") at most this
 # often.
 TOUCH_EVERY_S = 30.0
@@ -174,6 +191,207 @@ def piece_name(fragment: str, rows: int, number: int) -> str:
     return f"{fragment}-{rows}-{number}"
 
 
+# --- the automatic cache (cache="auto", the Loader's default) --------------------------------
+
+AUTO = "auto"
+# The automatic cache's budget: at most these shares of the free space of /dev/shm and of the
+# memory available (MemAvailable): /dev/shm's pages are memory that the kernel cannot reclaim,
+# so the cache never takes more than a quarter of what the machine could still give.
+AUTO_SHM_SHARE = 0.5
+AUTO_MEMORY_SHARE = 0.25
+AUTO_SHM_DIR = Path("/dev/shm")
+AUTO_DIR_VARIABLE = "LANCELOADER_AUTO_CACHE_DIR"  # another parent directory than /dev/shm
+# The directory's name (no "-": lifetime.py's owner rules never mistake it for a file of theirs)
+AUTO_NAME = "lanceloader_autocache"
+USERS_LOCK = ".users.lock"  # every process using the directory holds a shared flock on it
+# Run in a process of its own (python -c): waits for its owner to exit, then removes the
+# directory if no other process uses it (none holds a shared lock on USERS_LOCK).
+_SWEEPER = f"""
+import fcntl, os, select, shutil, sys, time
+owner, root = int(sys.argv[1]), sys.argv[2]
+try:
+    fd = os.pidfd_open(owner)
+    select.select([fd], [], [])
+except (AttributeError, OSError):
+    while True:
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            pass
+        time.sleep(0.25)
+try:
+    lock = os.open(os.path.join(root, {USERS_LOCK!r}), os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    sys.exit(0)
+shutil.rmtree(root, ignore_errors=True)
+"""
+_joined: dict[str, tuple[int, int]] = {}  # root -> (pid, fd of the shared lock) in this process
+_joined_lock = threading.Lock()
+_sweepers: list[subprocess.Popen[bytes]] = []  # kept: a collected Popen warns that it runs
+
+
+def _forget_joined_in_child() -> None:
+    """In a forked child: close the inherited shared locks (the parent's, which the parent's
+    own descriptor keeps; held here, they would keep the directory after every user died) and
+    forget the parent's sweepers; a child that makes a loader joins on its own."""
+    global _joined_lock
+    _joined_lock = threading.Lock()  # another thread may have held it at the fork
+    for _, fd in _joined.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _joined.clear()
+    _sweepers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_joined_in_child)
+
+
+def memory_available() -> int:
+    """Bytes of memory the kernel could still give (``MemAvailable``: free memory and caches it
+    can reclaim); the free pages where ``/proc/meminfo`` is missing."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as file:
+            line = next(line for line in file if line.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def auto_budget(shm_free: int, memory: int, used: int = 0) -> int:
+    """The automatic cache's cap: :data:`AUTO_SHM_SHARE` of the free space of ``/dev/shm`` and
+    :data:`AUTO_MEMORY_SHARE` of the available memory, whichever is less; ``used``, the bytes
+    the cache directory holds already (reusable or evictable), counts as free in both.
+
+    >>> auto_budget(shm_free=64 << 30, memory=100 << 30) == 25 << 30
+    True
+    >>> auto_budget(shm_free=8 << 30, memory=100 << 30) == 4 << 30
+    True
+    """
+    return int(min(AUTO_SHM_SHARE * (shm_free + used), AUTO_MEMORY_SHARE * (memory + used)))
+
+
+def auto_choice(random_order: bool, object_store: bool, data_bytes: float, budget: int
+                ) -> str | None:
+    """Why the automatic cache is not used, or None when it is: it is used when it pays (a
+    shuffle, full or block, reads at random; an object store pays a round trip per request) and
+    fits (the projected columns, ``data_bytes`` with :data:`ESTIMATE_MARGIN`, within
+    ``budget``). Pure.
+
+    >>> auto_choice(True, False, 1e9, 4 << 30) is None
+    True
+    >>> auto_choice(False, False, 1e9, 4 << 30)
+    'a sequential read of local data gains nothing from a cache'
+    >>> auto_choice(True, False, 8e9, 4 << 30)
+    'the projected columns (~10.0 GB with margin) exceed the budget (4.3 GB)'
+    """
+    if not (random_order or object_store):
+        return "a sequential read of local data gains nothing from a cache"
+    if data_bytes * ESTIMATE_MARGIN > budget:
+        return (f"the projected columns (~{data_bytes * ESTIMATE_MARGIN / 1e9:,.1f} GB with "
+                f"margin) exceed the budget ({budget / 1e9:,.1f} GB)")
+    return None
+
+
+def auto_parent() -> Path:
+    """Where the automatic cache's directory is made: ``/dev/shm``, or the directory that the
+    environment variable :data:`AUTO_DIR_VARIABLE` names (a test session's own, a local disk
+    where ``/dev/shm`` is small); its free space enters the budget."""
+    return Path(os.environ.get(AUTO_DIR_VARIABLE) or AUTO_SHM_DIR)
+
+
+def auto_cache_root() -> Path:
+    """The automatic cache's directory: one per user and machine (PID namespace), under
+    :func:`auto_parent`, shared by the ranks, loaders and process workers of that machine."""
+    return auto_parent() / f"{AUTO_NAME}_u{os.getuid()}_{lifetime.NAMESPACE}"
+
+
+def join_auto_cache(root: Path) -> None:
+    """Use the automatic cache directory ``root`` from this process until it exits: hold a
+    shared ``flock`` on its :data:`USERS_LOCK` (the kernel drops it when the process dies, even
+    SIGKILLed) and start a sweeper process that, once this process has exited, removes the
+    directory unless another process still holds the lock (the last one's sweeper removes it).
+    Files left by users that all died with their sweepers are removed here, before joining.
+    Once per process and directory; every wait is bounded by :data:`LOCK_WAIT_S`."""
+    key = os.fspath(root)
+    with _joined_lock:
+        if key in _joined and _joined[key][0] == os.getpid():
+            return
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            root.mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(root / USERS_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody uses it: leftovers
+                for entry in os.scandir(root):
+                    if entry.name != USERS_LOCK:
+                        with contextlib.suppress(OSError):
+                            if entry.is_dir(follow_symlinks=False):
+                                shutil.rmtree(entry.path)
+                            else:
+                                os.unlink(entry.path)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # a conversion: no sweeper can take it between
+            except BlockingIOError:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:  # a sweeper removes it now: wait, then make it again
+                    os.close(fd)
+                    if time.monotonic() >= deadline:
+                        raise CacheLockTimeout(
+                            f"could not join the automatic cache {key!r} within "
+                            f"{LOCK_WAIT_S:.0f} s: a process holds {USERS_LOCK} exclusively. "
+                            "Pass cache=None (no cache) or cache= a directory of your own",
+                            key) from None
+                    time.sleep(0.01)
+                    continue
+            try:  # removed by a sweeper between open and lock: that file is gone, join again
+                same = os.stat(root / USERS_LOCK).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        old = _joined.get(key)
+        if old is not None:  # inherited over fork: the parent's lock; this process takes its own
+            with contextlib.suppress(OSError):
+                os.close(old[1])
+        _joined[key] = (os.getpid(), fd)
+        _sweepers.append(subprocess.Popen(
+            [sys.executable, "-c", _SWEEPER, str(os.getpid()), key], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+            start_new_session=True))
+
+
+def auto_cache(random_order: bool, object_store: bool, data_bytes: float,
+               cache_size: int | None = None) -> tuple[DiskCache | None, str]:
+    """The cache ``cache="auto"`` chooses (see :func:`auto_choice`; ``cache_size`` replaces
+    the budget), and why, in words for ``stats()``: a :class:`DiskCache` in
+    :func:`auto_cache_root`, joined by this process (:func:`join_auto_cache`), or None."""
+    root = auto_cache_root()
+    used = 0
+    with contextlib.suppress(OSError):
+        used = DiskCache(root, 1).used_bytes() if root.is_dir() else 0
+    try:
+        shm_free = shutil.disk_usage(auto_parent()).free
+    except OSError:
+        return None, f"auto: none ({os.fspath(auto_parent())} is missing)"
+    budget = (auto_budget(shm_free, memory_available(), used) if cache_size is None
+              else cache_size)
+    why_not = auto_choice(random_order, object_store, data_bytes, budget)
+    if why_not is not None:
+        return None, f"auto: none ({why_not})"
+    try:
+        join_auto_cache(root)
+    except OSError as exc:
+        return None, f"auto: none ({os.fspath(root)}: {exc.strerror or exc})"
+    disk = DiskCache(root, budget)
+    disk.remove_dead_temporaries()
+    why = "a shuffle reads at random" if random_order else "an object store pays per request"
+    return disk, (f"auto: {os.fspath(root)} ({why}; ~{data_bytes / 1e9:,.2f} GB of projected "
+                  f"columns within a {budget / 1e9:,.1f} GB budget)")
+
+
 def make_cache(cache: object, cache_size: object) -> DiskCache | MemoryCache | None:
     """The cache a user asked for: ``None``, ``"memory"`` or a directory (str or path), with
     ``cache_size`` bytes (default: half the free disk space of the directory, or half the
@@ -187,12 +405,15 @@ def make_cache(cache: object, cache_size: object) -> DiskCache | MemoryCache | N
             raise ValueError("cache_size= needs cache=, a directory (e.g. '/nvme/lance-cache') "
                              "or 'memory'")
         return None
+    if cache == AUTO:
+        raise ValueError("cache='auto' is chosen by the Loader from the order and the data's "
+                         "size (see auto_cache): here pass None, 'memory' or a directory")
     if cache == "memory":
         if cache_size is None:
             cache_size = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
         return MemoryCache(cache_size)
     if not isinstance(cache, str | os.PathLike):
-        raise TypeError(f"cache must be None, 'memory' or a directory, got the "
+        raise TypeError(f"cache must be 'auto', None, 'memory' or a directory, got the "
                         f"{type(cache).__name__} {cache!r}")
     root = Path(cache)
     try:
@@ -382,6 +603,31 @@ def batch_rows_of(table: pa.Table) -> int:
     return int(max(64, BATCH_BYTES // max(1.0, per_row)))
 
 
+def bytes_name(key: str) -> str:
+    """The cache name of the byte range kept under ``key`` (any string): a hash, so a key
+    holds any characters and never names another cache file.
+
+    >>> bytes_name("s3://b/v.lance#3:0-4096")
+    'bytes-695deffaf550302708a8e191841b37f6'
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"fetch_bytes needs a str key naming the bytes (e.g. "
+                        f"f'{{uri}}#{{row}}:{{start}}-{{end}}'), got the {type(key).__name__} "
+                        f"{key!r}")
+    return "bytes-" + hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+
+
+def made_bytes(key: str, make: Callable[[], bytes]) -> bytes:
+    """``make()``'s result as ``bytes``; anything else is a TypeError naming the key."""
+    data = make()
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    if not isinstance(data, bytes):
+        raise TypeError(f"fetch_bytes({key!r}, make): make() must return bytes (the range's "
+                        f"content), it returned a {type(data).__name__}")
+    return data
+
+
 def _writer_alive(entry: str) -> bool:
     """Whether the writer of the temporary file ``entry`` may still be writing it: its process
     (named in the file's name, in this PID namespace) is alive. Files of another namespace count
@@ -434,6 +680,8 @@ class DiskCache:
         # name -> (file version, table, last touch) of pieces read whole (HELD_BYTES)
         self._held: OrderedDict[str, tuple[tuple[int, int, int], pa.Table, float]] = OrderedDict()
         self._held_bytes = 0
+        self._used_at: dict[str, float] = {}  # name -> last use of a held piece (monotonic)
+        self.reads_whole = 0  # piece files read whole by this object (held or not)
         self._unremovable: set[tuple[str, tuple[int, int, int] | None]] = set()
         self._thread = threading.local()  # files this thread found damaged since take_damaged
 
@@ -543,6 +791,7 @@ class DiskCache:
                 return None
             self._held.move_to_end(name)
             now = time.monotonic()
+            self._used_at[name] = now
             if now - touched >= TOUCH_EVERY_S:
                 self._held[name] = (version, table, now)
             else:
@@ -554,7 +803,9 @@ class DiskCache:
     def _hold(self, name: str, version: tuple[int, int, int], table: pa.Table) -> pa.Table:
         """Keep a piece read whole in this process's memory, within :data:`HELD_BYTES`, as one
         chunk (a take over one chunk is several times faster than over its record batches);
-        returns the table kept."""
+        returns the table (one chunk). Room is made by evicting pieces unused for
+        :data:`HELD_IDLE_S` only, least recently used first; without room, it is not held."""
+        self._counted("reads_whole")
         if table.nbytes > HELD_BYTES:
             return table
         table = table.combine_chunks()
@@ -562,11 +813,21 @@ class DiskCache:
             old = self._held.pop(name, None)
             if old is not None:
                 self._held_bytes -= old[1].nbytes
-            self._held[name] = (version, table, time.monotonic())
-            self._held_bytes += table.nbytes
-            while self._held_bytes > HELD_BYTES:
-                _, (_, dropped, _) = self._held.popitem(last=False)
+            now = time.monotonic()
+            idle = 0
+            for other in self._held:  # least recently used first
+                if self._held_bytes - idle + table.nbytes <= HELD_BYTES:
+                    break
+                if now - self._used_at.get(other, 0.0) < HELD_IDLE_S:
+                    return table  # the held pieces are in use: keep them
+                idle += self._held[other][1].nbytes
+            while self._held_bytes + table.nbytes > HELD_BYTES:
+                dropped_name, (_, dropped, _) = self._held.popitem(last=False)
+                self._used_at.pop(dropped_name, None)
                 self._held_bytes -= dropped.nbytes
+            self._held[name] = (version, table, now)
+            self._used_at[name] = now
+            self._held_bytes += table.nbytes
         return table
 
     def drop(self, name: str, path: Path, version: tuple[int, int, int] | None, why: str) -> None:
@@ -722,6 +983,66 @@ class DiskCache:
             self._stop_writing("locking a plan", exc)
             return make(), True
         return array, True
+
+    def fetch_bytes(self, key: str, make: Callable[[], bytes]) -> bytes:
+        """The bytes kept under ``key`` (any string: a byte range that is not rows, such as a
+        video clip's range of a blob), made by ``make()`` when the cache lacks them.
+
+        One ``make()`` per key at a time across the threads and processes that share the
+        directory (the key's ``flock``, as for pieces: a waiter then reads the file the maker
+        published). The file is written under a temporary name within the cap (least recently
+        used files out first), sealed with a checksum trailer and renamed into place; a damaged
+        file is dropped, counted in ``damaged`` and made again. Bytes that cannot be kept (larger
+        than the cap, a full or read-only directory) are returned unkept: ``make()`` runs again
+        at the next call. Counters: ``fills`` (kept), ``not_kept``. ``make()``'s errors reach
+        the caller and keep nothing.
+
+        >>> import tempfile
+        >>> cache = DiskCache(tempfile.mkdtemp(), size=1 << 20)
+        >>> cache.fetch_bytes("clip 7", lambda: b"abc"), cache.fetch_bytes("clip 7", lambda: b"?")
+        (b'abc', b'abc')
+        """
+        name = bytes_name(key)
+        path = self.root / (name + BYTES_SUFFIX)
+        data = self._load_bytes(path, name)
+        if data is not None:
+            return data
+        try:
+            with self._lock(name, block=True):
+                data = self._load_bytes(path, name)
+                if data is not None:
+                    return data
+                data = made_bytes(key, make)
+                if self._publish(path, name, len(data), lambda file: file.write(data)):
+                    self._counted("fills")
+                else:
+                    self._counted("not_kept")
+                return data
+        except CacheLockTimeout:
+            raise
+        except OSError as exc:  # a read-only or unusable directory: made here, unkept
+            self._stop_writing("locking a byte range", exc)
+            self._counted("not_kept")
+            return made_bytes(key, make)
+
+    def _load_bytes(self, path: Path, name: str) -> bytes | None:
+        """The checked payload of ``path``, or None when it is missing or was damaged (then
+        dropped and counted by :meth:`_open_checked`)."""
+        opened = self._open_checked(path, name)
+        if opened is None:
+            return None
+        file, length, _ = opened
+        try:
+            data = bytes(file.read_at(length, 0))
+        except OSError as exc:
+            self.drop(name, path, None, f"unreadable ({exc})")
+            return None
+        finally:
+            file.close()
+        if len(data) != length:  # truncated between the check and the read
+            self.drop(name, path, None, f"{len(data)} of its {length} bytes could be read")
+            return None
+        return data
 
     def _load_array(self, path: Path, name: str) -> np.ndarray | None:
         opened = self._open_checked(path, name)
@@ -883,7 +1204,7 @@ class MemoryCache:
     def __init__(self, size: int) -> None:
         self.size = int(size)
         self.fills = 0
-        self._tables: OrderedDict[str, pa.Table] = OrderedDict()
+        self._tables: OrderedDict[str, pa.Table | bytes] = OrderedDict()
         self._used = 0
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
@@ -931,15 +1252,39 @@ class MemoryCache:
         finally:
             loading.release()
 
-    def put(self, name: str, table: pa.Table) -> bool:
-        if table.nbytes > self.size:
+    def fetch_bytes(self, key: str, make: Callable[[], bytes]) -> bytes:
+        """The bytes kept under ``key`` (any string), made by ``make()`` when missing: one
+        ``make()`` per key at a time among this process's threads, kept within the budget
+        (least recently used out first, pieces and byte ranges together); bytes larger than the
+        budget are returned unkept. See ``DiskCache.fetch_bytes``.
+
+        >>> cache = MemoryCache(1 << 20)
+        >>> cache.fetch_bytes("clip 7", lambda: b"abc"), cache.fetch_bytes("clip 7", lambda: b"?")
+        (b'abc', b'abc')
+        """
+        name = bytes_name(key)
+        with self._lock:
+            loading = self._loading.setdefault(name, threading.Lock())
+        with loading:
+            found = self.get(name)
+            if isinstance(found, bytes):
+                return found
+            data = made_bytes(key, make)
+            if self.put(name, data):
+                with self._lock:
+                    self.fills += 1
+            return data
+
+    def put(self, name: str, table: pa.Table | bytes) -> bool:
+        size = len(table) if isinstance(table, bytes) else table.nbytes
+        if size > self.size:
             return False
         with self._lock:
-            while self._tables and self._used + table.nbytes > self.size:
+            while self._tables and self._used + size > self.size:
                 _, old = self._tables.popitem(last=False)
-                self._used -= old.nbytes
+                self._used -= len(old) if isinstance(old, bytes) else old.nbytes
             self._tables[name] = table
-            self._used += table.nbytes
+            self._used += size
         return True
 
     def take_damaged(self) -> int:
@@ -1016,8 +1361,7 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
         def piece_table() -> pa.Table:
             _ = source.dataset  # opened in this process (a worker opens it at its first miss)
             return reaching_store(
-                lambda: source._fragments[frag].to_table(columns=source.columns, offset=start,
-                                                         limit=size),
+                lambda: source.read_fragment(frag, start, size),  # blob columns as bytes
                 source.uri, source.storage_options)
         return piece_table
 

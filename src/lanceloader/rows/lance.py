@@ -43,9 +43,17 @@ import pyarrow as pa
 
 from lanceloader.arguments import check_optional_str, check_storage_options
 from lanceloader.lifecycle import forksafe
+from lanceloader.rows.blobs import (
+    attach_blobs,
+    check_blob_choices,
+    payload_bytes_per_row,
+    rows_schema,
+)
 from lanceloader.rows.cache import (
+    AUTO,
     DiskCache,
     MemoryCache,
+    auto_cache,
     fragment_key,
     make_cache,
     piece_rows,
@@ -105,6 +113,13 @@ class Source:
             use it.
         cache_size: the cache's cap in bytes; default half the directory's free disk space,
             or half the available memory.
+        random_order: whether the rows are read in a shuffled order: with ``cache="auto"``
+            (the automatic cache, :func:`lanceloader.rows.cache.auto_cache`) a shuffle or an
+            object store gets a cache under ``/dev/shm`` when the projected columns fit its
+            budget; ``cache_choice`` says what was chosen and why.
+        blobs: how blob columns are read, ``{column: "bytes" | "file" | "descriptor"}``;
+            default ``"bytes"`` (the payloads, ``large_binary``). See
+            :mod:`lanceloader.rows.blobs`.
 
     Attributes set at construction: ``plan_origin``, how the filter/split row list was got:
     ``"none"`` (no filter or split), ``"scan"`` (this process scanned the dataset) or
@@ -123,9 +138,16 @@ class Source:
         split_key: str | None = None,
         cache: str | os.PathLike[str] | None = None,
         cache_size: int | None = None,
+        blobs: dict[str, str] | None = None,
+        random_order: bool = True,
     ) -> None:
         check_storage_options(storage_options)
-        self.cache: DiskCache | MemoryCache | None = make_cache(cache, cache_size)
+        auto = isinstance(cache, str) and cache == AUTO
+        self.cache: DiskCache | MemoryCache | None = make_cache(None if auto else cache,
+                                                                None if auto else cache_size)
+        # what the cache is, and why (stats()): given, or chosen by cache="auto"
+        self.cache_choice: str = ("none (cache=None)" if cache is None else
+                                  "auto" if auto else f"{self.cache!r} (given)")
         check_optional_str("filter", filter, "'label = 3'")
         check_optional_str("split", split, "'train'")
         check_optional_str("split_key", split_key, "'id'")
@@ -139,6 +161,7 @@ class Source:
         self.version: int = ds.version
         self.schema: pa.Schema = ds.schema
         self.columns: list[str] = check_columns(columns, ds.schema)
+        self.blobs: dict[str, str] = check_blob_choices(blobs, ds.schema, self.columns)
         self.filter = filter
         self.splits = dict(splits) if splits else None
         self.split = split
@@ -158,8 +181,13 @@ class Source:
         self.padding_fraction: float | None = None
         self._rows: np.ndarray | None = self._select_rows(ds)
         self.bytes_per_row: float = self._bytes_per_row()
+        if auto:  # decided once the rows and their size are known
+            self.cache, self.cache_choice = auto_cache(
+                random_order, is_object_store(self.uri), self.bytes_per_row * self.num_rows,
+                cache_size)
         self._piece_rows = piece_rows(self.bytes_per_row)
-        self._fragment_keys = [fragment_key(f.metadata, self.columns, ds.schema)
+        self._fragment_keys = [fragment_key(f.metadata, self.columns,
+                                            self.schema_table().schema)
                                for f in self._fragments]
         self._piece_base = np.cumsum(
             [0] + [-(-int(n) // self._piece_rows) for n in np.diff(self._fragment_starts)],
@@ -244,8 +272,8 @@ class Source:
                 raise
             except BaseException as exc:
                 raise self.read_error(exc, offsets=np.arange(start, start + rows)) from exc
-            if table.num_rows:
-                return table.nbytes / table.num_rows
+            if table.num_rows:  # a blob column's payloads counted by their descriptors' size
+                return table.nbytes / table.num_rows + payload_bytes_per_row(table, self.blobs)
         return 0.0
 
     # --- pickling and per-process reopening ---------------------------------------------
@@ -399,7 +427,14 @@ class Source:
             # one take: from the order read to the unique offsets' order, then to the request's
             back = inverse_permutation(order)
             table = table.take(pa.array(back if inverse is None else back[inverse]))
-        return table.select(self.columns)
+        return attach_blobs(table.select(self.columns), offsets, self.blobs, self)
+
+    def read_fragment(self, index: int, start: int, rows: int) -> pa.Table:
+        """Up to ``rows`` rows of the ``index``-th fragment from its row ``start`` (a cache
+        piece), blob columns read as :attr:`blobs` says."""
+        table = self._fragments[index].to_table(columns=self.columns, offset=start, limit=rows)
+        first = int(self._fragment_starts[index]) + start
+        return attach_blobs(table, np.arange(first, first + table.num_rows), self.blobs, self)
 
     def _read_sorted(self, offsets: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """Read sorted unique offsets from Lance; returns the rows and, per row, its index in
@@ -437,7 +472,8 @@ class Source:
 
     def schema_table(self) -> pa.Table:
         """An empty table with the projected schema."""
-        return empty_table(pa.schema([self.schema.field(c) for c in self.columns]))
+        return empty_table(rows_schema(self.schema, self.columns, self.blobs, self.uri,
+                                       self.version))
 
     def __repr__(self) -> str:
         return (

@@ -41,6 +41,7 @@ and says so in its summary (``removed``). A run that fails with an exception rem
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import os
 import re
@@ -66,6 +67,7 @@ from lanceloader.rows.dataset import (
     redact_exception,
 )
 from lanceloader.write.image_checks import IMAGE_CHECKS, checked_image
+from lanceloader.write.media import from_media_folder, media_kind
 from lanceloader.write.runs import (
     OutputLock,
     data_files,
@@ -74,7 +76,7 @@ from lanceloader.write.runs import (
     record_path,
     remove_files,
 )
-from lanceloader.write.tables import from_files
+from lanceloader.write.tables import from_files, with_blob_columns
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 TABLE_SUFFIXES = (".parquet", ".csv", ".tsv")
@@ -84,6 +86,7 @@ MODES = ("create", "overwrite", "append")
 TABLE_BATCH_ROWS = 65_536  # rows per batch streamed to Lance (bigger batches: fewer calls)
 IMAGE_BATCH_ROWS = 1024  # image files read (in parallel) and written together
 LANCE_INPUT = "a Lance dataset (the output of a conversion?): never read as input"
+MEDIA_OPTIONS = ("skipped", "on_error", "resize", "batch_rows", "num_workers")  # for media folders
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ def convert(
     num_workers: int | None = None,
     storage_options: dict[str, str] | None = None,
     progress: bool | None = None,
+    blob_columns: list[str] | None = None,
+    labels: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
     """Write ``source`` (see the module's text) to a new Lance dataset at ``out_uri``.
 
@@ -161,6 +166,11 @@ def convert(
             GIL) — raise it for a network filesystem.
         storage_options: for an object-store ``out_uri``, passed to Lance.
         progress: show a progress bar on stderr; default when stderr is a terminal.
+        blob_columns: binary columns to write as Lance blob columns (each value out of line,
+            read by ranges: videos, audio, large images), e.g. ``["video"]``; the loader
+            reads them as bytes (see :mod:`lanceloader.rows.blobs`). Default: none.
+        labels: a folder of videos or audio files only: a CSV or JSON file of labels or
+            metadata columns by file name (see :mod:`lanceloader.write.media`).
 
     Returns:
         a :class:`ConvertSummary` (rows, bytes, seconds, what was skipped and why, what a
@@ -204,6 +214,7 @@ def convert(
             batch_rows=batch_rows,
             check=check_images,
             exclude=local_path(out),
+            labels=labels,
             num_workers=num_workers or (os.cpu_count() or 1 if decodes else 1),
         )
         journal = record_path("convert", out)
@@ -221,6 +232,7 @@ def convert(
                 # "create" when nothing is there: Lance warns otherwise
                 "create" if existing is None else mode,
                 max_rows_per_file,
+                blob_columns or [],
             )
         except BaseException:
             remove_files(out, leftover_files(out, before, options))  # this run's own
@@ -244,6 +256,7 @@ def _write(
     progress: bool | None,
     mode: str,
     max_rows_per_file: int,
+    blob_columns: list[str] | tuple[str, ...] = (),
 ) -> tuple[lance.LanceDataset, int, int]:
     """Stream ``batches`` into ``out``; returns the dataset and the rows and bytes written. An
     error of the source is raised as itself, one of Lance naming ``out`` and its likely cause."""
@@ -251,7 +264,7 @@ def _write(
     show = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(total=total, unit="row", desc="convert", file=sys.stderr, disable=not show)
     failed: list[BaseException] = []  # an error of the source, raised as itself (not Lance's)
-    target = int64_labels(schema)
+    target = with_blob_columns(int64_labels(schema), blob_columns)
 
     def stream() -> Iterator[pa.RecordBatch]:
         try:
@@ -377,6 +390,9 @@ def _open_source(
     """The schema, a stream of batches and (when known) the row count of ``source``."""
     batch_rows = options["batch_rows"] = options["batch_rows"] or TABLE_BATCH_ROWS
     exclude = options.pop("exclude")
+    labels = options.pop("labels")
+    if labels is not None and not (isinstance(source, str | os.PathLike) and Path(source).is_dir()):
+        raise ValueError("labels= is for a folder of videos or audio files; drop it")
     kind = f"{type(source).__module__.split('.')[0]}.{type(source).__name__}"
     if kind == "pandas.DataFrame":
         source = pa.Table.from_pandas(source, preserve_index=False)
@@ -412,6 +428,13 @@ def _open_source(
         import datasets  # a Hugging Face save_to_disk directory
 
         return _from_hugging_face(datasets.load_from_disk(os.fspath(path)), batch_rows)
+    skip = functools.partial(is_lance_dataset, output=exclude)
+    kind = media_kind(path, skip, IMAGE_SUFFIXES + TABLE_SUFFIXES) if path.is_dir() else None
+    if kind is not None:  # videos or audio: write/media.py
+        media = {k: options[k] for k in MEDIA_OPTIONS}
+        return from_media_folder(path, kind, labels=labels, skip_dir=skip, **media)
+    if labels is not None:
+        raise ValueError(f"labels= is for a folder of videos or audio files: {path} holds none")
     if path.is_file():
         return from_files([_table_file(path)], batch_rows)
     skipped = options["skipped"]

@@ -70,6 +70,7 @@ from lanceloader.state.format import order_settings
 from lanceloader.write.convert import dataset_version
 from lanceloader.write.identity import transform_identity
 from lanceloader.write.runs import OutputLock, local_path, record_path
+from lanceloader.write.tables import with_blob_columns
 
 LINEAGE_KEY = b"lanceloader.lineage"
 MODES = ("create", "overwrite")
@@ -327,12 +328,12 @@ def write_piece(
     first = next(converted, None)
     if first is None:
         return [], ""
-    schema = first.schema.with_metadata(metadata)
+    schema = kept_blob_columns(first.schema, loader.source).with_metadata(metadata)
 
     def rows() -> Any:  # streamed: Lance writes while the workers transform the next batches
         for table in itertools.chain([first], converted):
             for batch in table.to_batches():
-                yield batch.replace_schema_metadata(metadata)
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
     try:
         # "create" where no dataset is yet: Lance warns "No existing dataset" otherwise
@@ -348,6 +349,20 @@ def write_piece(
     finally:
         stream.close()
     return [f.to_json() for f in fragments], schema.serialize().to_pybytes().hex()
+
+
+def kept_blob_columns(schema: pa.Schema, source: Any) -> pa.Schema:
+    """``schema`` (of the batches written) with the blob columns ``source`` read as bytes
+    marked as blob columns again, where they are still binary: a copy keeps blobs as blobs."""
+    blobs = getattr(source, "blobs", {})
+    names = [
+        name
+        for name, choice in blobs.items()
+        if choice == "bytes"
+        and name in schema.names
+        and pa.types.is_large_binary(schema.field(name).type)
+    ]
+    return with_blob_columns(schema, names)
 
 
 def _progress(

@@ -105,6 +105,49 @@ def _from_csv(files: list[Path]) -> tuple[pa.Schema, Iterator[pa.RecordBatch], i
     return first, stream(), None
 
 
+BLOB_METADATA = {b"lance-encoding:blob": b"true"}
+
+
+def with_blob_columns(schema: pa.Schema, names: list[str] | tuple[str, ...]) -> pa.Schema:
+    """``schema`` with the binary columns ``names`` marked as Lance blob columns
+    (``large_binary`` with ``lance-encoding:blob``; Lance writes them as blob v2 columns, each
+    value out of line, read by ranges). A name that is not a column, or a column that is not
+    binary, raises ``ValueError`` naming it and the fix.
+
+    >>> with_blob_columns(pa.schema([("video", pa.binary()), ("label", pa.int64())]),
+    ...                   ["video"]).field("video").metadata
+    {b'lance-encoding:blob': b'true'}
+    >>> with_blob_columns(pa.schema([("label", pa.int64())]), ["label"])
+    Traceback (most recent call last):
+    ...
+    ValueError: blob_columns names 'label', which is int64: only binary columns (the encoded bytes of images, videos, audio) can be blob columns; drop it from blob_columns
+    """
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise TypeError(
+            f"blob_columns must be a list of column names, e.g. ['video']; got {names!r}"
+        )
+    for name in names:
+        if name not in schema.names:
+            raise ValueError(
+                f"blob_columns names {name!r}, which the source does not have; "
+                f"its columns are {schema.names}"
+            )
+        typ = schema.field(name).type
+        if not (pa.types.is_binary(typ) or pa.types.is_large_binary(typ)):
+            raise ValueError(
+                f"blob_columns names {name!r}, which is {typ}: only binary "
+                "columns (the encoded bytes of images, videos, audio) can be blob "
+                f"columns; drop it from blob_columns"
+            )
+    fields = [
+        pa.field(f.name, pa.large_binary(), f.nullable, {**(f.metadata or {}), **BLOB_METADATA})
+        if f.name in names
+        else f
+        for f in schema
+    ]
+    return pa.schema(fields, metadata=schema.metadata)
+
+
 def csv_problem(path: Path, rows: int, exc: BaseException, schema: pa.Schema | None) -> str:
     """What went wrong reading the CSV file ``path`` after ``rows`` good rows, and the fix.
 

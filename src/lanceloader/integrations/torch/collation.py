@@ -23,6 +23,7 @@ import pyarrow as pa
 import torch
 import torch.utils.data
 
+from lanceloader.batch.tensors import split_rows as batch_rows
 from lanceloader.engine.processes import take_mapping, write_arrays
 from lanceloader.lifecycle import lifetime
 from lanceloader.lifecycle.lifetime import SHM_DIR
@@ -101,31 +102,16 @@ def _num_rows(batch: Any) -> int | None:
 
 
 def split_rows(batch: Any) -> list[Any]:
-    """Per-row samples of a batch: views of its tensors and arrays, one dict per row.
+    """Per-row samples of a batch (:func:`lanceloader.batch.tensors.split_rows`): views of its
+    tensors and arrays, one dict per row.
 
     >>> split_rows({"a": torch.tensor([1, 2]), "b": {"c": ["x", "y"]}})
     [{'a': tensor(1), 'b': {'c': 'x'}}, {'a': tensor(2), 'b': {'c': 'y'}}]
     """
-    if isinstance(batch, Mapping):
-        names = list(batch)
-        columns = [split_rows(batch[name]) for name in names]
-        sizes = {name: len(col) for name, col in zip(names, columns, strict=True)}
-        if len(set(sizes.values())) > 1:
-            raise ValueError(f"the batch's columns have different numbers of rows: {sizes}")
-        return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
-    if isinstance(batch, torch.Tensor) and batch.ndim:
-        return list(batch.unbind(0))
-    if isinstance(batch, np.ndarray) and batch.ndim:
-        return list(batch)
-    if isinstance(batch, (list, tuple)):
-        return list(batch)
-    if isinstance(batch, pa.RecordBatch):
-        return [batch.slice(i, 1) for i in range(batch.num_rows)]
-    raise TypeError(
-        f"cannot split a {type(batch).__name__} into rows for torch's default collate; have the "
-        "transform return a RecordBatch or a dict of columns, or pass "
-        "collate_fn=lanceloader.torch.collate to the DataLoader (it keeps the batch as is)"
-    )
+    return batch_rows(
+        batch, "torch's default collate",
+        "have the transform return a RecordBatch or a dict of columns, or pass "
+        "collate_fn=lanceloader.torch.collate to the DataLoader (it keeps the batch as is)")
 
 
 def collate(samples: Any) -> Any:

@@ -33,6 +33,7 @@ from lanceloader.integrations.torch.collation import Rows, watch_training_proces
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, ReadTask
 from lanceloader.pipeline import RowsSettings, check_nulls
+from lanceloader.rows.clips import AudioClips, VideoClips
 
 
 class MapDataset(torch.utils.data.Dataset):
@@ -60,6 +61,10 @@ class MapDataset(torch.utils.data.Dataset):
         cache: a local cache of the data, as for ``Loader``: a directory is shared by the
             DataLoader's workers; ``"memory"`` is per worker process.
         cache_size: the cache's cap in bytes, as for ``Loader``.
+        clips: ``ll.video_clips(...)`` or ``ll.audio_clips(...)``: index ``i`` is clip ``i``,
+            as for ``Loader`` (every clip: ``per_video``/``per_file`` draws depend on the
+            epoch, which a MapDataset index does not carry, so they are refused here).
+        blobs: how Lance blob columns arrive, as for ``Loader`` (default: their bytes).
         transform: ``fn(pyarrow.RecordBatch) -> batch`` run on each batch read, or a list of
             them (applied in order); a returned RecordBatch is converted to ``output``,
             anything else is passed through.
@@ -104,6 +109,8 @@ class MapDataset(torch.utils.data.Dataset):
         split_key: str | None = None,
         cache: str | os.PathLike[str] | None = None,
         cache_size: int | None = None,
+        clips: VideoClips | AudioClips | None = None,
+        blobs: dict[str, str] | None = None,
         transform: Transform | Sequence[Transform] | None = None,
         on_error: OnError = "raise",
         max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
@@ -115,8 +122,13 @@ class MapDataset(torch.utils.data.Dataset):
         check_on_error(on_error, max_skip_fraction)
         self.on_error, self.max_skip_fraction = on_error, max_skip_fraction
         self.conversion = check_output(with_fill_nulls(output, fill_nulls))
+        if getattr(clips, "per_video", None) or getattr(clips, "per_file", None):
+            raise ValueError("MapDataset(clips=...) takes every clip (a MapDataset index has "
+                             "no epoch to draw per_video/per_file starts from); use "
+                             "ll.Loader or lanceloader.torch.IterableDataset for random clips")
         self.source = RowsSettings(columns, filter, version, storage_options, splits, split,
-                                   split_key, cache, cache_size).build(dataset)
+                                   split_key, cache, cache_size, clips=clips,
+                                   blobs=blobs).build(dataset)
         if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)
             check_nulls(self.source, self.conversion)

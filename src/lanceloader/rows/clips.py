@@ -1,0 +1,952 @@
+"""Clips: a sample is a video clip or an audio window, not a row.
+
+``Loader(uri, clips=ll.video_clips("video", frames=16))`` reads *clips* instead of the dataset's
+rows. The windows are defined once, at construction, from each media row's length (the
+``{column}_frames`` index columns ``ll.convert`` writes, or a probe of every file once, cached
+beside the filter's plan with ``cache=`` a directory, else kept in this process's memory), so
+they are the same in every epoch, on every rank and in every process. Positions are clips: the
+order, plan, splits, filter, resume, N→M ranks and mixing are the usual machinery.
+
+What a clip is (:func:`clip_windows`, pure NumPy):
+
+* ``video_clips(frames=F, stride=S, step=T)``: every window of ``F`` frames ``S`` apart that
+  fits in a video, starting every ``T`` frames (default ``F × S``: clips do not overlap); a video
+  shorter than one clip has none (counted in ``ClipSource.short_media``).
+* ``video_clips(..., per_video=K)``: ``K`` clips per video per epoch, each starting at a frame
+  drawn from ``(seed, epoch, position)`` (the Loader's ``seed``), so an epoch is the same
+  whatever the workers, and a resume continues it exactly.
+* ``audio_clips(seconds=s)``: the same for windows of audio (``step`` and ``per_file`` in
+  seconds and windows).
+
+What a read does (:meth:`ClipSource.read_rows`, in the worker that runs the read task: a
+thread or a process worker): the row's other projected columns through the inner ``Source``
+(one read, its cache included); for video, the byte ranges each clip needs
+(:func:`lanceloader.media.video.clip_byte_ranges`: the container's header and the GOPs the clip
+spans) in **one** ``read_blob_ranges`` call for the whole read, then ``decode_clip`` per clip
+(a ``MissingBytes`` is served by one more ranged read, counted in ``ClipSource.extra_reads``);
+for audio, each file whole (audio files are small) in one call, then ``decode_audio_window``.
+
+Output: ``column`` as a ``fixed_shape_tensor`` uint8 ``[F, C, H, W]`` (``layout="NFCHW"``) or
+``[F, H, W, C]`` (``"NFHWC"``), which the output conversion makes ``[N, F, C, H, W]`` tensors;
+audio ``[C, T]`` float32. Plus ``clip_start`` (the first frame, or sample at the file's own
+rate) and the row's other projected columns.
+
+With a cache (``cache=`` a directory or ``"memory"``; the automatic one only on an object
+store, where it is decided here on the media's bytes), each byte range goes through
+``cache.fetch_bytes`` (one download per range across threads and processes): an epoch whose
+ranges are all cached makes no request.
+
+Memory: a read holds its clips' encoded bytes (about 2 GOPs per clip) and their decoded frames
+(``bytes_per_row`` = ``F × H × W × 3``, which sizes reads within the engine's 32 MiB); one decode
+holds one decoder (PyAV: a few reference frames of the video's size, nothing kept between
+clips); the index is an Arrow table of about ``videos × (2 × keyframes + 12) × 8`` bytes per
+process. Nothing grows with the number of videos read.
+
+Errors: a clip that fails to decode (a corrupt file) is a :class:`ClipError`, a ``ReadError``
+naming the clip, the Lance row, its fragment, the row's text columns (its path) and the
+decoder's error: it stops the epoch like any failed read. Not a skippable sample under
+``on_error``, on purpose: a read delivers exactly one row per position (the rows protocol), and
+a corrupt file is a fault of the data, the same every epoch, fixed once with a filter (e.g.
+``filter="path != 'bad.mp4'"``) or by reconverting (``ll.convert`` lists and skips bad files).
+
+Example::
+
+    >>> windows = clip_windows(np.array([10, 3, 7]), frames=4, stride=1, step=4)
+    >>> windows.num_clips, [windows.clip(p) for p in range(windows.num_clips)]
+    (3, [(0, 0), (0, 4), (2, 0)])
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lanceloader.batch.transforms import tensor_array
+from lanceloader.rows.cache import AUTO, DiskCache, auto_cache
+from lanceloader.rows.dataset import (
+    NOT_READ_FAILURES,
+    ReadError,
+    check_columns,
+    is_object_store,
+    open_dataset,
+)
+from lanceloader.rows.lance import Source
+from lanceloader.rows.protocol import Read, as_table, empty_table
+
+LAYOUTS = ("NFCHW", "NFHWC")
+INDEX_READ_ROWS = 4096  # rows per read while building the index at construction
+PROBE_READ_BYTES = 64 << 20  # bytes of media read per call while probing files without an index
+VIDEO_INDEX = (
+    "frames",
+    "fps",
+    "duration",
+    "codec",
+    "width",
+    "height",
+    "keyframes",
+    "keyframe_offsets",
+    "header_offset",
+    "header_length",
+)
+AUDIO_INDEX = ("sample_rate", "channels", "frames", "duration", "codec")
+MAX_EXTRA_READS = 4  # ranged reads a clip may add when the decoder asks for more bytes
+
+
+class ClipError(ReadError):
+    """A clip could not be decoded (a corrupt or truncated file): names the clip, the Lance row,
+    its position and the row's text columns (its path...); the decoder's error is
+    ``__cause__``. A :class:`~lanceloader.ReadError`, so ``except ll.ReadError`` catches it.
+
+    >>> issubclass(ClipError, ReadError), issubclass(ClipError, OSError)
+    (True, True)
+    """
+
+
+class Undecodable(Exception):
+    """Clip ``clip`` of a read (media ``position``, Lance row ``offset``, first frame or sample
+    ``start``) failed to decode; the decoder's error is ``__cause__``."""
+
+    def __init__(self, kind: str, clip: int, position: int, offset: int, start: int) -> None:
+        super().__init__(kind, clip, position, offset, start)
+        self.kind, self.clip, self.position, self.offset, self.start = (
+            kind,
+            clip,
+            position,
+            offset,
+            start,
+        )
+
+
+# --- the specs (plain, frozen, picklable) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VideoClips:
+    """Which video clips are the samples (what :func:`video_clips` returns)."""
+
+    column: str = "video"
+    frames: int = 16
+    stride: int = 1
+    step: int | None = None
+    per_video: int | None = None
+    size: tuple[int, int] | None = None
+    layout: str = "NFCHW"
+
+    kind = "video"
+
+    @property
+    def span(self) -> int:
+        """Frames from a clip's first to its last, both included."""
+        return (self.frames - 1) * self.stride + 1
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "kind": "video",
+            "column": self.column,
+            "frames": self.frames,
+            "stride": self.stride,
+            "step": self.step,
+            "per_video": self.per_video,
+            "size": list(self.size) if self.size else None,
+            "layout": self.layout,
+        }
+
+
+@dataclass(frozen=True)
+class AudioClips:
+    """Which audio windows are the samples (what :func:`audio_clips` returns)."""
+
+    column: str = "audio"
+    seconds: float = 1.0
+    step: float | None = None
+    per_file: int | None = None
+    sample_rate: int | None = None
+    channels: int | None = None
+
+    kind = "audio"
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "kind": "audio",
+            "column": self.column,
+            "seconds": self.seconds,
+            "step": self.step,
+            "per_file": self.per_file,
+            "sample_rate": self.sample_rate,
+            "channels": self.channels,
+        }
+
+
+def _positive_int(fn: str, name: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{fn}: {name} must be an int >= 1{' or None' if optional else ''}, got {value!r}"
+        )
+
+
+def _column_name(fn: str, column: Any) -> None:
+    if not isinstance(column, str) or not column:
+        raise TypeError(f"{fn}: column must be the name of a media column, got {column!r}")
+
+
+def video_clips(
+    column: str = "video",
+    frames: int = 16,
+    stride: int = 1,
+    *,
+    step: int | None = None,
+    per_video: int | None = None,
+    size: tuple[int, int] | None = None,
+    layout: str = "NFCHW",
+) -> VideoClips:
+    """Clips of ``frames`` frames, ``stride`` apart, of the videos in ``column``, as the samples;
+    pass the result as ``Loader(..., clips=...)``.
+
+    Args:
+        column: a blob column of video files (``ll.convert("videos/", out)`` writes one, with
+            the keyframe index beside it).
+        frames: frames per clip.
+        stride: frames between a clip's frames (1: consecutive).
+        step: frames between the starts of consecutive clips of a video; default
+            ``frames × stride`` (clips do not overlap). Not with ``per_video``.
+        per_video: ``K`` clips per video per epoch at random starts drawn from the Loader's
+            seed, the epoch and the clip's position (a different draw each epoch).
+        size: ``(height, width)`` to resize every frame to; needed when the videos' sizes
+            differ (a batch is one tensor).
+        layout: ``"NFCHW"`` (default, ``[N, F, C, H, W]`` batches) or ``"NFHWC"``.
+
+    >>> video_clips("video", frames=8, stride=2)
+    VideoClips(column='video', frames=8, stride=2, step=None, per_video=None, size=None, layout='NFCHW')
+    """
+    fn = "video_clips"
+    _column_name(fn, column)
+    _positive_int(fn, "frames", frames)
+    _positive_int(fn, "stride", stride)
+    _positive_int(fn, "step", step, optional=True)
+    _positive_int(fn, "per_video", per_video, optional=True)
+    if step is not None and per_video is not None:
+        raise ValueError(
+            f"{fn}: step={step} and per_video={per_video} are two ways of choosing "
+            "clips; give one (step: every clip, that far apart; per_video: K "
+            "random clips per video per epoch)"
+        )
+    if size is not None:
+        if (
+            not isinstance(size, tuple | list)
+            or len(size) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in size)
+        ):
+            raise ValueError(f"{fn}: size must be (height, width) in pixels, got {size!r}")
+        size = (int(size[0]), int(size[1]))
+    if layout not in LAYOUTS:
+        raise ValueError(f"{fn}: layout must be 'NFCHW' or 'NFHWC', got {layout!r}")
+    return VideoClips(column, frames, stride, step, per_video, size, layout)
+
+
+def audio_clips(
+    column: str = "audio",
+    seconds: float = 1.0,
+    *,
+    step: float | None = None,
+    per_file: int | None = None,
+    sample_rate: int | None = None,
+    channels: int | None = None,
+) -> AudioClips:
+    """Windows of ``seconds`` of the audio files in ``column``, as the samples; pass the result
+    as ``Loader(..., clips=...)``.
+
+    Args:
+        column: a blob (or binary) column of audio files (WAV, FLAC, MP3, Opus...).
+        seconds: the window's length.
+        step: seconds between the starts of consecutive windows; default ``seconds``.
+        per_file: ``K`` windows per file per epoch at random starts (seed, epoch, position).
+        sample_rate: resample every window to this rate; needed when the files' rates differ.
+        channels: 1 (mixed down) or 2; needed when the files' channel counts differ.
+
+    >>> audio_clips("audio", seconds=0.5, sample_rate=16000)
+    AudioClips(column='audio', seconds=0.5, step=None, per_file=None, sample_rate=16000, channels=None)
+    """
+    fn = "audio_clips"
+    _column_name(fn, column)
+    for name, value in (("seconds", seconds), ("step", step)):
+        if value is None and name == "step":
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(f"{fn}: {name} must be a number of seconds > 0, got {value!r}")
+    _positive_int(fn, "per_file", per_file, optional=True)
+    _positive_int(fn, "sample_rate", sample_rate, optional=True)
+    if channels not in (None, 1, 2):
+        raise ValueError(
+            f"{fn}: channels must be 1 (mono), 2 (stereo) or None (the files' "
+            f"own), got {channels!r}"
+        )
+    if step is not None and per_file is not None:
+        raise ValueError(
+            f"{fn}: step={step} and per_file={per_file} are two ways of choosing windows; give one"
+        )
+    return AudioClips(
+        column,
+        float(seconds),
+        None if step is None else float(step),
+        per_file,
+        sample_rate,
+        channels,
+    )
+
+
+Clips = VideoClips | AudioClips
+
+
+# --- windows (pure) -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClipWindows:
+    """Where each clip lies: clip ``p`` is in media ``media(p)`` (a position of the inner
+    source). Every-window clips start at ``(p - first[m]) × step[m]``; with ``per_media``, clips
+    start at a frame (sample) drawn in ``[0, last_start[m]]`` per (seed, epoch, p). O(media)
+    memory, whatever the number of clips.
+    """
+
+    counts: np.ndarray  # clips per media
+    first: np.ndarray  # the first clip of each media (cumulative counts)
+    last_start: np.ndarray  # the last frame (sample) a clip of each media may start at
+    step: np.ndarray  # frames (samples) between a media's consecutive clip starts
+    per_media: int | None = None
+
+    @property
+    def num_clips(self) -> int:
+        return int(self.first[-1] + self.counts[-1]) if len(self.counts) else 0
+
+    def media(self, positions: np.ndarray) -> np.ndarray:
+        """The media (inner position) of each clip."""
+        return np.searchsorted(self.first, np.asarray(positions, np.int64), side="right") - 1
+
+    def starts(self, positions: np.ndarray, seed: int = 0, epoch: int = 0) -> np.ndarray:
+        """The first frame (sample) of each clip: fixed, or drawn per (seed, epoch, position)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        media = self.media(positions)
+        if self.per_media is None:
+            return (positions - self.first[media]) * self.step[media]
+        return np.array(
+            [
+                np.random.default_rng([seed, epoch, int(p)]).integers(0, int(last) + 1)
+                for p, last in zip(positions.tolist(), self.last_start[media].tolist(), strict=True)
+            ],
+            dtype=np.int64,
+        )
+
+    def clip(self, position: int, seed: int = 0, epoch: int = 0) -> tuple[int, int]:
+        """``(media, start)`` of one clip."""
+        p = np.array([position], dtype=np.int64)
+        return int(self.media(p)[0]), int(self.starts(p, seed, epoch)[0])
+
+
+def clip_windows(
+    lengths: np.ndarray,
+    frames: int | np.ndarray,
+    stride: int = 1,
+    step: int | np.ndarray | None = None,
+    per_media: int | None = None,
+) -> ClipWindows:
+    """The clips of media of ``lengths`` frames (or samples): every window of ``frames`` at
+    ``stride`` starting every ``step`` (default ``frames × stride``), or ``per_media`` per
+    media. A media shorter than one clip has none. ``frames`` and ``step`` may be per media
+    (audio windows of files at different rates).
+
+    >>> w = clip_windows(np.array([5, 9]), frames=2, stride=2, per_media=3)
+    >>> w.num_clips, w.media(np.arange(6)).tolist(), w.last_start.tolist()
+    (6, [0, 0, 0, 1, 1, 1], [2, 6])
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    frames = np.broadcast_to(np.asarray(frames, dtype=np.int64), lengths.shape)
+    span = (frames - 1) * stride + 1
+    step = np.broadcast_to(
+        np.asarray(frames * stride if step is None else step, np.int64), lengths.shape
+    )
+    last_start = lengths - span
+    fits = last_start >= 0
+    if per_media is not None:
+        counts = np.where(fits, per_media, 0)
+    else:
+        counts = np.where(fits, last_start // np.maximum(step, 1) + 1, 0)
+    first = np.cumsum(counts) - counts
+    return ClipWindows(
+        counts.astype(np.int64),
+        first.astype(np.int64),
+        np.maximum(last_start, 0),
+        step.astype(np.int64),
+        per_media,
+    )
+
+
+# --- the media: what is specific to video or audio ----------------------------------------
+
+
+def _video() -> Any:
+    """``lanceloader.media.video``, imported when clips are first used: it imports PyAV, which
+    a loader of other rows never needs (and which costs ~100 ms at import)."""
+    from lanceloader.media import video
+
+    return video
+
+
+def _audio() -> Any:
+    """``lanceloader.media.audio``, imported when audio clips are first used (as above)."""
+    from lanceloader.media import audio
+
+    return audio
+
+
+@dataclass
+class MediaIndex:
+    """Per media (inner position): its blob's ``size`` in bytes and its index columns
+    (``{column}_frames``...), as one Arrow table; where it came from (``"columns"``, ``"probe"``
+    or ``"cache"``) and, when probed, the bytes read to probe."""
+
+    table: pa.Table
+    origin: str
+    probed_bytes: int = 0
+
+    def to_bytes(self) -> np.ndarray:
+        sink = io.BytesIO()
+        with pa.ipc.new_stream(sink, self.table.schema) as writer:
+            writer.write_table(self.table)
+        return np.frombuffer(sink.getvalue(), dtype=np.uint8)
+
+    @classmethod
+    def from_bytes(cls, data: np.ndarray) -> MediaIndex:
+        return cls(pa.ipc.open_stream(pa.py_buffer(data.tobytes())).read_all(), "cache")
+
+
+def _index_names(spec: Clips) -> list[str]:
+    names = VIDEO_INDEX if isinstance(spec, VideoClips) else AUDIO_INDEX
+    return [f"{spec.column}_{name}" for name in names]
+
+
+def _blob_sizes(ds: Any, column: str, offsets: np.ndarray) -> np.ndarray:
+    """The payload sizes of the blobs at Lance row ``offsets`` (from their descriptors)."""
+    sizes = np.zeros(len(offsets), np.int64)
+    for lo in range(0, len(offsets), INDEX_READ_ROWS):
+        part = offsets[lo : lo + INDEX_READ_ROWS]
+        col = ds.take(part.tolist(), columns=[column]).column(column).combine_chunks()
+        sizes[lo : lo + len(part)] = (
+            col.storage.field("size").to_numpy(zero_copy_only=False)
+            if isinstance(col, pa.ExtensionArray)
+            else col.field("size").to_numpy(zero_copy_only=False)
+        )
+    return sizes
+
+
+def _whole_blobs(ds: Any, column: str, offsets: np.ndarray, sizes: np.ndarray):
+    """``(i, bytes)`` of each blob, read in calls of about :data:`PROBE_READ_BYTES`."""
+    lo = 0
+    while lo < len(offsets):
+        hi, total = lo, 0
+        while hi < len(offsets) and (hi == lo or total + sizes[hi] <= PROBE_READ_BYTES):
+            total += int(sizes[hi])
+            hi += 1
+        requests = [(int(o), 0, int(n)) for o, n in zip(offsets[lo:hi], sizes[lo:hi], strict=True)]
+        for i, (_, _, data) in enumerate(ds.read_blob_ranges(column, requests, selector="indices")):
+            yield lo + i, data
+        lo = hi
+
+
+def build_index(inner: Source, spec: Clips) -> MediaIndex:
+    """The index of every media of ``inner`` (its positions, in order): read from the index
+    columns when the dataset has them (``ll.convert`` writes them), else made by probing each
+    file once (reading it whole: what a dataset without the columns costs, once per cache
+    directory with ``cache=`` a directory, else once per Loader)."""
+    ds = inner.dataset
+    offsets = inner.row_offsets(np.arange(inner.num_rows))
+    names = _index_names(spec)
+    sizes = _blob_sizes(ds, spec.column, offsets)
+    if all(name in ds.schema.names for name in names):
+        parts = [
+            ds.take(offsets[lo : lo + INDEX_READ_ROWS].tolist(), columns=names)
+            for lo in range(0, len(offsets), INDEX_READ_ROWS)
+        ]
+        table = pa.concat_tables(parts) if parts else empty_table(ds.schema).select(names)
+        return MediaIndex(table.append_column("size", pa.array(sizes, pa.int64())), "columns")
+
+    def probe_all() -> MediaIndex:
+        rows, probed = [], 0
+        for i, data in _whole_blobs(ds, spec.column, offsets, sizes):
+            probed += len(data)
+            rows.append(_probe(spec, data, inner, int(offsets[i])))
+        table = pa.Table.from_pylist(rows) if rows else pa.table({})
+        return MediaIndex(table.append_column("size", pa.array(sizes, pa.int64())), "probe", probed)
+
+    if not isinstance(inner.cache, DiskCache):
+        return probe_all()
+    made: list[MediaIndex] = []
+    data, _ = inner.cache.load_or_make(
+        inner.cache_key("clip-index", spec.kind, spec.column),
+        lambda: (made.append(probe_all()) or made[0]).to_bytes(),
+    )
+    return made[0] if made else MediaIndex.from_bytes(data)
+
+
+def _probe(spec: Clips, data: bytes, inner: Source, offset: int) -> dict[str, Any]:
+    """The index values of one file (``{column}_frames``...), probed from its bytes."""
+    try:
+        if isinstance(spec, VideoClips):
+            media = _video()
+            return media.index_values(media.probe_video(data), spec.column)
+        info = _audio().probe_audio(data)
+    except NOT_READ_FAILURES:
+        raise
+    except Exception as exc:
+        raise ClipError(
+            f"{spec.kind} at Lance row {offset} "
+            f"({inner.describe_offsets(np.array([offset]))}) could not be probed: "
+            f"{type(exc).__name__}: {exc}; remove the row (filter=) or reconvert "
+            "the files with ll.convert, which lists and skips bad files"
+        ) from exc
+    c = spec.column
+    return {
+        f"{c}_sample_rate": info.sample_rate,
+        f"{c}_channels": info.channels,
+        f"{c}_frames": info.frames,
+        f"{c}_duration": info.duration_s,
+        f"{c}_codec": info.codec,
+    }
+
+
+def clip_source(
+    dataset: Any,
+    spec: Clips,
+    seed: int = 0,
+    *,
+    columns: list[str] | None = None,
+    version: int | str | None = None,
+    storage_options: dict[str, str] | None = None,
+    **rows: Any,
+) -> ClipSource:
+    """The clips of ``dataset`` (a URI or ``lance.LanceDataset``) with the Source settings
+    ``rows`` (filter, split, cache...): the inner source projects only the other columns a clip
+    carries (``columns`` less the media column and its index), never the media itself, whose
+    bytes are read by range."""
+    if not isinstance(spec, VideoClips | AudioClips):
+        raise TypeError(
+            f"clips must come from ll.video_clips(...) or ll.audio_clips(...), got {spec!r}"
+        )
+    ds = open_dataset(dataset, version, storage_options)
+    wanted = check_columns(columns, ds.schema)
+    skip = {spec.column, *_index_names(spec)}
+    row_columns = [c for c in wanted if c not in skip]
+    light = (
+        [f"{spec.column}_frames"]
+        if f"{spec.column}_frames" in ds.schema.names
+        else [f.name for f in ds.schema if f.name not in skip and pa.types.is_primitive(f.type)][:1]
+    )
+    inner = Source(
+        ds,
+        columns=row_columns or light or [spec.column],
+        version=version,
+        storage_options=storage_options,
+        **rows,
+    )
+    source = ClipSource(inner, spec, seed, row_columns)
+    if rows.get("cache", AUTO) == AUTO:
+        # The automatic cache decided on the rows' columns; the clips' byte ranges go through
+        # it too, so decide again on what they can hold: the media's bytes. A clip is a few
+        # ranged reads whatever the order, so only an object store (a round trip per request)
+        # makes caching them pay; local ranges come from the page cache.
+        media = int(pc.sum(source.index.table.column("size")).as_py() or 0)
+        if is_object_store(inner.uri):
+            source.cache, source.cache_choice = auto_cache(
+                False, True, media + inner.bytes_per_row * inner.num_rows, rows.get("cache_size")
+            )
+        else:
+            source.cache = None
+            source.cache_choice = (
+                "auto: none for the clips (local media are read by byte range; a cache would "
+                "only copy them)"
+            )
+    return source
+
+
+# --- the rows -----------------------------------------------------------------------------
+
+
+class ClipSource:
+    """The clips of a source's media (the rows protocol, :mod:`lanceloader.rows.protocol`):
+    position *p* is clip *p*; the dataset, version, filter, split and cache are the inner
+    source's (whose positions are the media rows).
+
+    Built once per Loader: the index (:func:`build_index`) and the windows
+    (:func:`clip_windows`). Picklable (the index travels to process workers as Arrow; the
+    decoder and the pinned dataset are opened in each process).
+
+    Attributes: ``spec``, ``index`` (:class:`MediaIndex`), ``windows``, ``short_media`` (media
+    too short for one clip: they have none), ``extra_reads`` (ranged reads made after a
+    decoder asked for bytes outside a clip's ranges, in this process).
+    """
+
+    random_reads = False  # clips are in storage order of their media
+    padding_fraction = None
+
+    def __init__(
+        self, inner: Source, spec: Clips, seed: int = 0, row_columns: list[str] | None = None
+    ) -> None:
+        if not isinstance(spec, VideoClips | AudioClips):
+            raise TypeError(
+                f"clips must come from ll.video_clips(...) or ll.audio_clips(...), got {spec!r}"
+            )
+        if not isinstance(inner, Source):
+            raise TypeError(
+                f"clips: read the media of one Lance dataset (with its filter and "
+                f"split), not {type(inner).__name__}; give each source of a mix its "
+                "own Loader(..., clips=...)"
+            )
+        from lanceloader.rows.blobs import is_blob_field
+
+        schema = inner.schema
+        if spec.column not in schema.names:
+            raise KeyError(
+                f"clips: column {spec.column!r} is not in the dataset (columns: "
+                f"{schema.names}); name the media column, e.g. "
+                f"ll.{spec.kind}_clips({schema.names[0]!r})"
+            )
+        if not is_blob_field(schema.field(spec.column)):
+            raise TypeError(
+                f"clips: column {spec.column!r} has type "
+                f"{schema.field(spec.column).type}, not a Lance blob column; clips "
+                "read byte ranges of blobs: write the files with "
+                "ll.convert('videos/', out) (a blob column and its index)"
+            )
+        self.inner, self.spec, self.seed = inner, spec, seed
+        self.index = build_index(inner, spec)
+        self.uri, self.version, self.identity = inner.uri, inner.version, inner.identity
+        self.cache, self.plan_origin = inner.cache, inner.plan_origin
+        self.cache_choice: str | None = getattr(inner, "cache_choice", None)
+        skip = {spec.column, *_index_names(spec)}
+        self.row_columns = [
+            c for c in (inner.columns if row_columns is None else row_columns) if c not in skip
+        ]
+        self.extra_reads = 0
+        if isinstance(spec, VideoClips):
+            self._shape = self._video_shape()
+            lengths = self._index_column("frames")
+            self.windows = clip_windows(
+                lengths, spec.frames, spec.stride, spec.step, spec.per_video
+            )
+            dtype = pa.uint8()
+        else:
+            lengths, window, step, self._shape = self._audio_windows()
+            self.windows = clip_windows(lengths, window, 1, step, spec.per_file)
+            dtype = pa.float32()
+        self.short_media = int((self.windows.counts == 0).sum())
+        self.tensor = pa.fixed_shape_tensor(dtype, self._shape)
+        row_schema = inner.schema_table().schema
+        self.schema = pa.schema(
+            [
+                pa.field(spec.column, self.tensor),
+                pa.field("clip_start", pa.int64()),
+                *[row_schema.field(c) for c in self.row_columns],
+            ]
+        )
+        self.columns = self.schema.names
+        self.bytes_per_row = float(np.prod(self._shape) * (1 if dtype == pa.uint8() else 4))
+
+    def _index_column(self, name: str) -> np.ndarray:
+        col = self.index.table.column(f"{self.spec.column}_{name}")
+        return col.to_numpy(zero_copy_only=False)
+
+    def _video_shape(self) -> tuple[int, ...]:
+        spec = self.spec
+        assert isinstance(spec, VideoClips)
+        if spec.size is not None:
+            height, width = spec.size
+        else:
+            sizes = np.stack([self._index_column("height"), self._index_column("width")], 1)
+            distinct = np.unique(sizes, axis=0) if len(sizes) else np.array([[0, 0]])
+            if len(distinct) > 1:
+                raise ValueError(
+                    f"clips: the videos of column {spec.column!r} have {len(distinct)} frame "
+                    f"sizes ({', '.join(f'{h}x{w}' for h, w in distinct[:4].tolist())}...), "
+                    "and a batch is one tensor; pass video_clips(..., size=(height, width)) "
+                    "to resize every frame"
+                )
+            height, width = (int(v) for v in distinct[0])
+        if spec.layout == "NFCHW":
+            return (spec.frames, 3, height, width)
+        return (spec.frames, height, width, 3)
+
+    def _audio_windows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]:
+        spec = self.spec
+        assert isinstance(spec, AudioClips)
+        rates = self._index_column("sample_rate").astype(np.int64)
+        window = np.round(spec.seconds * rates).astype(np.int64)
+        step = np.round((spec.step or spec.seconds) * rates).astype(np.int64)
+        out = (
+            np.round(window * spec.sample_rate / rates).astype(np.int64)
+            if spec.sample_rate
+            else window
+        )
+        channels = self._index_column("channels").astype(np.int64)
+        for what, values, fix in (
+            ("sample rates", out if spec.sample_rate else rates, "sample_rate=16000"),
+            (
+                "channel counts",
+                channels if spec.channels is None else np.zeros(0, np.int64),
+                "channels=1",
+            ),
+        ):
+            if len(np.unique(values)) > 1:
+                raise ValueError(
+                    f"clips: the files of column {spec.column!r} have "
+                    f"{len(np.unique(values))} {what} "
+                    f"({np.unique(values)[:4].tolist()}...), and a batch is one "
+                    f"tensor; pass audio_clips(..., {fix})"
+                )
+        length = int(out[0]) if len(out) else round(spec.seconds * (spec.sample_rate or 1))
+        c = spec.channels or (int(channels[0]) if len(channels) else 1)
+        return self._index_column("frames").astype(np.int64), window, step, (c, length)
+
+    # --- the protocol ---------------------------------------------------------------------
+
+    @property
+    def num_rows(self) -> int:
+        return self.windows.num_clips
+
+    def settings(self) -> dict[str, Any]:
+        """The inner source's settings and the clips' (a state of other clips is refused)."""
+        return {**self.inner.settings(), "clips": self.spec.settings()}
+
+    def resumed(
+        self, state: dict[str, Any], allow_changes: tuple[str, ...]
+    ) -> tuple[ClipSource, int]:
+        """These clips continue any state of them (the protocol's: a mix's rows may not)."""
+        return self, state["sample"]
+
+    def schema_table(self) -> pa.Table:
+        return empty_table(self.schema)
+
+    def describe_rows(self, positions: np.ndarray) -> str:
+        positions = np.asarray(positions, dtype=np.int64)[:4]
+        media = self.windows.media(positions)
+        return (
+            f"clips {positions.tolist()} (media at positions {media.tolist()}: "
+            f"{self.inner.describe_rows(np.unique(media))})"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ClipSource({self.inner!r}, {self.spec}, clips={self.num_rows}, "
+            f"index={self.index.origin})"
+        )
+
+    def read_rows(self, positions: np.ndarray, epoch: int = 0) -> Read:
+        """The clips at ``positions`` (in that order) for ``epoch`` (which draws the starts of
+        ``per_video`` clips): the rows' other columns through the inner source, the media
+        bytes in one ranged blob read, decoded here (see the module's text)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        media = self.windows.media(positions)
+        starts = self.windows.starts(positions, self.seed, epoch)
+        columns: dict[str, Any] = {}
+        io_bytes = io_iops = cached = damaged = 0
+        table = None
+        if self.row_columns:
+            unique, where = np.unique(media, return_inverse=True)
+            read = self.inner.read_rows(unique, epoch)
+            table = as_table(read.rows).select(self.row_columns).take(pa.array(where))
+            columns = {c: table.column(c) for c in self.row_columns}
+            io_bytes, io_iops = read.io_bytes, read.io_iops
+            cached, damaged = read.rows_cached, read.cache_damaged
+        try:
+            ds = self.inner.dataset
+            ds.io_stats_incremental()  # this read's blob I/O only, from here
+            offsets = self.inner.row_offsets(media)
+            clips = (self._read_video if isinstance(self.spec, VideoClips) else self._read_audio)(
+                ds, media, offsets, starts
+            )
+            io = ds.io_stats_incremental()
+        except Undecodable as bad:
+            raise self._clip_error(bad, table) from bad.__cause__
+        except (ReadError, *NOT_READ_FAILURES):
+            raise
+        except BaseException as exc:
+            raise self.inner.read_error(exc, media) from exc
+        out = pa.table(
+            {
+                self.spec.column: tensor_array(clips),
+                "clip_start": pa.array(starts, pa.int64()),
+                **columns,
+            }
+        )
+        return Read(
+            out.cast(self.schema) if out.schema != self.schema else out,
+            io_bytes + io.read_bytes,
+            io_iops + io.read_iops,
+            cached,
+            damaged,
+        )
+
+    def _ranges(
+        self, ds: Any, requests: list[tuple[int, int, int]]
+    ) -> dict[tuple[int, int, int], bytes]:
+        """The bytes of each distinct ``(row offset, offset, length)`` of the blobs: in one
+        ranged read, or with a cache, each range through ``cache.fetch_bytes`` (one download
+        per range across threads and processes), the first missing one reading all the
+        remaining ranges in one call (so a first epoch still makes one call per read, and a
+        cached epoch none; a read partly cached may fetch a range twice, once)."""
+        distinct = list(dict.fromkeys(requests))
+        if not distinct:
+            return {}
+
+        def read(wanted: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], bytes]:
+            results = ds.read_blob_ranges(self.spec.column, wanted, selector="indices")
+            return {r: data for r, (_, _, data) in zip(wanted, results, strict=True)}
+
+        fetch = getattr(self.cache, "fetch_bytes", None)
+        if fetch is None:
+            return read(distinct)
+        fetched: dict[tuple[int, int, int], bytes] = {}
+
+        def make(i: int) -> bytes:
+            if distinct[i] not in fetched:
+                fetched.update(read([r for r in distinct[i:] if r not in fetched]))
+            return fetched.pop(distinct[i])
+
+        return {
+            r: fetch(
+                f"blob-range {self.identity} {self.spec.column} {r[0]} {r[1]} {r[2]}",
+                lambda i=i: make(i),
+            )
+            for i, r in enumerate(distinct)
+        }
+
+    def _infos(self, media: np.ndarray) -> dict[int, Any]:
+        """The ``VideoInfo`` of each distinct media of a read, made from the index's Arrow rows
+        (per read: nothing per video is kept in Python objects)."""
+        video, unique = _video(), np.unique(media)
+        rows = self.index.table.take(pa.array(unique)).to_pylist()
+        return {
+            int(m): video.info_from_row(row, self.spec.column)
+            for m, row in zip(unique.tolist(), rows, strict=True)
+        }
+
+    def _read_video(
+        self, ds: Any, media: np.ndarray, offsets: np.ndarray, starts: np.ndarray
+    ) -> np.ndarray:
+        spec = self.spec
+        assert isinstance(spec, VideoClips)
+        video, infos = _video(), self._infos(media)
+        sizes = self.index.table.column("size").to_numpy()
+        wanted = []
+        for m, offset, start in zip(media.tolist(), offsets.tolist(), starts.tolist(), strict=True):
+            ranges = video.clip_byte_ranges(
+                infos[m], int(sizes[m]), start, spec.frames, spec.stride
+            )
+            wanted.append([(offset, int(o), int(n)) for o, n in ranges])
+        got = self._ranges(ds, [r for clip in wanted for r in clip])
+        out = np.empty((len(media), *self._shape), np.uint8)
+        for i, (m, offset, start) in enumerate(
+            zip(media.tolist(), offsets.tolist(), starts.tolist(), strict=True)
+        ):
+            parts = [(o, got[(offset, o, n)]) for _, o, n in wanted[i]]
+            frames = self._decode_video(
+                ds, video, parts, infos[m], int(sizes[m]), Undecodable("video", i, m, offset, start)
+            )
+            out[i] = frames.transpose(0, 3, 1, 2) if spec.layout == "NFCHW" else frames
+        return out
+
+    def _decode_video(
+        self,
+        ds: Any,
+        video: Any,
+        parts: list[tuple[int, bytes]],
+        info: Any,
+        size: int,
+        clip: Undecodable,
+    ) -> np.ndarray:
+        """One clip, serving a decoder's request for bytes outside its ranges with one more
+        ranged read each (at most :data:`MAX_EXTRA_READS`)."""
+        spec, offset, start = self.spec, clip.offset, clip.start
+        assert isinstance(spec, VideoClips)
+        for _ in range(MAX_EXTRA_READS + 1):
+            try:
+                return video.decode_clip(
+                    parts, size, info, start, spec.frames, spec.stride, resize=spec.size
+                )
+            except video.MissingBytes as missing:
+                request = (offset, int(missing.offset), int(missing.length))
+                parts = [*parts, (request[1], self._ranges(ds, [request])[request])]
+                self.extra_reads += 1
+            except NOT_READ_FAILURES:
+                raise
+            except Exception as exc:
+                raise clip from exc
+        raise clip from RuntimeError(
+            f"the decoder asked for bytes outside the clip's ranges {MAX_EXTRA_READS + 1} times"
+        )
+
+    def _read_audio(
+        self, ds: Any, media: np.ndarray, offsets: np.ndarray, starts: np.ndarray
+    ) -> np.ndarray:
+        spec = self.spec
+        assert isinstance(spec, AudioClips)
+        audio = _audio()
+        sizes = self.index.table.column("size").to_numpy()
+        rates = self._index_column("sample_rate").astype(np.int64)
+        got = self._ranges(
+            ds,
+            [(o, 0, int(sizes[m])) for m, o in zip(media.tolist(), offsets.tolist(), strict=True)],
+        )
+        out = np.empty((len(media), *self._shape), np.float32)
+        for i, (m, offset, start) in enumerate(
+            zip(media.tolist(), offsets.tolist(), starts.tolist(), strict=True)
+        ):
+            try:
+                out[i] = audio.decode_audio_window(
+                    got[(offset, 0, int(sizes[m]))],
+                    start,
+                    round(spec.seconds * rates[m]),
+                    sample_rate=spec.sample_rate,
+                    channels=spec.channels,
+                )
+            except NOT_READ_FAILURES:
+                raise
+            except Exception as exc:
+                raise Undecodable("audio", i, m, offset, start) from exc
+        return out
+
+    def _clip_error(self, bad: Undecodable, table: pa.Table | None) -> ClipError:
+        """The error for a clip that failed to decode, naming the clip, its row (with the
+        row's text columns, such as its path) and the decoder's error."""
+        exc = bad.__cause__
+        where = self.inner.describe_offsets(np.array([bad.offset]))
+        unit = "frame" if bad.kind == "video" else "sample"
+        values = (
+            ""
+            if table is None
+            else "".join(
+                f", {name}={table.column(name)[bad.clip].as_py()!r}"
+                for name in self.row_columns
+                if pa.types.is_string(table.schema.field(name).type)
+                or pa.types.is_large_string(table.schema.field(name).type)
+            )
+        )
+        return ClipError(
+            f"the {bad.kind} clip from {unit} {bad.start} of Lance row {bad.offset} (media "
+            f"position {bad.position}; {where}{values}) of {self.uri!r} (version "
+            f"{self.version}) could not be decoded: {type(exc).__name__}: {exc}. A corrupt "
+            "file: leave its row out with "
+            "filter= (e.g. on its path column), or reconvert the files with ll.convert, "
+            "which lists and skips unreadable ones"
+        )

@@ -1,0 +1,329 @@
+"""Lance blob columns (``lance.blob.blob_field``): read as bytes by every output, nulls kept,
+read as files or descriptors only by request, sized by their payloads, cached, converted and
+materialised as blobs; locally and on the real S3 server of ``tests/s3server.py``."""
+
+from __future__ import annotations
+
+import io
+
+import lance
+import lance.blob
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+import lanceloader as ll
+from lanceloader.cli.inspect import inspect_lines
+from lanceloader.engine.stream import READ_BYTES
+from lanceloader.rows.blobs import blob_columns, blob_files, is_blob_field
+from lanceloader.rows.lance import Source
+
+ROWS = 40
+NULL_EVERY = 7  # rows i with i % 7 == 3 hold a null blob
+
+
+def jpeg(i: int, side: int = 16) -> bytes:
+    """A real JPEG whose pixels depend on ``i``."""
+    out = io.BytesIO()
+    Image.new("RGB", (side, side), (i * 37 % 256, i * 11 % 256, 255 - i % 256)).save(out, "JPEG")
+    return out.getvalue()
+
+
+def payloads(rows: int = ROWS, nulls: bool = True) -> list[bytes | None]:
+    return [None if nulls and i % NULL_EVERY == 3 else jpeg(i) for i in range(rows)]
+
+
+def blob_table(values: list[bytes | None]) -> pa.Table:
+    return pa.table(
+        {"id": pa.array(range(len(values)), pa.int64()), "image": lance.blob.blob_array(values)}
+    )
+
+
+def flat(batches) -> list[bytes | None]:
+    """The blob column of arrow batches, in order."""
+    return [value for batch in batches for value in batch.column("image").to_pylist()]
+
+
+def as_bytes(column) -> list[bytes | None]:
+    """A delivered column (Arrow array, list, ByteRows, tensor list) as a list of bytes."""
+    if isinstance(column, pa.Array | pa.ChunkedArray):
+        return column.to_pylist()
+    return [None if v is None else bytes(v) for v in column]
+
+
+@pytest.fixture(scope="module")
+def images() -> list[bytes | None]:
+    return payloads()
+
+
+@pytest.fixture(scope="module")
+def blob_uri(tmp_path_factory: pytest.TempPathFactory, images) -> str:
+    """ROWS rows of JPEG blobs (some null) in 3 fragments."""
+    uri = str(tmp_path_factory.mktemp("blobs") / "images.lance")
+    lance.write_dataset(blob_table(images), uri, max_rows_per_file=16)
+    return uri
+
+
+@pytest.fixture(scope="module")
+def full_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """ROWS rows of JPEG blobs, none null."""
+    uri = str(tmp_path_factory.mktemp("blobs") / "full.lance")
+    lance.write_dataset(blob_table(payloads(nulls=False)), uri, max_rows_per_file=16)
+    return uri
+
+
+def test_blob_columns_are_found_in_the_dataset_schema(blob_uri: str) -> None:
+    schema = lance.dataset(blob_uri).schema
+    assert blob_columns(schema) == ["image"]
+    assert not is_blob_field(schema.field("id"))
+
+
+@pytest.mark.parametrize("output", ["arrow", "python", "numpy", "torch"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_output_delivers_the_payloads_written(
+    blob_uri: str, images, output: str, shuffle: bool
+) -> None:
+    """Today: descriptors ({'kind', 'position', ...}) for arrow/python, a refusal for numpy."""
+    fill = {"image": b""} if output in ("numpy", "torch") else None
+    conversion = ll.Conversion(output="torch") if output == "torch" else output
+    loader = ll.Loader(
+        blob_uri,
+        batch_size=8,
+        output=conversion,
+        fill_nulls=fill,
+        shuffle=shuffle,
+        seed=1,
+        num_workers=2,
+    )
+    got: dict[int, bytes | None] = {}
+    for batch in loader:
+        ids = batch.column("id").to_pylist() if output == "arrow" else list(batch["id"])
+        column = batch.column("image") if output == "arrow" else batch["image"]
+        got.update(zip((int(i) for i in ids), as_bytes(column), strict=True))
+    want = {i: (b"" if fill and v is None else v) for i, v in enumerate(images)}
+    assert got == want
+
+
+@pytest.fixture(scope="module")
+def deleted_uri(tmp_path_factory: pytest.TempPathFactory, images) -> str:
+    """The JPEG blobs in fragments of 8, with every row whose id % 5 == 1 deleted: row offsets
+    are no longer ids."""
+    uri = str(tmp_path_factory.mktemp("blobs") / "deleted.lance")
+    lance.write_dataset(blob_table(images), uri, max_rows_per_file=8).delete("id % 5 = 1")
+    return uri
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 31), max_size=40), st.sampled_from([None, "id % 3 = 0"]))
+def test_any_positions_read_their_own_payloads(deleted_uri: str, images, positions, filter) -> None:
+    """Any order, duplicates, deletions and a filter: each row's payload is its own."""
+    source = _sources.setdefault((deleted_uri, filter), Source(deleted_uri, filter=filter))
+    positions = [p % source.num_rows for p in positions]
+    rows = source.read(np.array(positions, dtype=np.int64))
+    ids = rows.column("id").to_pylist()
+    assert rows.column("image").to_pylist() == [images[i] for i in ids]
+    assert len(ids) == len(positions)
+
+
+_sources: dict[tuple[str, str | None], Source] = {}
+
+
+def test_process_workers_deliver_the_same_payloads(blob_uri: str, images) -> None:
+    """Each worker process reopens the dataset and reads the payloads itself."""
+    loader = ll.Loader(
+        blob_uri,
+        batch_size=8,
+        output="arrow",
+        worker_type="process",
+        num_workers=2,
+        shuffle=True,
+        seed=4,
+    )
+    threads = ll.Loader(blob_uri, batch_size=8, output="arrow", shuffle=True, seed=4)
+    assert flat(loader) == flat(threads)
+    assert sorted(flat(loader), key=lambda v: v or b"") == sorted(images, key=lambda v: v or b"")
+
+
+def test_decode_images_works_on_a_blob_column(full_uri: str) -> None:
+    loader = ll.Loader(
+        full_uri, batch_size=8, transform=ll.decode_images("image"), output="numpy", num_workers=1
+    )
+    batch = next(iter(loader))
+    expected = np.stack([np.asarray(Image.open(io.BytesIO(jpeg(i)))) for i in range(8)])
+    assert np.array_equal(batch["image"], expected)
+
+
+def test_null_blobs_stay_null_and_a_tensor_output_names_them(blob_uri: str, images) -> None:
+    rows = Source(blob_uri).read(np.array([3, 10, 4, 3]))
+    assert rows.column("image").to_pylist() == [None, None, images[4], None]
+    loader = ll.Loader(blob_uri, batch_size=ROWS, output="numpy")
+    with pytest.raises(ll.ConversionError, match=r"'image'.*fill_nulls"):
+        next(iter(loader))
+
+
+def test_descriptors_only_by_request(blob_uri: str) -> None:
+    rows = Source(blob_uri, blobs={"image": "descriptor"}).read(np.array([4, 3]))
+    first, null = rows.column("image").to_pylist()
+    assert null is None and set(first) >= {"position", "size"}
+    assert first["size"] == len(jpeg(4))
+    assert Source(blob_uri, blobs={"image": "descriptor"}).schema_table().schema == rows.schema
+
+
+@pytest.mark.parametrize(
+    ("blobs", "problem"),
+    [
+        (
+            {"image": "stream"},
+            r"'stream' is not a way to read blob column 'image'; choose one of "
+            r"'bytes'.*'file'.*'descriptor'",
+        ),
+        (
+            {"id": "file"},
+            r"column 'id' is not a blob column of the dataset; the blob columns read "
+            r"are \['image'\]",
+        ),
+        ({"nope": "bytes"}, r"column 'nope' is not a blob column"),
+    ],
+)
+def test_a_wrong_choice_or_column_is_named_with_the_choices(blob_uri: str, blobs, problem) -> None:
+    with pytest.raises(ValueError, match=problem):
+        Source(blob_uri, blobs=blobs)
+
+
+def test_files_read_the_payloads_and_nulls_are_none(blob_uri: str, images) -> None:
+    source = Source(blob_uri, blobs={"image": "file"})
+    batch = source.read(np.array([5, 3, 18]))
+    assert batch.schema.field("image").type == pa.int64()
+    files = blob_files(batch, "image")
+    assert files[1] is None
+    assert files[0].read() == images[5]
+    files[2].seek(10)
+    assert files[2].read(20) == images[18][10:30]
+    with pytest.raises(ValueError, match=r"blobs=\{'image': 'file'\}"):
+        blob_files(Source(blob_uri).read(np.array([0])), "image")
+
+
+def test_bytes_per_row_counts_payloads_so_reads_stay_within_the_bound(tmp_path) -> None:
+    """Today a 200 KB row counts as its ~40-byte descriptor: one read of 65,536 rows (13 GB)."""
+    uri = str(tmp_path / "big.lance")
+    rng = np.random.default_rng(0)
+    big = [rng.integers(0, 256, 200_000, dtype=np.uint8).tobytes() for _ in range(48)]
+    lance.write_dataset(blob_table(big), uri)
+    source = Source(uri)
+    assert 200_000 <= source.bytes_per_row < 201_000
+    loader = ll.Loader(uri, batch_size=4, output="arrow")
+    rows_per_read = loader._pipeline.batches_per_read * 4
+    assert rows_per_read * 200_000 <= READ_BYTES
+    assert rows_per_read >= 100  # still big reads: not one batch at a time
+    assert as_bytes(next(iter(loader)).column("image")) == big[:4]
+
+
+def test_a_cache_directory_holds_payloads(blob_uri: str, images, tmp_path) -> None:
+    """Pieces hold the payloads: a second read comes from the cache, bytes and nulls alike."""
+    source = Source(blob_uri, cache=str(tmp_path / "cache"))
+    everything = np.arange(ROWS)[::-1]
+    first = source.read_rows(everything)
+    second = source.read_rows(everything)
+    want = images[::-1]
+    assert first.rows.column("image").to_pylist() == want
+    assert second.rows.column("image").to_pylist() == want
+    assert second.rows_cached == ROWS and second.io_bytes == 0
+
+
+def test_same_rows_on_s3_with_few_gets_and_a_cache_makes_none(s3, images, tmp_path) -> None:
+    """Payloads come with a planned read_blobs: a handful of GETs per read, not one per row;
+    a cache directory serves the second epoch with no request."""
+    remote = s3.write(blob_table(images), max_rows_per_file=16)
+    options = s3.storage_options
+    loader = ll.Loader(remote, batch_size=ROWS, output="arrow", storage_options=options)
+    s3.requests(reset=True)
+    batch = next(iter(loader))
+    gets = s3.requests().get("GET", 0)
+    assert batch.column("image").to_pylist() == images
+    assert gets <= 12, gets  # 3 fragments: descriptors + payloads, a few ranges each
+    cached = ll.Loader(
+        remote, batch_size=8, output="arrow", storage_options=options, cache=str(tmp_path / "cache")
+    )
+    assert flat(cached) == images
+    s3.requests(reset=True)
+    assert flat(cached) == images
+    assert s3.requests().get("GET", 0) == 0
+
+
+def test_files_on_s3_read_only_the_ranges_asked_for(s3) -> None:
+    """A 4 MB blob read through a file for 1 KB: Lance reads about that, in few GETs."""
+    rng = np.random.default_rng(1)
+    big = [rng.integers(0, 256, 4_000_000, dtype=np.uint8).tobytes() for _ in range(3)]
+    remote = s3.write(blob_table(big))
+    source = Source(remote, storage_options=s3.storage_options, blobs={"image": "file"})
+    batch = source.read(np.array([2, 0]))
+    s3.requests(reset=True)
+    source.dataset.io_stats_incremental()
+    files = blob_files(batch, "image", buffer_size=4096)
+    files[0].seek(1_000_000)
+    assert files[0].read(1000) == big[2][1_000_000:1_001_000]
+    read = source.dataset.io_stats_incremental().read_bytes
+    gets = s3.requests().get("GET", 0)
+    assert read < 100_000, read
+    assert gets <= 4, gets
+
+
+def test_convert_writes_blob_columns_and_the_loader_reads_them_back(tmp_path, images) -> None:
+    table = pa.table({"id": pa.array(range(ROWS)), "image": pa.array(images, pa.binary())})
+    out = str(tmp_path / "out.lance")
+    ll.convert(table, out, blob_columns=["image"])
+    assert blob_columns(lance.dataset(out).schema) == ["image"]
+    assert flat(ll.Loader(out, batch_size=16, output="arrow")) == images
+    with pytest.raises(ValueError, match="'id', which is int64"):
+        ll.convert(table, str(tmp_path / "bad.lance"), blob_columns=["id"])
+
+
+def test_materialize_keeps_blob_columns(blob_uri: str, images, tmp_path) -> None:
+    out = str(tmp_path / "copy.lance")
+    loader = ll.Loader(blob_uri, batch_size=8, shuffle=True, seed=2, output="arrow")
+    ll.materialize(loader, out)
+    copy = lance.dataset(out)
+    assert blob_columns(copy.schema) == ["image"]
+    rows = copy.to_table(columns=["id"]).column("id").to_pylist()
+    payload = [b for _, b in copy.read_blobs("image", indices=list(range(ROWS)))]
+    assert payload == [images[i] for i in rows]
+
+
+def test_inspect_shows_blob_payload_bytes(blob_uri: str, images) -> None:
+    line = next(li for li in inspect_lines(blob_uri) if li.split()[:2] == ["image", "blob"])
+    sizes = [len(v) for v in images if v is not None]
+    assert f"mean {ll_format(sum(sizes) / len(sizes))}" in line
+
+
+def ll_format(n: float) -> str:
+    from lanceloader.cli.inspect import format_bytes
+
+    return format_bytes(n)
+
+
+def read_heads(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A transform that reads 4 bytes of each blob at offset 2 through its file."""
+    heads = []
+    for f in blob_files(batch, "image"):
+        if f is None:
+            heads.append(None)
+            continue
+        with f:
+            f.seek(2)
+            heads.append(f.read(4))
+    return pa.record_batch({"id": batch.column("id"), "head": pa.array(heads, pa.binary())})
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_loader_hands_a_transform_files_of_its_blobs(blob_uri: str, images, worker_type) -> None:
+    """Loader(blobs={column: "file"}): a transform reads only what it asks for, in thread and
+    process workers, in a shuffled order."""
+    loader = ll.Loader(blob_uri, batch_size=8, shuffle=True, blobs={"image": "file"},
+                       transform=read_heads, output="arrow", num_workers=2,
+                       worker_type=worker_type)
+    got = {i: h for b in loader for i, h in zip(b["id"].to_pylist(), b["head"].to_pylist(),
+                                                   strict=True)}
+    assert got == {i: None if v is None else v[2:6] for i, v in enumerate(images)}

@@ -1,0 +1,198 @@
+"""Video probing and frame-accurate clip decoding from byte ranges (lanceloader.media.video).
+
+Real videos, encoded here by PyAV (tests/mediagen.py): every frame carries its index in its
+pixels, so a clip's frames are checked against both a plain decode of the whole file and the
+frame numbers themselves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lanceloader.media.keyframes import clean_keyframes
+from lanceloader.media.video import (
+    MissingBytes,
+    VideoError,
+    VideoInfo,
+    clip_byte_ranges,
+    decode_clip,
+    decode_whole,
+    index_fields,
+    index_values,
+    info_from_row,
+    probe_video,
+)
+from mediagen import frame_index_of, write_video
+
+FRAMES = 48
+VIDEOS = {
+    # name: (write_video keywords, GOP length)
+    "bframes.mp4": ({"gop": 8, "bframes": 2}, 8),
+    "moov-at-end.mp4": ({"gop": 6, "bframes": 0, "faststart": False}, 6),
+    "bframes.mkv": ({"gop": 12, "bframes": 3}, 12),
+    "with-audio.mov": ({"gop": 10, "bframes": 1, "faststart": False, "audio": True}, 10),
+}
+
+
+class Videos(dict):
+    """name → (bytes, probe, every frame decoded from the whole file); a short repr for
+    hypothesis' reports."""
+
+    def __repr__(self) -> str:
+        return f"Videos({sorted(self)})"
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory) -> Videos:
+    folder = tmp_path_factory.mktemp("videos")
+    out = Videos()
+    for name, (keywords, _) in VIDEOS.items():
+        data = write_video(folder / name, FRAMES, 24, (48, 64), **keywords).read_bytes()
+        out[name] = (data, probe_video(data), decode_whole(data, 0, FRAMES))
+    return out
+
+
+def gop_bytes(data: bytes, info: VideoInfo, first: int, last: int) -> int:
+    """Bytes of GOPs ``first`` … ``last``: from one's keyframe to the next keyframe after the
+    other, or to the end of the media data (the moov box after it, or the file's end)."""
+    ends = [*info.keyframe_offsets.tolist()]
+    ends.append(info.header[0] if info.header[0] > ends[-1] else len(data))
+    return ends[last + 1] - ends[first]
+
+
+def parts_of(data: bytes, ranges: list[tuple[int, int]]) -> list[tuple[int, bytes]]:
+    return [(offset, data[offset : offset + length]) for offset, length in ranges]
+
+
+def test_probe_finds_every_frame_and_keyframe(videos):
+    for name, (_, gop) in VIDEOS.items():
+        data, info, whole = videos[name]
+        assert info.frames == FRAMES and info.fps == 24.0 and info.codec == "h264"
+        assert (info.height, info.width) == (48, 64)
+        assert info.duration_s == pytest.approx(FRAMES / 24)
+        assert info.keyframes.tolist() == list(range(0, FRAMES, gop)), name
+        assert (info.keyframe_offsets > 0).all() and (info.keyframe_offsets < len(data)).all()
+        assert [frame_index_of(frame) for frame in whole] == list(range(FRAMES)), name
+
+
+def test_moov_box_is_located_at_start_or_end_and_absent_for_mkv(videos):
+    data, info, _ = videos["bframes.mp4"]
+    offset, length = info.header
+    assert data[offset + 4 : offset + 8] == b"moov" and offset < info.keyframe_offsets[0]
+    data, info, _ = videos["moov-at-end.mp4"]
+    offset, length = info.header
+    assert data[offset + 4 : offset + 8] == b"moov" and offset + length == len(data)
+    data, info, _ = videos["bframes.mkv"]
+    assert info.header is None and not info.ranged
+    assert clip_byte_ranges(info, len(data), 13, 4, 2) == [(0, len(data))]
+
+
+def test_a_fragmented_mp4_is_read_whole(tmp_path):
+    data = write_video(tmp_path / "f.mp4", 20, 10, (48, 64), gop=5, fragmented=True).read_bytes()
+    info = probe_video(data)
+    assert b"moof" in data and info.header is None and info.keyframes.tolist() == [0, 5, 10, 15]
+    assert clip_byte_ranges(info, len(data), 11, 3, 2) == [(0, len(data))]
+    clip = decode_clip([(0, data)], len(data), info, 11, 3, 2)
+    assert [frame_index_of(frame) for frame in clip] == [11, 13, 15]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(sorted(VIDEOS)),
+    start=st.integers(0, FRAMES - 1),
+    frames=st.integers(1, 12),
+    stride=st.integers(1, 9),
+)
+def test_clip_from_its_ranges_equals_the_whole_file_decode(videos, name, start, frames, stride):
+    data, info, whole = videos[name]
+    start = min(start, FRAMES - 1 - (frames - 1) * stride)
+    if start < 0:
+        return
+    wanted = list(range(start, start + frames * stride, stride))
+    ranges = clip_byte_ranges(info, len(data), start, frames, stride)
+    clip = decode_clip(parts_of(data, ranges), len(data), info, start, frames, stride)
+    assert [frame_index_of(frame) for frame in clip] == wanted
+    assert (clip == whole[wanted]).all()
+    if info.ranged:  # bytes read ≤ 2× the bytes of the GOPs the clip spans
+        spanned = gop_bytes(data, info, info.gop_of(wanted[0]), info.gop_of(wanted[-1]))
+        assert sum(length for _, length in ranges) <= 2 * spanned
+
+
+def test_resize_matches_the_reference_and_keeps_frame_identity(videos):
+    data, info, _ = videos["bframes.mp4"]
+    ranges = clip_byte_ranges(info, len(data), 9, 4, 3)
+    clip = decode_clip(parts_of(data, ranges), len(data), info, 9, 4, 3, resize=(24, 32))
+    assert clip.shape == (4, 24, 32, 3)
+    assert (clip == decode_whole(data, 9, 4, 3, resize=(24, 32))).all()
+    assert [frame_index_of(frame) for frame in clip] == [9, 12, 15, 18]
+
+
+@pytest.mark.parametrize("name", ["bframes.mp4", "moov-at-end.mp4"])
+def test_a_withheld_part_is_asked_for_then_served(videos, name):
+    data, info, whole = videos[name]
+    ranges = clip_byte_ranges(info, len(data), 20, 3, 1)
+    for withheld in range(len(ranges)):
+        parts = parts_of(data, ranges[:withheld] + ranges[withheld + 1 :])
+        with pytest.raises(MissingBytes) as caught:
+            decode_clip(parts, len(data), info, 20, 3, 1)
+        offset, length = ranges[withheld]
+        missing = caught.value
+        assert offset <= missing.offset and missing.offset + missing.length <= offset + length
+        parts.append((missing.offset, data[missing.offset : missing.offset + missing.length]))
+        while True:  # serve what is asked for until the clip decodes
+            try:
+                clip = decode_clip(parts, len(data), info, 20, 3, 1)
+                break
+            except MissingBytes as again:
+                parts.append((again.offset, data[again.offset : again.offset + again.length]))
+        assert (clip == whole[20:23]).all()
+
+
+def test_index_columns_round_trip_through_arrow(videos):
+    for data, info, _ in videos.values():
+        table = pa.Table.from_pylist([index_values(info, "clip")], pa.schema(index_fields("clip")))
+        back = info_from_row(table.to_pylist()[0], "clip")
+        assert index_values(back, "clip") == index_values(info, "clip")
+        assert clip_byte_ranges(back, len(data), 5, 3, 4) == clip_byte_ranges(
+            info, len(data), 5, 3, 4
+        )
+    with pytest.raises(KeyError, match="video_keyframes"):
+        info_from_row({"video_frames": 3})
+
+
+def test_open_gop_keyframes_are_left_out_of_the_index():
+    # decode order: I0 P3 B1 B2 | I6(open: B4 B5 follow it and show before it) B4 B5 P9 B7 B8
+    pts = [0, 3, 1, 2, 6, 4, 5, 9, 7, 8]
+    keys = [True, False, False, False, True, False, False, False, False, False]
+    ordinals, offsets = clean_keyframes(*map(np.array, (pts, range(10), keys)))
+    assert ordinals.tolist() == [0] and offsets.tolist() == [0]
+    closed = [0, 3, 1, 2, 4, 7, 5, 6]
+    keys = [True, False, False, False, True, False, False, False]
+    ordinals, offsets = clean_keyframes(*map(np.array, (closed, range(8), keys)))
+    assert ordinals.tolist() == [0, 4] and offsets.tolist() == [0, 4]
+
+
+def test_damaged_files_raise_an_error_naming_the_problem(videos, tmp_path):
+    with pytest.raises(VideoError, match="not a readable video"):
+        probe_video(b"this is not a video at all" * 100)
+    data, _, _ = videos["bframes.mp4"]  # moov first: cut the media data short
+    with pytest.raises(VideoError, match="truncated"):
+        probe_video(data[: len(data) // 2])
+    data, _, _ = videos["moov-at-end.mp4"]  # moov last: cut it off
+    path = tmp_path / "cut.mp4"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(VideoError, match=r"cut\.mp4.*not a readable video"):
+        probe_video(path)
+
+
+def test_bad_clip_arguments_name_the_fix(videos):
+    data, info, _ = videos["bframes.mp4"]
+    with pytest.raises(ValueError, match="start at most 38"):
+        clip_byte_ranges(info, len(data), 40, 4, 3)
+    with pytest.raises(ValueError, match=r"stride=0: pass an integer ≥ 1"):
+        clip_byte_ranges(info, len(data), 0, 4, 0)
+    with pytest.raises(ValueError, match=r"resize=\(24,\): pass \(height, width\)"):
+        decode_clip([(0, data)], len(data), info, 0, 2, resize=(24,))
