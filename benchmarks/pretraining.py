@@ -157,7 +157,7 @@ def mix_case(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
 
         def run_larger(kw: dict[str, Any] = kw, workers: str = workers) -> float:
             """One source per batch in reads of three single-source reads' rows (within the
-            engine's 32 MiB): what sizing a mix's reads by its sources would give."""
+            engine's 8 MiB): what sizing a mix's reads by its sources would give."""
             mix = ll.Mix({f"s{k}": ll.Loader(p, cache=None, **kw) for k, p in enumerate(parts)},
                          run_length=BATCH)
             rows = min(3 * 65_536, int(32 * 2**20 // mix.source().bytes_per_row))

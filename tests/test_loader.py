@@ -279,7 +279,7 @@ def test_converting_whole_reads_equals_converting_each_batch(small_uri: str, mod
 
 
 def test_reads_of_large_rows_stay_under_the_byte_cap(tmp_path) -> None:
-    """Reads are sized in bytes as well as rows: 100 KB rows give reads of at most 32 MiB, so
+    """Reads are sized in bytes as well as rows: 100 KB rows give reads of at most READ_BYTES (8 MiB), so
     the memory in flight stays bounded whatever the row size."""
     import lance
 

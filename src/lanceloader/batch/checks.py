@@ -59,14 +59,15 @@ def check_schema(schema: pa.Schema, output: str | Conversion = "numpy") -> None:
 
 def check_bytes_for_tensors(schema: pa.Schema, output: str) -> None:
     """Refuse binary columns for a plain tensor ``output`` (``"torch"``, ``"jax"``, ``"tf"``)
-    without a transform: they would arrive as a list of ``bytes``, and fail later in the model
-    (``'list' object has no attribute 'permute'``). An explicit ``Conversion(output=...)`` keeps
-    the bytes as a list, for code that decodes them itself (on a GPU, say).
+    without a transform: they would arrive as bytes (an :class:`~lanceloader.ByteRows`, or a
+    list for ``"tf"``), not a tensor, and fail later in the model (``'ByteRows' object has no
+    attribute 'permute'``). An explicit ``Conversion(output=...)`` keeps the bytes, for code that
+    decodes them itself (on a GPU, say).
 
     >>> check_bytes_for_tensors(pa.schema([("image", pa.binary())]), "torch")
     Traceback (most recent call last):
     ...
-    lanceloader.ConversionError: column 'image' holds encoded bytes, which output='torch' cannot make a tensor of: they would arrive as a list of bytes. Decode them in the workers with transform=ll.decode_images('image') (JPEG/PNG), leave the column out with columns=[...], or pass output=ll.Conversion(output='torch') to get the list of bytes on purpose
+    lanceloader.ConversionError: column 'image' holds encoded bytes, which output='torch' cannot make a tensor of: they would arrive as bytes, not a tensor. Decode them in the workers with transform=ll.decode_images('image') (JPEG/PNG), leave the column out with columns=[...], or pass output=ll.Conversion(output='torch') to get the bytes on purpose (an ll.ByteRows)
     """
     if output not in FRAMEWORKS:
         return
@@ -74,10 +75,10 @@ def check_bytes_for_tensors(schema: pa.Schema, output: str) -> None:
         if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
             raise ConversionError(
                 f"column {f.name!r} holds encoded bytes, which output={output!r} cannot make a "
-                "tensor of: they would arrive as a list of bytes. Decode them in the workers "
+                "tensor of: they would arrive as bytes, not a tensor. Decode them in the workers "
                 f"with transform=ll.decode_images({f.name!r}) (JPEG/PNG), leave the column out "
                 f"with columns=[...], or pass output=ll.Conversion(output={output!r}) to get "
-                "the list of bytes on purpose")
+                f"the bytes on purpose ({'a list' if output == 'tf' else 'an ll.ByteRows'})")
 
 
 def null_checked_columns(schema: pa.Schema, output: str | Conversion) -> dict[str, int]:

@@ -37,7 +37,7 @@ store, where it is decided here on the media's bytes), each byte range goes thro
 ranges are all cached makes no request.
 
 Memory: a read holds its clips' encoded bytes (about 2 GOPs per clip) and their decoded frames
-(``bytes_per_row`` = ``F × H × W × 3``, which sizes reads within the engine's 32 MiB); one decode
+(``bytes_per_row`` = ``F × H × W × 3``, which sizes reads within the engine's 8 MiB); one decode
 holds one decoder (PyAV: a few reference frames of the video's size, nothing kept between
 clips); the index is an Arrow table of about ``videos × (2 × keyframes + 12) × 8`` bytes per
 process. Nothing grows with the number of videos read.
