@@ -130,8 +130,8 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
 
     >>> batches_per_read(False, 256, transform=False)
     256
-    >>> batches_per_read(False, 256, transform=False, bytes_per_row=11_000)
-    11
+    >>> batches_per_read(False, 256, transform=False, bytes_per_row=11_000)  # 8 MiB: 762 rows
+    2
     """
     rows = ROWS_PER_READ_RANDOM if random else ROWS_PER_READ_SEQUENTIAL
     if bytes_per_row > 0:
