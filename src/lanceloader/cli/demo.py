@@ -110,7 +110,7 @@ def demo(args: argparse.Namespace) -> int:
     print("Next:")
     steps = [(f"lanceloader inspect {uri}", "columns, sizes, what each becomes"),
              (f"lanceloader bench {uri} --shuffle", "your settings: stats and the bottleneck"),
-             ("lanceloader convert SRC data.lance", "your images, Parquet or CSV into Lance"),
+             ("lanceloader convert SRC data.lance", "your images, videos, audio, Parquet or CSV into Lance"),
              ("docs/guide.md", "the guide: orders, resume, workers, PyTorch")]
     width = max(len(command) for command, _ in steps)
     for command, why in steps:
