@@ -480,6 +480,10 @@ def skip_reason(module: str, error: str) -> str:
     return f"not measured: {error[:100]}"
 
 
+# The page's sections made by other benchmarks follow this line; render keeps them.
+KEPT = "<!-- sections below come from other benchmarks; make bench-peers keeps them -->"
+
+
 def render(result: dict[str, Any], page: Path, chart: Path) -> None:
     rows, machine = result["cases"], result["machine"]
     skipped: dict[str, str] = result.get("skipped", {})
@@ -565,7 +569,9 @@ def render(result: dict[str, Any], page: Path, chart: Path) -> None:
         "and rewrites this page.",
         "",
     ]
-    page.write_text("\n".join(lines))
+    # Sections measured by other benchmarks (below KEPT in the page) survive the rewrite.
+    kept = page.read_text().partition(KEPT)[2] if page.exists() else ""
+    page.write_text("\n".join(lines) + (f"\n{KEPT}{kept}" if kept else ""))
     from matplotlib.figure import Figure
 
     names = [n for n, (mode, _, _) in CASES.items()
