@@ -45,35 +45,16 @@ import lanceloader as ll
 from lanceloader.rows.blobs import binary_array
 
 
-def write_dataset(root: Path, rows: int, payload: int) -> str:
-    """``rows`` random payloads of ``payload`` bytes in a blob column, written once."""
-    uri = root / f"blobs-{rows}x{payload}.lance"
+def write_dataset(root: Path, rows: int, payload: int, inline: bool = False) -> str:
+    """``rows`` random payloads of ``payload`` bytes in a blob column (``inline``: the same
+    payloads in a plain ``large_binary`` column), written once."""
+    uri = root / f"{'inline' if inline else 'blobs'}-{rows}x{payload}.lance"
     if uri.exists() and lance.dataset(str(uri)).count_rows() == rows:
         return str(uri)
     rng = np.random.default_rng(0)
     values = [rng.integers(0, 256, payload, dtype=np.uint8).tobytes() for _ in range(rows)]
-    table = pa.table(
-        {"id": pa.array(range(rows), pa.int64()), "blob": lance.blob.blob_array(values)}
-    )
-    lance.write_dataset(
-        table,
-        str(uri),
-        mode="overwrite" if uri.exists() else "create",
-        max_rows_per_file=rows // 2 or 1,
-    )
-    return str(uri)
-
-
-def write_inline(root: Path, rows: int, payload: int) -> str:
-    """The same payloads as :func:`write_dataset`, in a plain (inline) ``large_binary`` column."""
-    uri = root / f"inline-{rows}x{payload}.lance"
-    if uri.exists() and lance.dataset(str(uri)).count_rows() == rows:
-        return str(uri)
-    rng = np.random.default_rng(0)
-    values = [rng.integers(0, 256, payload, dtype=np.uint8).tobytes() for _ in range(rows)]
-    table = pa.table(
-        {"id": pa.array(range(rows), pa.int64()), "blob": pa.array(values, pa.large_binary())}
-    )
+    column = pa.array(values, pa.large_binary()) if inline else lance.blob.blob_array(values)
+    table = pa.table({"id": pa.array(range(rows), pa.int64()), "blob": column})
     lance.write_dataset(
         table,
         str(uri),
@@ -93,7 +74,8 @@ def inline_vs_blob(
     print("|---:|---|---:|---:|---:|")
     for kib in sizes_kib:
         rows = max(64, total_mb * 1024 // kib)
-        inline, blob = write_inline(root, rows, kib * 1024), write_dataset(root, rows, kib * 1024)
+        inline = write_dataset(root, rows, kib * 1024, inline=True)
+        blob = write_dataset(root, rows, kib * 1024)
         for shuffle in (False, True):
             cases = {
                 "inline": loader_pass(inline, "arrow", batch_size, shuffle),
