@@ -269,3 +269,40 @@ def test_data_source_hands_out_a_binary_column_as_bytes_per_row(tmp_path) -> Non
     lance.write_dataset(pa.table({"raw": pa.array(payloads, pa.large_binary())}), uri)
     source = DataSource(uri)
     assert [source[i]["raw"] for i in range(len(source))] == payloads
+
+
+def test_data_source_reads_blob_columns_and_video_clips_by_index(tmp_path) -> None:
+    """A DataSource takes ``blobs=`` and ``clips=`` as a Loader does: a blob column's rows are
+    their payloads (or offsets with "file"), and with clips an index is a clip whose frames are
+    the video's (every frame carries its index in its pixels); per-video draws are refused."""
+    import lance.blob
+    import pyarrow as pa
+
+    from mediagen import frame_index_of, write_video
+
+    datas = [
+        write_video(tmp_path / f"v{i}.mp4", n, 12, (48, 64), gop=6).read_bytes()
+        for i, n in enumerate([14, 9])
+    ]
+    uri = str(tmp_path / "videos.lance")
+    paths = [f"v{i}.mp4" for i in range(2)]
+    table = pa.table({"path": paths, "video": lance.blob.blob_array(datas)})
+    lance.write_dataset(table, uri, data_storage_version="2.2")
+
+    assert [DataSource(uri)[i]["video"] for i in range(2)] == datas
+    assert DataSource(uri, blobs={"video": "file"})[1]["video"] == 1  # the row offset
+
+    clips = DataSource(uri, clips=ll.video_clips("video", frames=3, stride=2, step=4))
+    got = [
+        (clips[i]["path"], [frame_index_of(f.transpose(1, 2, 0)) for f in clips[i]["video"]])
+        for i in range(len(clips))
+    ]
+    assert got == [
+        ("v0.mp4", [0, 2, 4]),
+        ("v0.mp4", [4, 6, 8]),
+        ("v0.mp4", [8, 10, 12]),
+        ("v1.mp4", [0, 2, 4]),
+        ("v1.mp4", [4, 6, 8]),
+    ]
+    with pytest.raises(ValueError, match="per_video"):
+        DataSource(uri, clips=ll.video_clips("video", frames=3, per_video=1))

@@ -412,3 +412,51 @@ def test_ledger_of_a_mix_after_a_weight_change(tmp_path: Path) -> None:
             ]
     with pytest.raises(ll.StateMismatchError, match="weights changed at that resume"):
         ll.Ledger(new, resumed_from=[state])
+
+
+def test_ledger_of_clips_names_each_clips_video_and_start(tmp_path: Path) -> None:
+    """Clips as samples: each ledger row is the clip's media row (offset, id) and its first
+    frame, equal to what the loader delivered (every-window and per-epoch random clips, also in
+    a mix), and ``from_state`` rebuilds the clips from a state alone."""
+    import lance.blob
+
+    from mediagen import write_video
+
+    datas = [
+        write_video(tmp_path / f"v{i}.mp4", n, 12, (32, 48), gop=6).read_bytes()
+        for i, n in enumerate([14, 9, 11])
+    ]
+    uri = str(tmp_path / "videos.lance")
+    table = pa.table({"id": [0, 1, 2], "video": lance.blob.blob_array(datas)})
+    lance.write_dataset(table, uri, data_storage_version="2.2")
+
+    def delivered(loader: ll.Loader, epochs: int) -> list[list[tuple[int, int]]]:
+        out = []
+        for _ in range(epochs):
+            for b in loader:
+                out.append(list(zip(b["id"].tolist(), b["clip_start"].tolist(), strict=True)))
+        return out
+
+    for clips in (
+        ll.video_clips(frames=2, stride=2, step=3),
+        ll.video_clips(frames=2, per_video=2),
+    ):
+        loader = ll.Loader(uri, batch_size=3, shuffle=True, seed=4, clips=clips)
+        got = delivered(loader, 2)
+        ledger, rebuilt = ll.Ledger(loader), ll.Ledger.from_state(loader.state_dict())
+        steps = ledger.steps_in_epoch(0)
+        for led in (ledger, rebuilt):
+            rows = [led.rows(e, s) for e in range(2) for s in range(steps)]
+            assert [
+                list(zip(r["row_offset"].to_pylist(), r["clip_start"].to_pylist(), strict=True))
+                for r in rows
+            ] == got
+
+    video = ll.Loader(uri, batch_size=1, clips=ll.video_clips(frames=2, per_video=1))
+    mix = ll.Loader(
+        ll.Mix({"a": video, "b": video}, weights={"a": 1, "b": 1}), batch_size=4, seed=1
+    )
+    batch = next(iter(mix))
+    rows = ll.Ledger(mix).rows(0, 0)
+    assert rows["clip_start"].to_pylist() == batch["clip_start"].tolist()
+    assert rows["row_offset"].to_pylist() == batch["id"].tolist()

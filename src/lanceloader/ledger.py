@@ -25,7 +25,11 @@ What a step's rows are, one line per row of the batch (:data:`LEDGER_SCHEMA`):
   that source's own stream of epochs);
 * packed rows (no single row): ``document_offsets`` and ``document_ids`` (the documents, as
   ``row_offset`` and ``row_id``), ``token_starts`` and ``token_counts`` (each piece's tokens
-  in its document), in the order the row holds them.
+  in its document), in the order the row holds them;
+* clips (``clips=ll.video_clips(...)`` or ``ll.audio_clips(...)``): ``position`` is the clip's
+  number, ``row_offset`` and ``row_id`` its media row's, and ``clip_start`` the first frame
+  (audio: sample, at the file's own rate) of the clip, drawn for that epoch where the clips
+  are ``per_video``/``per_file``.
 
 The run as it happened: steps after an elastic resume (another number of ranks, batch size or
 ``drop_last``) are cut differently from those before. A state records the batching of the run
@@ -60,6 +64,7 @@ import pyarrow as pa
 
 from lanceloader.ordering.interleave import Runs
 from lanceloader.ordering.order import Order
+from lanceloader.rows.clips import AudioClips, ClipSource, VideoClips, clip_source
 from lanceloader.rows.lance import Source
 from lanceloader.rows.mixed import MixedSource
 from lanceloader.rows.packed import PackedSource, Packing
@@ -94,6 +99,7 @@ LEDGER_SCHEMA = pa.schema(
         ("document_ids", _ids),
         ("token_starts", _ints),
         ("token_counts", _ints),
+        ("clip_start", pa.int64()),
     ]
 )
 # The columns :func:`lineage` gives: where a row of the rows read comes from.
@@ -107,6 +113,7 @@ LINEAGE = (
     "document_ids",
     "token_starts",
     "token_counts",
+    "clip_start",
 )
 
 
@@ -146,9 +153,10 @@ class Ledger:
         latest = loader.state_dict()
         refuse_weight_changes(latest, resumed_from)
         self.history = History.of_states(latest, list(resumed_from))
-        if not isinstance(self.source, Source | PackedSource | MixedSource):
+        if not isinstance(self.source, Source | PackedSource | MixedSource | ClipSource):
             raise TypeError(
-                f"a ledger describes Lance, packed or mixed rows, not {type(self.source).__name__}"
+                "a ledger describes Lance, packed, clip or mixed rows, not "
+                f"{type(self.source).__name__}"
             )
 
     @classmethod
@@ -190,18 +198,24 @@ class Ledger:
                 "this state names no dataset (a sampler's): use "
                 "ll.Ledger(loader) with the loader it belongs to"
             )
-        pack = order.get("pack")
+        pack, clips = order.get("pack"), order.get("clips")
         columns = [pack["column"]] if pack else state["columns"]
-        rows: RowSource = Source(
-            location,
-            columns=columns,
-            filter=order["filter"],
-            version=state["version"],
-            storage_options=storage_options,
-            splits=order["splits"],
-            split=order["split"],
-            split_key=order["split_key"],
-        )
+        settings = {
+            "filter": order["filter"],
+            "version": state["version"],
+            "storage_options": storage_options,
+            "splits": order["splits"],
+            "split": order["split"],
+            "split_key": order["split_key"],
+        }
+        rows: RowSource
+        if clips:  # the state's columns are the clips': the dataset's, and clip_start
+            columns = [c for c in columns if c != "clip_start"]
+            rows = clip_source(
+                location, clips_of(clips), order["seed"], columns=columns, cache=None, **settings
+            )
+        else:
+            rows = Source(location, columns=columns, **settings)
         if pack:
             rows = PackedSource(rows, Packing(**pack))  # type: ignore[arg-type]
         the_order = Order(
@@ -280,7 +294,7 @@ class Ledger:
         if isinstance(self.source, MixedSource):
             columns.update(mixed_lineage(self.source, positions))
         else:
-            columns.update(lineage(self.source, positions))
+            columns.update(lineage(self.source, positions, epoch))
         return table_of(columns, n)
 
 
@@ -303,9 +317,20 @@ def refuse_weight_changes(latest: dict[str, Any], resumed_from: Sequence[dict[st
             )
 
 
-def lineage(source: RowSource, positions: np.ndarray) -> dict[str, Any]:
-    """Where the rows at ``positions`` of Lance or packed rows come from (the ledger's
-    columns from ``uri`` on).
+def clips_of(settings: dict[str, Any]) -> VideoClips | AudioClips:
+    """The clip spec a state's ``order["clips"]`` records (``ClipSource.settings()``)."""
+    values = {k: v for k, v in settings.items() if k != "kind"}
+    if settings["kind"] == "video":
+        size = values.pop("size")
+        return VideoClips(**values, size=tuple(size) if size else None)
+    return AudioClips(**values)
+
+
+def lineage(
+    source: RowSource, positions: np.ndarray, epochs: int | np.ndarray = 0
+) -> dict[str, Any]:
+    """Where the rows at ``positions`` of Lance, packed or clip rows come from (the ledger's
+    columns from ``uri`` on); ``epochs`` (one, or one per position) draws random clips' starts.
 
     >>> import tempfile
     >>> from lanceloader.demo import write_demo_dataset
@@ -329,6 +354,16 @@ def lineage(source: RowSource, positions: np.ndarray) -> dict[str, Any]:
         out["document_ids"] = pa.ListArray.from_arrays(bounds, row_ids(source.inner, offsets))
         out["token_starts"] = pa.ListArray.from_arrays(bounds, pa.array(plan.offset[pieces]))
         out["token_counts"] = pa.ListArray.from_arrays(bounds, pa.array(plan.length[pieces]))
+        return out
+    if isinstance(source, ClipSource):
+        windows = source.windows
+        epochs = np.broadcast_to(np.asarray(epochs, np.int64), positions.shape)
+        starts = np.empty(n, np.int64)
+        for epoch in np.unique(epochs).tolist():
+            at = epochs == epoch
+            starts[at] = windows.starts(positions[at], source.seed, epoch)
+        out.update(lineage(source.inner, windows.media(positions)))
+        out["position"], out["clip_start"] = positions, starts
         return out
     if not isinstance(source, Source):
         raise TypeError(f"no lineage for rows of kind {type(source).__name__}")
@@ -359,7 +394,7 @@ def mixed_lineage(source: MixedSource, stream: np.ndarray) -> dict[str, Any]:
             continue
         epoch, sample, positions = ordered.positions(index[at])
         merged["source_epoch"][at], merged["source_sample"][at] = epoch, sample
-        parts.append((at, table_of(lineage(ordered.source, positions), len(at))))
+        parts.append((at, table_of(lineage(ordered.source, positions, epoch), len(at))))
     rows = pa.concat_tables([t for _, t in parts])
     back = np.empty(n, np.int64)
     back[np.concatenate([at for at, _ in parts])] = np.arange(n)

@@ -60,6 +60,7 @@ from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import ReadTask
 from lanceloader.pipeline import TENSOR_OUTPUTS, RowsSettings
+from lanceloader.rows.clips import AudioClips, VideoClips
 from lanceloader.state.cursor import Cursor
 from lanceloader.state.format import StateMismatchError
 
@@ -98,6 +99,10 @@ class DataSource:
         splits, split, split_key: deterministic named splits, as for ``Loader``.
         cache, cache_size: a local cache of the data, as for ``Loader``: a directory is shared
             by every process naming it; ``"memory"`` is per process.
+        clips: ``ll.video_clips(...)`` or ``ll.audio_clips(...)``: index ``i`` is clip ``i``
+            (every clip; ``per_video``/``per_file`` draws depend on the epoch, which an index
+            does not carry, so they are refused here, as for the torch ``MapDataset``).
+        blobs: how Lance blob columns arrive, as for ``Loader`` (default: their bytes).
         transform: ``fn(pyarrow.RecordBatch) -> batch`` run on the rows of each read (one row
             for ``source[i]``), returning a RecordBatch or a dict of columns with every row
             (e.g. ``ll.decode_images``); row-wise, so a row is the same whichever rows it is
@@ -132,13 +137,31 @@ class DataSource:
         split_key: str | None = None,
         cache: str | os.PathLike[str] | None = None,
         cache_size: int | None = None,
+        clips: VideoClips | AudioClips | None = None,
+        blobs: dict[str, str] | None = None,
         transform: Transform | Sequence[Transform] | None = None,
         output: str | Conversion = "numpy",
     ) -> None:
         self.transform = as_transform(transform)
         self.conversion = row_conversion(output)
+        if getattr(clips, "per_video", None) or getattr(clips, "per_file", None):
+            raise ValueError(
+                "DataSource(clips=...) takes every clip (an index has no epoch to "
+                "draw per_video/per_file starts from); use "
+                "lanceloader.grain.IterDataset for random clips"
+            )
         self.source = RowsSettings(
-            columns, filter, version, storage_options, splits, split, split_key, cache, cache_size
+            columns,
+            filter,
+            version,
+            storage_options,
+            splits,
+            split,
+            split_key,
+            cache,
+            cache_size,
+            clips=clips,
+            blobs=blobs,
         ).build(dataset)
         if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)
@@ -236,9 +259,11 @@ def row_conversion(output: str | Conversion) -> Conversion:
 def split_rows(batch: Any) -> list[Any]:
     """Per-row values of a converted batch (:func:`lanceloader.batch.tensors.split_rows`)."""
     return batch_rows(
-        batch, "Grain",
+        batch,
+        "Grain",
         "have the transform return a pyarrow.RecordBatch or a dict of columns (arrays or lists, "
-        "one entry per row)")
+        "one entry per row)",
+    )
 
 
 class IterDataset(grain.IterDataset):  # type: ignore[misc]
