@@ -16,6 +16,13 @@ Method
   shared machine's drift hits both sides alike. Quoted: the median ratio (loader MB/s / Lance
   MB/s) and its spread (min-max over the rounds), and the CPU seconds per GB of each (all
   threads of the process: steadier than wall time on a busy machine). Target: ≥ 0.9×.
+* Payload reads alone, old path against new, in one process (``--repeats`` alternated
+  rounds): per read of the Loader's size, the descriptors as the Loader reads them (a
+  fragment range read), then the payloads through Lance's ``read_blobs`` and one copy into an
+  Arrow column (the path before ``rows/inline_blobs.py``) or straight from the data files
+  (inline payloads, one scatter ``preadv`` per run); CPU seconds per GB and the ratio. Run it
+  on JPEG-sized payloads too: ``--payload-kib 11 --vary`` (sizes 0.8-1.2x, so payloads sit
+  64-byte aligned with gaps between them).
 * Inline vs blob (whether ``convert`` should choose blobs by itself): a Loader epoch over the
   same payloads (``--inline-total-mb`` MB of each of ``--inline-sizes-kib``), in storage order
   and fully shuffled, stored in a plain ``large_binary`` column and in a blob column.
@@ -24,6 +31,7 @@ Usage::
 
     python benchmarks/blobs.py                         # 2,000 rows of 64 KiB, 5 repeats
     python benchmarks/blobs.py --rows 500 --repeats 3  # smoke run
+    python benchmarks/blobs.py --rows 8000 --payload-kib 11 --vary --inline-sizes-kib ''  # JPEGs
 """
 
 from __future__ import annotations
@@ -42,17 +50,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import lanceloader as ll
-from lanceloader.rows.blobs import binary_array
+from lanceloader.rows.blobs import binary_array, read_blob_payloads
 
 
-def write_dataset(root: Path, rows: int, payload: int, inline: bool = False) -> str:
-    """``rows`` random payloads of ``payload`` bytes in a blob column (``inline``: the same
-    payloads in a plain ``large_binary`` column), written once."""
-    uri = root / f"{'inline' if inline else 'blobs'}-{rows}x{payload}.lance"
+def write_dataset(
+    root: Path, rows: int, payload: int, inline: bool = False, vary: bool = False
+) -> str:
+    """``rows`` random payloads of ``payload`` bytes (``vary``: 0.8-1.2x that) in a blob
+    column (``inline``: the same payloads in a plain ``large_binary`` column), written once."""
+    kind = "inline" if inline else "blobs"
+    uri = root / f"{kind}-{rows}x{payload}{'-vary' if vary else ''}.lance"
     if uri.exists() and lance.dataset(str(uri)).count_rows() == rows:
         return str(uri)
     rng = np.random.default_rng(0)
-    values = [rng.integers(0, 256, payload, dtype=np.uint8).tobytes() for _ in range(rows)]
+    sizes = rng.integers(payload * 4 // 5, payload * 6 // 5 + 1, rows) if vary else [payload] * rows
+    values = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in sizes]
     column = pa.array(values, pa.large_binary()) if inline else lance.blob.blob_array(values)
     table = pa.table({"id": pa.array(range(rows), pa.int64()), "blob": column})
     lance.write_dataset(
@@ -134,6 +146,32 @@ def lance_pass(uri: str, rows_per_call: int, arrow: bool = False) -> Callable[[]
     return run
 
 
+def payload_pass(uri: str, rows_per_call: int, inline: bool) -> Callable[[], int]:
+    """Every row's payloads, ``rows_per_call`` rows a read, as the Loader reads them: the
+    descriptors by a fragment range read, then the payloads straight from the files
+    (``inline``) or through ``read_blobs`` and one copy into an Arrow column; returns the
+    payload bytes."""
+    ds = lance.dataset(uri)
+    fragments = ds.get_fragments()
+    starts = np.cumsum([0] + [f.count_rows() for f in fragments])
+
+    def run() -> int:
+        total = 0
+        for f, fragment in enumerate(fragments):
+            for lo in range(int(starts[f]), int(starts[f + 1]), rows_per_call):
+                hi = min(int(starts[f + 1]), lo + rows_per_call)
+                table = fragment.to_table(
+                    columns=["blob"], offset=lo - int(starts[f]), limit=hi - lo
+                )
+                column = read_blob_payloads(
+                    ds, "blob", np.arange(lo, hi), table.column("blob") if inline else None
+                )
+                total += len(column.buffers()[2])
+        return total
+
+    return run
+
+
 def timed(run: Callable[[], int]) -> tuple[float, float, int]:
     """Wall seconds, CPU seconds (all threads of this process) and the bytes of ``run()``."""
     started, cpu = time.perf_counter(), time.process_time()
@@ -178,12 +216,15 @@ def main(argv: list[str] | None = None) -> int:
         help="payload sizes of the inline-vs-blob comparison ('' to skip)",
     )
     parser.add_argument("--inline-total-mb", type=int, default=64)
+    parser.add_argument(
+        "--vary", action="store_true", help="payload sizes 0.8-1.2x --payload-kib, not all equal"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 3:
         parser.error("--repeats must be at least 3 (a median of alternated pairs)")
     root = Path(args.data_dir)
     root.mkdir(parents=True, exist_ok=True)
-    uri = write_dataset(root, args.rows, args.payload_kib * 1024)
+    uri = write_dataset(root, args.rows, args.payload_kib * 1024, vary=args.vary)
     outputs = {"arrow": "arrow", "numpy": "numpy", "torch": ll.Conversion(output="torch")}
     probe = ll.Loader(uri, columns=["blob"], batch_size=args.batch_size, output="arrow")
     rows_per_call = probe._pipeline.batches_per_read * args.batch_size
@@ -210,6 +251,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{ratio_cells(speed, 'loader', 'lance')} | "
             f"{ratio_cells(speed, 'loader', 'arrow')} | {cpu_cells} |"
         )
+    cases = {
+        "read_blobs": payload_pass(uri, rows_per_call, inline=False),
+        "inline": payload_pass(uri, rows_per_call, inline=True),
+    }
+    _, cpu = alternated(cases, args.repeats)
+    ratios = [a / b for a, b in zip(cpu["inline"], cpu["read_blobs"], strict=True)]
+    print(
+        f"\nPayload reads alone ({rows_per_call} rows a read, descriptors read as the Loader "
+        "does): CPU s/GB, median (min-max)\n"
+    )
+    print("| read_blobs → Arrow | inline preadv | inline / read_blobs |\n|---:|---:|---:|")
+    print(
+        f"| {statistics.median(cpu['read_blobs']):.2f} | {statistics.median(cpu['inline']):.2f} "
+        f"| {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |"
+    )
     if args.inline_sizes_kib:
         inline_vs_blob(
             root,

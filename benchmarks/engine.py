@@ -5,7 +5,10 @@ Two parts, printed as markdown tables (the guide's figures come from this output
 **Throughput** (one process per dataset, so every ratio is two cases of the same process):
 each case is run once unmeasured first (the raw scan is warmed exactly as the loader is: the
 first raw scan in a fresh process runs at ~0.7x the next ones), then all cases ``--repeats``
-times, alternating their order (forward, then backward). The raw side is a
+times, alternating their order (forward, then backward). Besides rows/s, each case's CPU
+seconds per row (all threads of the process, ``time.process_time``) and their ratio to the
+raw scan's are printed: on a loaded machine wall-clock ratios swing 0.6-1.6x, CPU per row
+much less. The raw side is a
 ``ds.to_batches(columns)`` scan twice over: with ``batch_size=256`` (the loader's batch) and
 with Lance's own batch size; which is faster depends on the rows (256 for 11 KB blobs, Lance's
 own for small tabular rows), and ratios are to the faster of the two in the same round. The
@@ -17,8 +20,7 @@ same round), with its spread (min-max); rows/s are medians with their spread.
   as ``output="arrow"``, ``"numpy"`` and ``Conversion(output="torch")`` (the image column a
   :class:`lanceloader.ByteRows`), and as ``Conversion(binary="list")`` (a list of bytes, the
   behaviour before ``ByteRows``).
-  ``arrow@768``, ``numpy@768`` and so on read 768 rows (~8.5 MiB) per Lance call instead of the
-  engine's default (32 MiB, ~2,900 rows): Lance reads big binary batches much slower per row.
+  A case ``numpy@768`` (say) would read 768 rows per Lance call (``rows_per_read``).
 - ``tabular``: the demo dataset (``--rows`` rows of ``id, label, x``), ``"numpy"`` and
   ``"torch"``.
 
@@ -80,8 +82,10 @@ THROUGHPUT = textwrap.dedent("""
     for r in range(repeats):
         rates = {}
         for case in (cases if r % 2 == 0 else cases[::-1]):
+            cpu = time.process_time()  # every thread of this process: Lance's and the workers'
             rows, seconds = run[case]()
             rates[case] = rows / seconds
+            rates[case + ":cpu"] = (time.process_time() - cpu) / rows * 1e6
         rounds.append(rates)
     print(json.dumps(rounds))
 """)
@@ -178,13 +182,20 @@ def throughput(
     for case in [*raws, *cases]:
         rates = [r[case] for r in rounds]
         ratios = [rate / b for rate, b in zip(rates, best, strict=True)]
-        report[name][case] = {"rows_per_s": rates, "ratio": ratios}
+        cpu = [r[case + ":cpu"] for r in rounds]
+        # CPU per row against the raw scan of the same round that used less: steadier than
+        # wall time on a loaded machine (> 1: the loader spends more CPU per row)
+        cpu_ratios = [r[case + ":cpu"] / min(r[c + ":cpu"] for c in raws) for r in rounds]
+        report[name][case] = {"rows_per_s": rates, "ratio": ratios, "cpu_us_per_row": cpu}
         label = (
             f"raw `to_batches({'batch_size=256' if case == 'raw-256' else ''})`"
             if case in raws
             else f"loader `{case}`"
         )
-        lines.append(f"| {name} | {label} | {spread(rates)} | {spread(ratios, '.2f')} |")
+        lines.append(
+            f"| {name} | {label} | {spread(rates)} | {spread(ratios, '.2f')} | "
+            f"{spread(cpu, '.1f')} | {spread(cpu_ratios, '.2f')} |"
+        )
     return lines
 
 
@@ -235,17 +246,11 @@ def main() -> None:
         f"Throughput, sequential, batch 256 ({args.repeats} rounds after a warm-up; "
         "median [min-max]; ratio: to the faster raw scan of the same round)\n"
     )
-    print("| data | case | rows/s | ratio to raw |\n|---|---|---|---|")
-    bytes_cases = [
-        "arrow",
-        "numpy",
-        "torch",
-        "numpy-list",
-        "arrow@768",
-        "numpy@768",
-        "torch@768",
-        "numpy-list@768",
-    ]
+    print(
+        "| data | case | rows/s | ratio to raw | CPU µs/row | CPU / raw's |\n"
+        "|---|---|---|---|---|---|"
+    )
+    bytes_cases = ["arrow", "numpy", "torch", "numpy-list"]
     tables = [
         ("bytes", f"bytes ({args.images:,} x 11 KB)", blobs, "id,label,image", bytes_cases),
         ("tabular", f"tabular ({args.rows:,} rows)", str(tabular), "id,label,x",

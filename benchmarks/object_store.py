@@ -36,9 +36,17 @@ moto is a single Python process: it bounds the absolute numbers (a real store se
 requests at once). The ratios, loader vs raw on the same server, and the requests per 1,000 rows
 are what carry over.
 
+``--sequential`` runs only issue 26's target: a sequential epoch of the loader with
+``cache=None`` and with the default ``cache="auto"`` (epoch 1, a fresh ``/dev/shm`` directory per
+run) against raw ``to_batches`` on the same store, the three alternated in each repeat (their
+order rotating), and prints a Markdown table: median rows/s with the spread (min-max), the ratio
+to the raw scan, the requests each epoch made (the server's count) and this process's CPU
+seconds per epoch (all threads; under load the CPU and the requests are the steadier evidence).
+
 Usage::
 
     python benchmarks/object_store.py                    # 200k rows, 20 ms, 3 repeats
+    python benchmarks/object_store.py --sequential --repeats 3   # the target alone, ~1 minute
     python benchmarks/object_store.py --rows 50000 --repeats 1 --rss
     python benchmarks/object_store.py --cache-only --repeats 5   # the cache's epochs alone
 """
@@ -139,6 +147,38 @@ def checksum_seconds(directory: str) -> float:
     return total
 
 
+def sequential_table(s3: S3, cases: dict, repeats: int) -> None:
+    """Each case (``fn(start) -> rows``) once per repeat, in an order rotating per repeat;
+    prints the Markdown table of ``--sequential`` (the first case is the yardstick)."""
+    names = list(cases)
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    requests: dict[str, list[int]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    load = os.getloadavg()[0]
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            clock = [0.0, 0.0]
+
+            def start(clock: list[float] = clock) -> None:
+                s3.requests(reset=True)
+                clock[:] = time.perf_counter(), time.process_time()
+
+            rows = cases[name](start)
+            rates[name].append(rows / (time.perf_counter() - clock[0]))
+            cpu[name].append(time.process_time() - clock[1])
+            requests[name].append(sum(s3.requests().values()))
+    raw = statistics.median(rates[names[0]])
+    print(f"\nsequential epoch on the store, medians of {repeats} alternated runs (load average "
+          f"{load:.1f} before, {os.getloadavg()[0]:.1f} after)\n")
+    print("| side | rows/s | spread | vs raw scan | requests per epoch | CPU s per epoch |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        median = statistics.median(rates[name])
+        print(f"| {name} | {median:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
+              f"{median / raw:.2f}x | {statistics.median(requests[name]):.0f} | "
+              f"{statistics.median(cpu[name]):.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -149,6 +189,8 @@ def main() -> None:
     parser.add_argument("--rss", action="store_true", help="also measure RSS and the disk cap")
     parser.add_argument("--cache-only", action="store_true",
                         help="only the epochs through cache= a directory")
+    parser.add_argument("--sequential", action="store_true",
+                        help="only a sequential epoch (cache=None, cache='auto') vs raw Lance")
     args = parser.parse_args()
 
     s3 = S3()
@@ -196,6 +238,20 @@ def main() -> None:
 
         raws = {"sequential": raw_sequential, "block shuffle 1024x8": raw_blocks,
                 "full shuffle": raw_takes}
+        if args.sequential:
+            def auto_epoch(start) -> int:
+                with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
+                    os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
+                    try:
+                        return epochs(lambda: loader(cache="auto"), 1)(start)
+                    finally:
+                        del os.environ["LANCELOADER_AUTO_CACHE_DIR"]
+
+            sequential_table(s3, {"raw `to_batches`": raw_sequential,
+                                  "loader, `cache=None`": epochs(loader, 1),
+                                  "loader, `cache=\"auto\"` (epoch 1)": auto_epoch},
+                             args.repeats)
+            return
         for name, order in ({} if args.cache_only else ORDERS).items():
             limit = args.shuffle_rows if name == "full shuffle" else None
             ours, ours_req = median_run(s3, epochs(lambda o=order: loader(**o), 1, limit),

@@ -6,6 +6,9 @@ Ratios of numbers measured in the same process: every case runs once untimed (La
 cache and the allocator warmed alike), then ``--repeats`` rounds in which each case runs once,
 the order reversed every other round; a ratio is the median of each round's paired ratio
 (spread: min-max), so drift of a shared machine cancels. 2 shared cores: single runs move 2x.
+Next to rows/s, the mix table gives the CPU time per row (``time.process_time`` of the whole
+process over an epoch: the workers' and Lance's threads too) as a ratio ``single / mix``: the
+work a row costs, which other jobs on the machine move far less than they move rows/s.
 
 Cases
 -----
@@ -16,8 +19,12 @@ Cases
     workers, batch 256, ``cache=None`` on both sides (the mix's cost, not a cache's choice):
     sample by sample (``mix``) and one source per batch (``run_length=256``), in sequential
     order, in block shuffle (each source block-shuffled, 1,024-row blocks), and in sequential
-    order with 2 process workers. Targets (issue 26): block shuffle and one source per batch
-    >= 0.94x a single source, sample by sample >= 0.8x or the copy floor: ``copy_floor`` times,
+    order with 2 process workers (rows/s only: the workers' CPU time is not this process's).
+    A mix's reads are sized by its sources (``MixedSource.read_parts``: 3 equal sources, 3
+    times a single source's read, so each source's Lance call is as large as on its own);
+    ``per batch, reads of one source's size`` is the A/B against reads of a single source's
+    rows (what the engine did before). Targets (issue 26): block shuffle and one source per
+    batch >= 0.94x a single source, sample by sample >= 0.8x or the copy floor: ``copy_floor`` times,
     on one thread, a worker's task of 65,536 rows of the single source against placing as many
     rows of three sources in mixed order (scattered, as a mix does, and by one Arrow take), and
     states the best ratio a sample-by-sample mix can reach, ``read / (read + place)``.
@@ -63,7 +70,7 @@ import pyarrow.compute as pc
 import lanceloader as ll
 from lanceloader.ordering.interleave import interleave
 from lanceloader.ordering.plan import read_tasks
-from lanceloader.rows.mixed import place_rows
+from lanceloader.rows.gather import gather_rows
 from lanceloader.rows.packed import pack_plan, pack_tokens
 
 BATCH = 256
@@ -72,8 +79,12 @@ SEQ_LEN = 2048
 
 def table(rows: int, start: int) -> pa.Table:
     x = np.random.default_rng(start).standard_normal((rows, 64), dtype=np.float32)
-    return pa.table({"id": np.arange(start, start + rows),
-                     "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 64)})
+    return pa.table(
+        {
+            "id": np.arange(start, start + rows),
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 64),
+        }
+    )
 
 
 def datasets(root: Path, rows: int) -> tuple[str, list[str]]:
@@ -94,24 +105,30 @@ def token_dataset(root: Path, docs: int, seed: int = 1) -> tuple[str, np.ndarray
     uri = root / f"tokens-{docs}-{seed}.lance"
     if not uri.exists():
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        values = pa.array(np.random.default_rng(seed + 1).integers(0, 50_000, int(offsets[-1]),
-                                                            dtype=np.int32))
-        lists = pa.LargeListArray.from_arrays(pa.array(offsets), values).cast(
-            pa.list_(pa.int32()))
+        values = pa.array(
+            np.random.default_rng(seed + 1).integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
+        )
+        lists = pa.LargeListArray.from_arrays(pa.array(offsets), values).cast(pa.list_(pa.int32()))
         lance.write_dataset(pa.table({"input_ids": lists}), uri, max_rows_per_file=50_000)
     return str(uri), lengths
 
 
-def epoch_rate(loader: ll.Loader) -> float:
-    t0 = time.perf_counter()
+def epoch_cost(loader: ll.Loader) -> tuple[float, float]:
+    """Rows/s of one epoch and the CPU time of this process per row, in ns (every thread:
+    the workers' and Lance's)."""
+    t0, cpu = time.perf_counter(), time.process_time()
     rows = sum(len(b["id"]) for b in loader)
-    return rows / (time.perf_counter() - t0)
+    return rows / (time.perf_counter() - t0), (time.process_time() - cpu) / rows * 1e9
 
 
 def spread(values: list[float]) -> dict[str, Any]:
     """Median, min and max of repeated measurements (what the tables quote)."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "runs": values}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": values,
+    }
 
 
 def alternated(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
@@ -127,13 +144,21 @@ def alternated(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str,
     return results
 
 
-def ratios(results: dict[str, list[float]], base: str) -> dict[str, Any]:
+def ratios(results: dict[str, list[tuple[float, float]]], base: str) -> dict[str, Any]:
     """Each case against ``base``: the ratio of each round's two runs (paired in time, so
-    the machine's drift cancels), as median and spread, and the runs' rates."""
+    the machine's drift cancels), as median and spread, of rows/s (``ratio``) and of CPU time
+    per row (``cpu_ratio``: base / case, so above 1 is cheaper), and the runs' figures."""
     out = {}
     for name, runs in results.items():
-        paired = [a / b for a, b in zip(runs, results[base], strict=True)]
-        out[name] = {"rows_per_s": spread(runs), "ratio": spread(paired)}
+        rates, cpus = [r for r, _ in runs], [c for _, c in runs]
+        paired = [a / b for (a, _), (b, _) in zip(runs, results[base], strict=True)]
+        cpu = [b / a for (_, a), (_, b) in zip(runs, results[base], strict=True)]
+        out[name] = {
+            "rows_per_s": spread(rates),
+            "ratio": spread(paired),
+            "cpu_ns_per_row": spread(cpus),
+            "cpu_ratio": spread(cpu),
+        }
     return out
 
 
@@ -142,32 +167,49 @@ def mix_case(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
     text). ``cache=None`` on both sides: the mix's cost alone, not a cache's choice."""
     out: dict[str, Any] = {}
     block = {"shuffle": True, "shuffle_block_size": 1024}
-    for mode, kw, workers in (("sequential", {}, "thread"), ("block", block, "thread"),
-                              ("sequential_processes", {}, "process")):
-        def run_single(kw: dict[str, Any] = kw, workers: str = workers) -> float:
-            return epoch_rate(ll.Loader(single, batch_size=BATCH, num_workers=2, cache=None,
-                                        worker_type=workers, **kw))
+    for mode, kw, workers in (
+        ("sequential", {}, "thread"),
+        ("block", block, "thread"),
+        ("sequential_processes", {}, "process"),
+    ):
 
-        def run_mix(kw: dict[str, Any] = kw, run_length: int = 1,
-                    workers: str = workers) -> float:
-            mix = ll.Mix({f"s{k}": ll.Loader(p, cache=None, **kw) for k, p in enumerate(parts)},
-                         run_length=run_length)
-            return epoch_rate(ll.Loader(mix, batch_size=BATCH, num_workers=2,
-                                        worker_type=workers))
+        def single_loader(kw: dict[str, Any] = kw, workers: str = workers) -> ll.Loader:
+            return ll.Loader(
+                single, batch_size=BATCH, num_workers=2, cache=None, worker_type=workers, **kw
+            )
 
-        def run_larger(kw: dict[str, Any] = kw, workers: str = workers) -> float:
-            """One source per batch in reads of three single-source reads' rows (within the
-            engine's 8 MiB): what sizing a mix's reads by its sources would give."""
-            mix = ll.Mix({f"s{k}": ll.Loader(p, cache=None, **kw) for k, p in enumerate(parts)},
-                         run_length=BATCH)
-            rows = min(3 * 65_536, int(32 * 2**20 // mix.source().bytes_per_row))
-            return epoch_rate(ll.Loader(mix, batch_size=BATCH, num_workers=2,
-                                        worker_type=workers, rows_per_read=rows))
+        def run_mix(
+            kw: dict[str, Any] = kw,
+            run_length: int = 1,
+            workers: str = workers,
+            rows_per_read: int | None = None,
+        ) -> tuple[float, float]:
+            mix = ll.Mix(
+                {f"s{k}": ll.Loader(p, cache=None, **kw) for k, p in enumerate(parts)},
+                run_length=run_length,
+            )
+            return epoch_cost(
+                ll.Loader(
+                    mix,
+                    batch_size=BATCH,
+                    num_workers=2,
+                    worker_type=workers,
+                    rows_per_read=rows_per_read,
+                )
+            )
 
-        cases = {"single": run_single, "mix": run_mix,
-                 "one_source_per_batch": lambda kw=kw, w=workers: run_mix(kw, BATCH, w)}
+        # The A/B of the read sizing: reads of a single source's rows, each source's Lance call
+        # a third of them (what the engine did before read_parts).
+        unsized = single_loader().batches_per_read * BATCH
+        cases = {
+            "single": lambda f=single_loader: epoch_cost(f()),
+            "mix": run_mix,
+            "one_source_per_batch": lambda kw=kw, w=workers: run_mix(kw, BATCH, w),
+        }
         if workers == "thread":
-            cases["one_source_per_batch_larger_reads"] = run_larger
+            cases["one_source_per_batch_unsized_reads"] = lambda kw=kw, w=workers, n=unsized: (
+                run_mix(kw, BATCH, w, n)
+            )
         out[mode] = ratios(alternated(cases, repeats), "single")
     out["copy_floor"] = copy_floor(single, parts, repeats)
     return out
@@ -197,13 +239,15 @@ def copy_floor(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
             for _ in range(5):
                 f()
             return n * 5 / (time.perf_counter() - t0)
+
         return run
 
     cases = {
         "read": timed(lambda: work(task)),
-        "scatter": timed(lambda: place_rows(tables, [None] * 3, places, n)),
-        "arrow_take": timed(lambda: pa.concat_tables(tables).combine_chunks()
-                            .take(pa.array(joined))),
+        "scatter": timed(lambda: gather_rows(tables, [None] * 3, places, n)),
+        "arrow_take": timed(
+            lambda: pa.concat_tables(tables).combine_chunks().take(pa.array(joined))
+        ),
     }
     results = alternated(cases, repeats)
     read = statistics.median(results["read"])
@@ -216,31 +260,40 @@ def copy_floor(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
 
 def mix_table(mix: dict[str, Any]) -> str:
     """The mix results as the Markdown table docs/pretraining.md quotes."""
-    lines = ["| mode | single source (rows/s) | mix (rows/s) | mix / single | one source per "
-             "batch (rows/s) | per batch / single | per batch, 3x larger reads / single |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| mode | single source (rows/s) | mix / single: rows/s | CPU per row | "
+        "one source per batch / single: rows/s | CPU per row | per batch, reads of one "
+        "source's size: rows/s | CPU per row |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for mode in ("sequential", "block", "sequential_processes"):
         m = mix[mode]
 
-        def rate(case: str, m: dict[str, Any] = m) -> str:
-            return f"{m[case]['rows_per_s']['median'] / 1e6:.2f}M"
-
-        def ratio(case: str, m: dict[str, Any] = m) -> str:
-            r = m[case]["ratio"]
+        def ratio(case: str, kind: str = "ratio", m: dict[str, Any] = m, mode: str = mode) -> str:
+            if case not in m or (mode == "sequential_processes" and kind == "cpu_ratio"):
+                return "-"  # process workers' CPU time is not this process's
+            r = m[case][kind]
             return f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
 
-        lines.append(f"| {mode.replace('_', ', ')} | {rate('single')} | {rate('mix')} | "
-                     f"{ratio('mix')} | {rate('one_source_per_batch')} | "
-                     f"{ratio('one_source_per_batch')} | "
-                     f"{ratio('one_source_per_batch_larger_reads') if len(m) > 3 else '-'} |")
+        cells = [
+            ratio(case, kind)
+            for case in ("mix", "one_source_per_batch", "one_source_per_batch_unsized_reads")
+            for kind in ("ratio", "cpu_ratio")
+        ]
+        single_rate = m["single"]["rows_per_s"]["median"] / 1e6
+        lines.append(
+            f"| {mode.replace('_', ', ')} | {single_rate:.2f}M | " + " | ".join(cells) + " |"
+        )
     floor = mix["copy_floor"]
     lines.append("")
-    lines.append(f"Copy floor of a sample-by-sample mix (one thread, 65,536 rows): a read "
-                 f"{floor['read']['rows_per_s']['median'] / 1e6:.1f}M rows/s, placing rows "
-                 f"{floor['scatter']['rows_per_s']['median'] / 1e6:.1f}M rows/s scattered "
-                 f"(floor {floor['scatter']['floor']:.2f}x), "
-                 f"{floor['arrow_take']['rows_per_s']['median'] / 1e6:.1f}M rows/s by one "
-                 f"Arrow take of the parts joined (floor {floor['arrow_take']['floor']:.2f}x).")
+    lines.append(
+        f"Copy floor of a sample-by-sample mix (one thread, 65,536 rows): a read "
+        f"{floor['read']['rows_per_s']['median'] / 1e6:.1f}M rows/s, placing rows "
+        f"{floor['scatter']['rows_per_s']['median'] / 1e6:.1f}M rows/s scattered "
+        f"(floor {floor['scatter']['floor']:.2f}x), "
+        f"{floor['arrow_take']['rows_per_s']['median'] / 1e6:.1f}M rows/s by one "
+        f"Arrow take of the parts joined (floor {floor['arrow_take']['floor']:.2f}x)."
+    )
     return "\n".join(lines)
 
 
@@ -250,8 +303,13 @@ def packed_mix_case(root: Path, uri: str, docs: int, repeats: int) -> dict[str, 
     parts = [token_dataset(root, docs // 3, seed=10 + k)[0] for k in range(3)]
 
     def packed(path: str) -> ll.Loader:
-        return ll.Loader(path, columns=["input_ids"], pack=ll.pack("input_ids", SEQ_LEN),
-                         shuffle=True, shuffle_block_size=64)
+        return ll.Loader(
+            path,
+            columns=["input_ids"],
+            pack=ll.pack("input_ids", SEQ_LEN),
+            shuffle=True,
+            shuffle_block_size=64,
+        )
 
     def rate(loader: ll.Loader) -> float:
         t0 = time.perf_counter()
@@ -259,9 +317,17 @@ def packed_mix_case(root: Path, uri: str, docs: int, repeats: int) -> dict[str, 
         return tokens / (time.perf_counter() - t0)
 
     def run_one() -> float:
-        return rate(ll.Loader(uri, columns=["input_ids"], batch_size=16, num_workers=2,
-                              pack=ll.pack("input_ids", SEQ_LEN), shuffle=True,
-                              shuffle_block_size=64))
+        return rate(
+            ll.Loader(
+                uri,
+                columns=["input_ids"],
+                batch_size=16,
+                num_workers=2,
+                pack=ll.pack("input_ids", SEQ_LEN),
+                shuffle=True,
+                shuffle_block_size=64,
+            )
+        )
 
     def run_mix() -> float:
         mix = ll.Mix({f"s{k}": packed(p) for k, p in enumerate(parts)})
@@ -269,10 +335,12 @@ def packed_mix_case(root: Path, uri: str, docs: int, repeats: int) -> dict[str, 
 
     runs = alternated({"one": run_one, "mix": run_mix}, repeats)
     one, mixed = runs["one"], runs["mix"]
-    return {"one_packed_tokens_per_s": statistics.median(one),
-            "mix_of_packed_tokens_per_s": statistics.median(mixed),
-            "ratio": statistics.median([m / o for m, o in zip(mixed, one, strict=True)]),
-            "runs": {"one": one, "mix": mixed}}
+    return {
+        "one_packed_tokens_per_s": statistics.median(one),
+        "mix_of_packed_tokens_per_s": statistics.median(mixed),
+        "ratio": statistics.median([m / o for m, o in zip(mixed, one, strict=True)]),
+        "runs": {"one": one, "mix": mixed},
+    }
 
 
 def next_fit_rows(lengths: np.ndarray, seq_len: int) -> int:
@@ -304,48 +372,83 @@ def pack_case(uri: str, lengths: np.ndarray, repeats: int) -> dict[str, Any]:
         t0, tokens = time.perf_counter(), 0
         for lo in range(0, min(plan.num_rows, 20 * BATCH), BATCH):
             pieces, counts = plan.pieces(np.arange(lo, min(lo + BATCH, plan.num_rows)))
-            pack_tokens(values, starts[plan.doc[pieces]] + plan.offset[pieces],
-                                    plan.length[pieces], counts, SEQ_LEN, 0, np.int32)
+            pack_tokens(
+                values,
+                starts[plan.doc[pieces]] + plan.offset[pieces],
+                plan.length[pieces],
+                counts,
+                SEQ_LEN,
+                0,
+                np.int32,
+            )
             tokens += int(plan.length[pieces].sum())
         alone.append(tokens / (time.perf_counter() - t0))
     # (b) the packed loader vs reading the same lists, one worker each.
     packed, plain = [], []
     for r in range(repeats):
+
         def run_packed() -> float:
-            loader = ll.Loader(uri, columns=["input_ids"], batch_size=64, num_workers=1,
-                               pack=ll.pack("input_ids", SEQ_LEN), shuffle=True,
-                               shuffle_block_size=64)
+            loader = ll.Loader(
+                uri,
+                columns=["input_ids"],
+                batch_size=64,
+                num_workers=1,
+                pack=ll.pack("input_ids", SEQ_LEN),
+                shuffle=True,
+                shuffle_block_size=64,
+            )
             t0 = time.perf_counter()
             tokens = sum(int((b["segment_ids"] > 0).sum()) for b in loader)
             return tokens / (time.perf_counter() - t0)
 
         def run_plain() -> float:
-            loader = ll.Loader(uri, columns=["input_ids"], batch_size=64, num_workers=1,
-                               output="arrow", shuffle=True, shuffle_block_size=64)
+            loader = ll.Loader(
+                uri,
+                columns=["input_ids"],
+                batch_size=64,
+                num_workers=1,
+                output="arrow",
+                shuffle=True,
+                shuffle_block_size=64,
+            )
             t0 = time.perf_counter()
-            tokens = sum(pc.sum(pc.list_value_length(b.column("input_ids"))).as_py()
-                         for b in loader)
+            tokens = sum(
+                pc.sum(pc.list_value_length(b.column("input_ids"))).as_py() for b in loader
+            )
             return tokens / (time.perf_counter() - t0)
 
         for f, sink in ((run_packed, packed), (run_plain, plain))[:: 1 if r % 2 == 0 else -1]:
             sink.append(f())
-    return {"docs": len(lengths), "seq_len": SEQ_LEN, "plan_s": statistics.median(plan_s),
-            "plan_s_per_million_docs": statistics.median(plan_s) * 1e6 / len(lengths),
-            "padding": fits, "pack_tokens_per_s": statistics.median(alone),
-            "loader_tokens_per_s": statistics.median(packed),
-            "plain_read_tokens_per_s": statistics.median(plain),
-            "loader_vs_plain": statistics.median(packed) / statistics.median(plain)}
+    return {
+        "docs": len(lengths),
+        "seq_len": SEQ_LEN,
+        "plan_s": statistics.median(plan_s),
+        "plan_s_per_million_docs": statistics.median(plan_s) * 1e6 / len(lengths),
+        "padding": fits,
+        "pack_tokens_per_s": statistics.median(alone),
+        "loader_tokens_per_s": statistics.median(packed),
+        "plain_read_tokens_per_s": statistics.median(plain),
+        "loader_vs_plain": statistics.median(packed) / statistics.median(plain),
+    }
 
 
 def state_case(parts: list[str], uri: str, repeats: int) -> dict[str, Any]:
     def mix_loader() -> ll.Loader:
-        mix = ll.Mix({f"s{k}": ll.Loader(p, columns=["id"], shuffle=True)
-                      for k, p in enumerate(parts)}, weights={"s0": 5, "s1": 3, "s2": 2})
+        mix = ll.Mix(
+            {f"s{k}": ll.Loader(p, columns=["id"], shuffle=True) for k, p in enumerate(parts)},
+            weights={"s0": 5, "s1": 3, "s2": 2},
+        )
         return ll.Loader(mix, batch_size=BATCH, num_workers=2)
 
     def packed_loader() -> ll.Loader:
-        return ll.Loader(uri, columns=["input_ids"], batch_size=8, num_workers=2, shuffle=True,
-                         pack=ll.pack("input_ids", SEQ_LEN))
+        return ll.Loader(
+            uri,
+            columns=["input_ids"],
+            batch_size=8,
+            num_workers=2,
+            shuffle=True,
+            pack=ll.pack("input_ids", SEQ_LEN),
+        )
 
     out: dict[str, Any] = {}
     for name, make in (("mix", mix_loader), ("packed", packed_loader)):
@@ -363,7 +466,9 @@ def state_case(parts: list[str], uri: str, repeats: int) -> dict[str, Any]:
                 next(it)
                 times.append(time.perf_counter() - t0)
                 it.close()
-            out[name][f"resume_to_first_batch_s_at_{int(where * 100)}pct"] = statistics.median(times)
+            out[name][f"resume_to_first_batch_s_at_{int(where * 100)}pct"] = statistics.median(
+                times
+            )
     return out
 
 
@@ -372,11 +477,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_400_000)
     parser.add_argument("--docs", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cases", default="mix,pack,state",
-                        help="comma-separated cases to run (default: all of mix,pack,state)")
+    parser.add_argument(
+        "--cases",
+        default="mix,pack,state",
+        help="comma-separated cases to run (default: all of mix,pack,state)",
+    )
     parser.add_argument("--data-dir", default=str(Path(__file__).parent / "data"))
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" /
-                                             "pretraining.json"))
+    parser.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "pretraining.json")
+    )
     args = parser.parse_args()
     cases = set(args.cases.split(","))
     if not cases <= {"mix", "pack", "state"}:
@@ -386,9 +495,14 @@ def main() -> None:
     single, parts = datasets(root, args.rows)
     uri, lengths = token_dataset(root, args.docs)
     result: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "lance": lance.__version__, "load_before": os.getloadavg()},
-        "args": vars(args)}
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "lance": lance.__version__,
+            "load_before": os.getloadavg(),
+        },
+        "args": vars(args),
+    }
     if "mix" in cases:
         result["mix"] = mix_case(single, parts, args.repeats)
         result["mix"]["packed_tokens"] = packed_mix_case(root, uri, args.docs, args.repeats)
@@ -402,11 +516,15 @@ def main() -> None:
     print(json.dumps({k: v for k, v in result.items() if k != "args"}, indent=2))
     if "mix" in result:
         packed = result["mix"]["packed_tokens"]
-        print(f"\n{mix_table(result['mix'])}\nMix of 3 packed token datasets vs one: "
-              f"{packed['ratio']:.2f}x ({packed['mix_of_packed_tokens_per_s'] / 1e6:.1f}M vs "
-              f"{packed['one_packed_tokens_per_s'] / 1e6:.1f}M tokens/s)")
-    print(f"load average before / after: {result['machine']['load_before'][0]:.1f} / "
-          f"{result['machine']['load_after'][0]:.1f} on {os.cpu_count()} cores")
+        print(
+            f"\n{mix_table(result['mix'])}\nMix of 3 packed token datasets vs one: "
+            f"{packed['ratio']:.2f}x ({packed['mix_of_packed_tokens_per_s'] / 1e6:.1f}M vs "
+            f"{packed['one_packed_tokens_per_s'] / 1e6:.1f}M tokens/s)"
+        )
+    print(
+        f"load average before / after: {result['machine']['load_before'][0]:.1f} / "
+        f"{result['machine']['load_after'][0]:.1f} on {os.cpu_count()} cores"
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,10 @@ Cases
     ``Loader(uri, shuffle=True)`` with no ``cache`` argument (the automatic cache: a directory
     under ``/dev/shm``, a fresh one per run), its second epoch, vs ``to_batches(8192)``. The
     loader side runs in a fresh process per repeat, which also reports its first epoch (the
-    fill), its peak RSS and the bytes the cache took in ``/dev/shm``. Every other case passes
+    fill), its peak RSS, the bytes the cache took in ``/dev/shm`` and epoch 2's CPU seconds
+    per million rows (all its threads), next to the raw scan's own (the ratio of CPU costs
+    survives a loaded machine better than wall-clock time). ``--auto-only`` also runs the same
+    with ``cache="memory"`` for comparison (no target). Every other case passes
     ``cache=None``: they measure reads from the dataset.
 ``time to first batch``
     Construct a ``Loader`` and take one batch, per mode (median); raw Lance opening the dataset
@@ -42,6 +45,9 @@ Usage::
 
     python benchmarks/throughput.py                          # defaults: 2M rows, 3 repeats
     python benchmarks/throughput.py --rows 100000 --repeats 1   # smoke run
+    python benchmarks/throughput.py --auto-only --rows 1000000 --repeats 3  # ~4 min
+
+The results print as a markdown table (medians, the range of the per-pair ratios, the target).
 """
 
 from __future__ import annotations
@@ -414,55 +420,80 @@ def case_first_batch(
     return results
 
 
-def auto_epochs(uri: str, num_workers: int | None, queue: Any) -> None:
-    """In a fresh process: ``Loader(uri, shuffle=True)`` with no cache argument, a private
-    automatic-cache directory under /dev/shm; puts (epoch 1 rows/s, epoch 2 rows/s, bytes in
-    /dev/shm, peak RSS in MiB, what the cache is)."""
+def auto_epochs(uri: str, num_workers: int | None, queue: Any, cache: str | None = None) -> None:
+    """In a fresh process: ``Loader(uri, shuffle=True)`` with no cache argument (or
+    ``cache=cache``), a private automatic-cache directory under /dev/shm; puts (epoch 1 rows/s,
+    epoch 2 rows/s, bytes in /dev/shm, peak RSS in MiB, what the cache is, epoch 2's CPU
+    seconds per million rows: every thread of the process, which load on the machine does not
+    inflate as it does wall-clock time)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
         os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
         kwargs = {k: v for k, v in loader_kwargs("full", num_workers).items() if k != "cache"}
-        loader = Loader(uri, **kwargs)
-        rates = []
+        loader = Loader(uri, **kwargs, **({} if cache is None else {"cache": cache}))
+        rates, cpu = [], 0.0
         for _ in range(2):
-            start, rows = time.perf_counter(), 0
+            start, rows, cpu_start = time.perf_counter(), 0, time.process_time()
             for batch in loader:
                 rows += len(batch["id"])
             rates.append(rows / (time.perf_counter() - start))
-        cache = loader.source.cache
-        queue.put((rates[0], rates[1], cache.used_bytes() if cache is not None else 0,
-                   peak_rss_mib(), loader.source.cache_choice))
+            cpu = (time.process_time() - cpu_start) * 1e6 / rows
+        used = loader.source.cache
+        on_shm = used.used_bytes() if cache is None and used is not None else 0
+        queue.put((rates[0], rates[1], on_shm, peak_rss_mib(), loader.source.cache_choice, cpu))
 
 
-def case_auto_cache(uri: str, ds: lance.LanceDataset, args: argparse.Namespace) -> Case:
-    """The default loader's full shuffle, second epoch, vs ``to_batches(8192)``."""
+def raw_sequential_cpu(ds: lance.LanceDataset, batch_size: int) -> tuple[float, float]:
+    """Rows/s of one ``to_batches`` pass, and its CPU seconds per million rows."""
+    cpu_start = time.process_time()
+    rate = raw_sequential(ds, batch_size)
+    return rate, (time.process_time() - cpu_start) * 1e6 / ds.count_rows()
+
+
+def case_auto_cache(uri: str, ds: lance.LanceDataset, args: argparse.Namespace,
+                    cache: str | None = None) -> Case:
+    """The default loader's full shuffle (or with ``cache=cache``), second epoch, vs
+    ``to_batches(8192)``; the CPU seconds per million rows of both sides are in ``extra``."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
-    runs: list[tuple[float, float, int, float, str]] = []
+    runs: list[tuple[float, float, int, float, str, float]] = []
+    raw_cpu: list[float] = []
 
     def loader_run() -> float:
         queue = context.Queue()
-        child = context.Process(target=auto_epochs, args=(uri, args.num_workers, queue))
+        child = context.Process(target=auto_epochs, args=(uri, args.num_workers, queue, cache))
         child.start()
         runs.append(queue.get(timeout=1800))
         child.join()
         return runs[-1][1]
 
-    pairs = list(paired(args.repeats, loader_run, lambda: raw_sequential(ds, 8192)))
+    def raw_run() -> float:
+        rate, cpu = raw_sequential_cpu(ds, 8192)
+        raw_cpu.append(cpu)
+        return rate
+
+    pairs = list(paired(args.repeats, loader_run, raw_run))
     first = statistics.median(r[0] for r in runs)
     shm = max(r[2] for r in runs)
     rss = max(r[3] for r in runs)
+    loader_cpu = [r[5] for r in runs]
+    cpu_ratio = statistics.median(raw_cpu) / statistics.median(loader_cpu)
+    name = ("default full shuffle, epoch 2" if cache is None else
+            f"cache={cache!r} full shuffle, epoch 2")
     return Case(
-        name="default full shuffle, epoch 2 vs to_batches(8192)",
+        name=f"{name} vs to_batches(8192)",
         loader_rows_per_s=[p[0] for p in pairs],
         raw_rows_per_s=[p[1] for p in pairs],
-        target=TARGET_AUTO_SECOND_EPOCH,
-        note=(f"epoch 1 {_rate(first)}/s; /dev/shm {shm / 2**20:,.0f} MiB; "
-              f"peak RSS {rss:,.0f} MiB"),
+        target=TARGET_AUTO_SECOND_EPOCH if cache is None else None,
+        note=(f"epoch 1 {_rate(first)}/s; CPU s per 1M rows {statistics.median(loader_cpu):.2f} "
+              f"vs raw {statistics.median(raw_cpu):.2f} ({cpu_ratio:.2f}x); "
+              + (f"/dev/shm {shm / 2**20:,.0f} MiB; " if cache is None else "")
+              + f"peak RSS {rss:,.0f} MiB"),
         extra={"epoch_1_rows_per_s": [r[0] for r in runs], "shm_bytes": shm,
-               "peak_rss_mib": rss, "cache": runs[-1][4]},
+               "peak_rss_mib": rss, "cache": runs[-1][4], "loader_cpu_s_per_mrow": loader_cpu,
+               "raw_cpu_s_per_mrow": raw_cpu, "cpu_ratio_of_medians": cpu_ratio},
     )
 
 
@@ -498,19 +529,17 @@ def _rate(value: float) -> str:
 
 
 def print_table(cases: list[Case], first: list[FirstBatch]) -> None:
-    """The compact table of cases, then time to first batch."""
-    header = f"{'case':<36} {'loader/s':>9} {'raw/s':>9} {'ratio':>7} {'target':>7}  result"
+    """The cases as a markdown table (medians, the range of the per-pair ratios), then time to
+    first batch."""
     print()
-    print(header)
-    print("-" * len(header))
+    print("| case | loader rows/s | raw rows/s | ratio (range) | target | result | note |")
+    print("|---|---:|---:|---:|---:|---|---|")
     for c in cases:
-        target = f">={c.target:g}x" if c.target is not None else "-"
+        target = f">= {c.target:g}x" if c.target is not None else "-"
         result = {True: "PASS", False: "FAIL", None: "info"}[c.passed]
-        line = (
-            f"{c.name:<36} {_rate(c.loader_median):>9} {_rate(c.raw_median):>9} "
-            f"{c.ratio:>6.2f}x {target:>7}  {result}  {c.note}"
-        )
-        print(line.rstrip())
+        pairs = [a / b for a, b in zip(c.loader_rows_per_s, c.raw_rows_per_s, strict=True)]
+        print(f"| {c.name} | {c.loader_median:,.0f} | {c.raw_median:,.0f} | {c.ratio:.2f}x "
+              f"({min(pairs):.2f}-{max(pairs):.2f}) | {target} | {result} | {c.note} |")
     print()
     print(f"{'time to first batch (median)':<36} {'loader':>9} {'raw ref':>9}")
     for f in first:
@@ -576,9 +605,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.auto_only:
         print("default full shuffle (automatic cache) ...", flush=True)
         auto = case_auto_cache(uri, ds, args)
-        print_table([auto], [])
+        print("cache='memory' full shuffle (for comparison) ...", flush=True)
+        memory = case_auto_cache(uri, ds, args, cache="memory")
+        print_table([auto, memory], [])
         print(f"\ncache: {auto.extra['cache']}")
-        write_json(args.json, {"machine": info, "cases": [auto.to_json()]})
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(f"load average {info['load_average_at_start'][0]:.1f} at the start, "
+              f"{load:.1f} at the end")
+        write_json(args.json, {"machine": info, "cases": [auto.to_json(), memory.to_json()]})
         return 1 if args.strict and auto.passed is False else 0
     print("sequential ...", flush=True)
     cases = case_sequential(uri, ds, args)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Any
 
 import lance
 import numpy as np
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 import lanceloader as ll
 from lanceloader.media import audio as media_audio
+from lanceloader.media import audio_index, audio_ranges
 from lanceloader.media.audio import AudioInfo, decode_audio_window, probe_audio
 from mediagen import audio_samples, tone_hz, write_audio
 
@@ -387,3 +389,189 @@ def test_files_of_other_rates_need_sample_rate(tmp_path) -> None:
 def test_bad_arguments_name_the_fix(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         ll.decode_audio(**kwargs)
+
+
+# --- ranged reads: media/audio_ranges.py and ll.audio_clips ----------------------------------
+
+# Each format's byte index: WAV (arithmetic), FLAC and MP3 (a seek point per frame); "mp3-vbr"
+# at 16 kHz mono is libsndfile's low-bitrate MPEG-2 MP3, whose bit reservoir reaches ~14 frames
+# back; Opus has no byte index (whole file).
+RANGED = [
+    ("wav", 16000, 2),
+    ("flac", 22050, 1),
+    ("flac", 44100, 2),
+    ("mp3", 44100, 2),
+    ("mp3-vbr", 44100, 2),
+    ("mp3-vbr", 16000, 1),
+    ("opus", 48000, 2),
+]
+
+
+@pytest.fixture(scope="module")
+def ranged_media(
+    tmp_path_factory,
+) -> dict[tuple[str, int, int], tuple[bytes, Any, Any, np.ndarray]]:
+    """Per format: the bytes of 2 s of tones, its info and byte index, and the whole file
+    decoded from its start by the decoder the ranged reads use (PyAV for MP3 and Opus)."""
+    folder = tmp_path_factory.mktemp("ranged")
+    out = {}
+    for name, rate, channels in RANGED:
+        path = folder / f"tones-{rate}-{channels}.{name}"
+        if name == "mp3-vbr":
+            soundfile.write(path, audio_samples(2.0, rate, channels), rate, format="MP3")
+        else:
+            write_audio(path, 2.0, rate, channels)
+        data = path.read_bytes()
+        info, index = audio_ranges.probe_audio_index(data)
+        with pytest.MonkeyPatch.context() as patch:  # MP3 by PyAV from the file's start
+            patch.setattr(media_audio, "MP3_FROM_START_S", 0.0)
+            whole = decode_audio_window(data, 0, info.frames)
+        out[(name, rate, channels)] = (data, info, index, whole)
+    return out
+
+
+def _ranged_window(
+    data: bytes, info, index, start: int, length: int, **kw
+) -> tuple[np.ndarray, int]:
+    """The window decoded from only its ranges, and the bytes those ranges hold."""
+    first, count = media_audio.window_span(info, start, length, kw.get("sample_rate"))
+    ranges = audio_ranges.window_byte_ranges(index, len(data), first, count)
+    parts = [(o, data[o : o + n]) for o, n in ranges]
+    window = audio_ranges.decode_window_from_ranges(parts, info, index, start, length, **kw)
+    return window, sum(n for _, n in ranges)
+
+
+def test_every_format_has_its_byte_index(ranged_media) -> None:
+    formats = {key: index.format for key, (_, _, index, _) in ranged_media.items()}
+    assert formats == {
+        ("wav", 16000, 2): "wav",
+        ("flac", 22050, 1): "flac",
+        ("flac", 44100, 2): "flac",
+        ("mp3", 44100, 2): "mp3",
+        ("mp3-vbr", 44100, 2): "mp3",
+        ("mp3-vbr", 16000, 1): "mp3",
+        ("opus", 48000, 2): "whole",
+    }
+    _, info, index, _ = ranged_media[("wav", 16000, 2)]
+    assert index.seek_offsets.tolist() == [44, 44 + info.frames * 4]  # 2 channels of 16 bits
+    _, _, flac, _ = ranged_media[("flac", 22050, 1)]
+    assert flac.header == (0, 42) and len(flac.seek_samples) > 5 and flac.preroll == 0
+    _, _, low, _ = ranged_media[("mp3-vbr", 16000, 1)]
+    assert low.preroll >= 8 * 576  # the reservoir of 36-byte frames reaches far back
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_ranged_window_is_the_whole_file_decode(ranged_media, data) -> None:
+    key = data.draw(st.sampled_from(RANGED))
+    encoded, info, index, whole = ranged_media[key]
+    boundaries = [int(s) for s in index.seek_samples if 0 <= s < info.frames] or [0]
+    start = data.draw(
+        st.one_of(
+            st.integers(0, info.frames - 1),
+            st.sampled_from(boundaries).map(lambda s: max(0, s - 1)),  # across a frame's start
+            st.sampled_from([0, info.frames - 1]),
+        )
+    )
+    length = data.draw(st.one_of(st.integers(1, info.frames - start), st.just(info.frames - start)))
+    window, _ = _ranged_window(encoded, info, index, start, length)
+    if index.ranged:
+        np.testing.assert_array_equal(window, whole[:, start : start + length])
+    else:  # read whole, decoded as decode_audio_window does (Opus seeks: 4e-4 off a whole decode)
+        np.testing.assert_array_equal(window, decode_audio_window(encoded, start, length))
+    to = data.draw(st.sampled_from([None, 8000]))
+    mono = data.draw(st.sampled_from([None, 1]))
+    if to is not None or mono is not None:
+        shaped, _ = _ranged_window(
+            encoded, info, index, start, length, sample_rate=to, channels=mono
+        )
+        expected = decode_audio_window(encoded, start, length, sample_rate=to, channels=mono)
+        atol = 0 if key[0] in ("wav", "flac") else 1e-5  # MP3: mpg123's and FFmpeg's last bits
+        np.testing.assert_allclose(shaped, expected, atol=atol, rtol=0)
+
+
+def test_a_ranged_window_reads_its_frames_the_header_and_at_most_two_frames_more(
+    ranged_media,
+) -> None:
+    for key, (encoded, info, index, _) in ranged_media.items():
+        if not index.ranged:
+            continue
+        data_bytes = int(index.seek_offsets[-1] - index.seek_offsets[0])
+        frame_bytes = int(np.diff(index.seek_offsets).max())
+        frame_samples = int(np.diff(index.seek_samples).max()) if key[0] != "wav" else 0
+        preroll_bytes = -(-index.preroll // max(frame_samples, 1)) * frame_bytes
+        for start in range(0, info.frames - info.sample_rate // 4, info.sample_rate // 7):
+            length = info.sample_rate // 4
+            _, read = _ranged_window(encoded, info, index, start, length)
+            crop = data_bytes * length / info.frames
+            extra = 0 if key[0] == "wav" else 2 * frame_bytes
+            assert read <= crop + index.header[1] + extra + preroll_bytes, (key, start)
+        assert read < len(encoded) / 2  # a window of an eighth of the file
+
+
+def test_parts_that_are_not_the_windows_ranges_are_refused(ranged_media) -> None:
+    encoded, info, index, _ = ranged_media[("flac", 22050, 1)]
+    with pytest.raises(ValueError, match="window_byte_ranges"):
+        audio_ranges.decode_window_from_ranges([(0, encoded)], info, index, 100, 10)
+    damaged = bytearray(encoded)
+    o, n = audio_ranges.window_byte_ranges(index, len(encoded), 5000, 100)[1]
+    damaged[o : o + n] = bytes(n)  # the frames zeroed: no FLAC frame there
+    parts = [
+        (p, bytes(damaged[p : p + q]))
+        for p, q in audio_ranges.window_byte_ranges(index, len(encoded), 5000, 100)
+    ]
+    with pytest.raises(ValueError, match="damaged or its index is stale"):
+        audio_ranges.decode_window_from_ranges(parts, info, index, 5000, 100)
+
+
+@pytest.fixture(scope="module")
+def blob_uri(tmp_path_factory) -> tuple[str, dict[str, list[bytes]]]:
+    """A Lance dataset of 6 s files (16 kHz mono) of WAV, FLAC and MP3 in a blob column, 2 per
+    format, written by ll.convert (the byte index in columns)."""
+    root = tmp_path_factory.mktemp("blobs")
+    files: dict[str, list[bytes]] = {}
+    for fmt in ("wav", "flac", "mp3"):
+        for i in range(2):
+            write_audio(root / "in" / fmt / f"{i}.{fmt}", 6.0, 16000, 1)
+            files.setdefault(fmt, []).append((root / "in" / fmt / f"{i}.{fmt}").read_bytes())
+    uri = str(root / "audio.lance")
+    ll.convert(root / "in", uri, progress=False)
+    return uri, files
+
+
+def test_audio_clips_read_only_each_windows_bytes(blob_uri) -> None:
+    uri, files = blob_uri
+    loader = ll.Loader(  # only the clips: no other column's reads in the count
+        uri, batch_size=4, columns=["audio"], clips=ll.audio_clips("audio", 1.0, per_file=3)
+    )
+    source = loader.source
+    assert source.index.origin == "columns"  # convert wrote the byte index
+    paths = lance.dataset(uri).to_table(columns=["path"]).column("path").to_pylist()
+    source.read_rows(np.array([0]))  # opens the data file: its metadata, once per process
+    for p in range(source.num_rows):
+        media, start = source.windows.clip(p, seed=0, epoch=0)
+        fmt, i = paths[media].split("/")[0], int(paths[media].split("/")[1][0])
+        data = files[fmt][i]
+        read = source.read_rows(np.array([p]))
+        window = read.rows.column("audio").combine_chunks().to_numpy_ndarray()[0]
+        np.testing.assert_allclose(window, decode_audio_window(data, start, 16000), atol=1e-5)
+        # Lance reads the window's ranges and the blob's descriptor: a sixth of the file
+        # (1 s of 6 s) plus the header and the frames at the edges, never the whole file.
+        assert read.io_bytes <= len(data) / 6 + 4096 + 1024, (fmt, start, read.io_bytes)
+
+
+def test_a_long_files_sparser_seek_points_still_give_exact_windows(
+    ranged_media, monkeypatch
+) -> None:
+    # A file of more than MAX_SEEK_POINTS frames keeps every k-th frame's point: a window then
+    # decodes from a point up to k - 1 frames earlier (FLAC: several frames in one run; MP3:
+    # frames split by their headers, the reservoir's preroll counted in samples).
+    monkeypatch.setattr(audio_index, "MAX_SEEK_POINTS", 6)
+    rng = np.random.default_rng(7)
+    for key in [("flac", 22050, 1), ("mp3", 44100, 2), ("mp3-vbr", 16000, 1)]:
+        encoded, info, dense, whole = ranged_media[key]
+        _, index = audio_ranges.probe_audio_index(encoded)
+        assert len(index.seek_offsets) <= 6 < len(dense.seek_offsets)
+        for start in [0, info.frames - 500, *rng.integers(0, info.frames - 500, 6).tolist()]:
+            window, _ = _ranged_window(encoded, info, index, int(start), 500)
+            np.testing.assert_array_equal(window, whole[:, start : start + 500])

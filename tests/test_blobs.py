@@ -5,6 +5,7 @@ materialised as blobs; locally and on the real S3 server of ``tests/s3server.py`
 from __future__ import annotations
 
 import io
+import itertools
 
 import lance
 import lance.blob
@@ -18,7 +19,16 @@ from PIL import Image
 import lanceloader as ll
 from lanceloader.cli.inspect import inspect_lines
 from lanceloader.engine.stream import READ_BYTES
-from lanceloader.rows.blobs import blob_columns, blob_files, is_blob_field
+from lanceloader.rows.blobs import blob_columns, blob_files, is_blob_field, read_blob_payloads
+from lanceloader.rows.inline_blobs import (
+    CHECKED_VERSIONS,
+    MAX_GAP,
+    FragmentFiles,
+    fragment_files,
+    inline_runs,
+    read_inline,
+    take_inline_io,
+)
 from lanceloader.rows.lance import Source
 
 ROWS = 40
@@ -244,6 +254,8 @@ def test_same_rows_on_s3_with_few_gets_and_a_cache_makes_none(s3, images, tmp_pa
     gets = s3.requests().get("GET", 0)
     assert batch.column("image").to_pylist() == images
     assert gets <= 12, gets  # 3 fragments: descriptors + payloads, a few ranges each
+    # an object store's payloads come through read_blobs, never local preads
+    assert fragment_files(lance.dataset(remote, storage_options=options), "image") is None
     cached = ll.Loader(
         remote, batch_size=8, output="arrow", storage_options=options, cache=str(tmp_path / "cache")
     )
@@ -321,9 +333,196 @@ def read_heads(batch: pa.RecordBatch) -> pa.RecordBatch:
 def test_a_loader_hands_a_transform_files_of_its_blobs(blob_uri: str, images, worker_type) -> None:
     """Loader(blobs={column: "file"}): a transform reads only what it asks for, in thread and
     process workers, in a shuffled order."""
-    loader = ll.Loader(blob_uri, batch_size=8, shuffle=True, blobs={"image": "file"},
-                       transform=read_heads, output="arrow", num_workers=2,
-                       worker_type=worker_type)
-    got = {i: h for b in loader for i, h in zip(b["id"].to_pylist(), b["head"].to_pylist(),
-                                                   strict=True)}
+    loader = ll.Loader(
+        blob_uri,
+        batch_size=8,
+        shuffle=True,
+        blobs={"image": "file"},
+        transform=read_heads,
+        output="arrow",
+        num_workers=2,
+        worker_type=worker_type,
+    )
+    got = {
+        i: h
+        for b in loader
+        for i, h in zip(b["id"].to_pylist(), b["head"].to_pylist(), strict=True)
+    }
     assert got == {i: None if v is None else v[2:6] for i, v in enumerate(images)}
+
+
+# --- inline payloads straight from the data files (rows/inline_blobs.py) ----------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),  # fragment
+            st.integers(0, 200),  # file offset, unless it follows the previous row
+            st.integers(0, 6),  # size
+            st.sampled_from([None, 0, 3, MAX_GAP, MAX_GAP + 1]),  # gap after the previous
+        ),
+        max_size=30,
+    )
+)
+def test_inline_runs_read_each_payload_into_its_place(rows) -> None:
+    """Any rows (fragment, file offset, size; or placed a gap after the previous row's
+    payload, so runs form): scattering each run's file bytes as its pieces say gives each
+    row's bytes at its offsets, and a run never spans two files or a gap over MAX_GAP."""
+    fragments, positions, sizes = [], [], []
+    for fragment, at, size, gap in rows:
+        if gap is not None and fragments and sizes[-1]:
+            fragment, at = fragments[-1], positions[-1] + sizes[-1] + gap
+        fragments.append(fragment)
+        positions.append(at)
+        sizes.append(size)
+    length = max((p + n for p, n in zip(positions, sizes, strict=True)), default=0)
+    files = [np.random.default_rng(f).bytes(length) for f in range(3)]
+    plan = inline_runs(np.array(fragments), np.array(positions), np.array(sizes))
+    out = bytearray(int(plan.offsets[-1]))
+    for lo, hi in itertools.pairwise(plan.runs.tolist()):
+        run = plan.rows[lo:hi]
+        assert len(set(plan.fragments[lo:hi].tolist())) == 1
+        ends = plan.positions[lo:hi] + plan.sizes[lo:hi]
+        assert ((plan.positions[lo + 1 : hi] - ends[:-1]) <= MAX_GAP).all()
+        assert ((plan.positions[lo + 1 : hi] - ends[:-1]) >= 0).all()
+        for row in run.tolist():
+            f, p, n = fragments[row], positions[row], sizes[row]
+            out[plan.offsets[row] : plan.offsets[row] + n] = files[f][p : p + n]
+    got = [bytes(out[lo:hi]) for lo, hi in itertools.pairwise(plan.offsets.tolist())]
+    assert got == [files[f][p : p + n] for f, p, n in zip(fragments, positions, sizes, strict=True)]
+    assert sorted(plan.rows.tolist()) == [i for i, n in enumerate(sizes) if n]
+    followers = sum(
+        1
+        for (f0, p0, n0), (f1, p1, n1) in itertools.pairwise(
+            [r for r in zip(fragments, positions, sizes, strict=True) if r[2]]
+        )
+        if f0 == f1 and 0 <= p1 - p0 - n0 <= MAX_GAP
+    )
+    assert plan.run_count == len(plan.rows) - followers
+
+
+@pytest.fixture(scope="module")
+def layered_uri(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[bytes | None]]:
+    """60 rows of 0-3,000-byte payloads (nulls, empty blobs) in 3 fragments, rows deleted,
+    and a column added afterwards (a second data file per fragment)."""
+    rng = np.random.default_rng(3)
+    values: list[bytes | None] = [
+        None if i % 7 == 3 else b"" if i % 11 == 5 else rng.bytes(int(rng.integers(1, 3000)))
+        for i in range(60)
+    ]
+    uri = str(tmp_path_factory.mktemp("blobs") / "layered.lance")
+    ds = lance.write_dataset(blob_table(values), uri, max_rows_per_file=20)
+    ds.delete("id % 9 = 4")
+    ds.add_columns({"twice": "id * 2"})
+    return uri, values
+
+
+@pytest.mark.parametrize("order", ["sequential", "shuffled", "blocks"])
+def test_inline_payloads_are_read_from_the_files_in_runs_and_equal_read_blobs(
+    layered_uri, order: str
+) -> None:
+    """Today every read of a blob column pays Lance's read_blobs (a bytes object per row, then
+    a copy): a sequential read of inline blobs now reads a few runs straight from the files,
+    counted in the read's I/O, with the same payloads as read_blobs; scattered rows still get
+    read_blobs."""
+    uri, values = layered_uri
+    source = Source(uri)
+    n = source.num_rows
+    positions = {
+        "sequential": np.arange(n),
+        "shuffled": np.random.default_rng(0).permutation(n),
+        "blocks": np.concatenate([np.arange(20, n), np.arange(0, 20)]),
+    }[order]
+    take_inline_io()
+    read = source.read_rows(positions)
+    ids = read.rows.column("id").to_pylist()
+    got = read.rows.column("image").to_pylist()
+    assert got == [values[i] for i in ids]
+    offsets = source.row_offsets(positions).tolist()
+    assert got == [b for _, b in lance.dataset(uri).read_blobs("image", indices=offsets)]
+    payload = sum(len(values[i] or b"") for i in ids)
+    direct = order != "shuffled"
+    if direct:
+        assert read.io_bytes >= payload  # the payloads count as read bytes (stats())
+    runs = source.read_rows(positions)  # the same read again, counted alone
+    assert take_inline_io() == (0, 0)  # the read took its own counts
+    assert (runs.io_bytes >= payload) if direct else True
+    if direct:  # a few preads (one per fragment or block run), not one per row
+        assert runs.io_iops <= 8 + 2 * 3
+    descriptors = Source(uri, blobs={"image": "descriptor"}).read(positions).column("image")
+    payloads = read_blob_payloads(lance.dataset(uri), "image", np.array(offsets), descriptors)
+    assert payloads.to_pylist() == got
+    inline_bytes, preads = take_inline_io()
+    if direct:  # the payloads, plus the padding and deleted rows' payloads between them
+        assert payload <= inline_bytes <= 1.3 * payload + 64 * len(ids)
+    else:
+        assert (inline_bytes, preads) == (0, 0)
+    assert preads <= 6  # sequential: a run per fragment; blocks: one more
+
+
+def test_packed_blobs_come_through_read_blobs(tmp_path) -> None:
+    """Payloads above Lance's inline threshold live in other files (packed): read_blobs reads
+    them, never this module's preads."""
+    uri = str(tmp_path / "packed.lance")
+    rng = np.random.default_rng(1)
+    values = [rng.bytes(100_000), None, b"", rng.bytes(100_000)]
+    lance.write_dataset(blob_table(values), uri)
+    take_inline_io()
+    assert Source(uri).read(np.arange(4)).column("image").to_pylist() == values
+    assert take_inline_io() == (0, 0)
+
+
+@pytest.mark.parametrize("storage", ["2.0", "2.1"])
+def test_blob_v1_columns_come_through_read_blobs(tmp_path, storage: str) -> None:
+    """A blob v1 column (large_binary tagged lance-encoding:blob; descriptors of position and
+    size only) reads its payloads through read_blobs, not the inline path."""
+    field = pa.field("image", pa.large_binary(), metadata={"lance-encoding:blob": "true"})
+    values = [bytes([i]) * 1000 for i in range(40)]
+    table = pa.table(
+        [pa.array(range(40)), pa.array(values, pa.large_binary())],
+        schema=pa.schema([pa.field("id", pa.int64()), field]),
+    )
+    uri = str(tmp_path / "v1.lance")
+    lance.write_dataset(table, uri, data_storage_version=storage)
+    take_inline_io()
+    assert Source(uri).read(np.arange(40)).column("image").to_pylist() == values
+    assert take_inline_io() == (0, 0)
+
+
+def test_a_data_file_shorter_than_its_descriptors_is_an_error_naming_it(tmp_path) -> None:
+    """A file replaced or truncated under the reader: an OSError naming it, never zeros."""
+    path = tmp_path / "short.lance"
+    path.write_bytes(b"x" * 100)
+    files = FragmentFiles(np.array([0, 2]), (str(path),))
+    plan = inline_runs(np.array([0, 0]), np.array([0, 64]), np.array([60, 60]))
+    with pytest.raises(OSError, match=r"short\.lance ends at byte 100.*24 more bytes"):
+        read_inline(files, plan, None, 0)
+
+
+def test_inline_reads_run_on_the_checked_pylance_and_a_local_path_in_any_cwd(
+    tmp_path, monkeypatch
+) -> None:
+    """The installed pylance is one whose layout these tests check (else every read would
+    quietly take the slow path); a relative URI still reads after the process changes
+    directory (the files' paths are absolute)."""
+    assert lance.__version__.split(".")[0] in CHECKED_VERSIONS
+    monkeypatch.chdir(tmp_path)
+    lance.write_dataset(blob_table([b"ab", b"cd"]), "rel.lance")
+    source = Source("rel.lance")
+    assert fragment_files(source.dataset, "image") is not None
+    descriptors = Source("rel.lance", blobs={"image": "descriptor"}).read(np.arange(2))
+    monkeypatch.chdir("/")
+    assert source.read(np.arange(2)).column("image").to_pylist() == [b"ab", b"cd"]
+    take_inline_io()
+    payloads = read_blob_payloads(source.dataset, "image", np.arange(2), descriptors["image"])
+    assert payloads.to_pylist() == [b"ab", b"cd"] and take_inline_io()[0] >= 4
+
+
+def test_decode_images_reads_binary_view_columns() -> None:
+    """Today decode_images refuses binary_view (what Arrow builds from bytes without a copy)."""
+    column = pa.array([jpeg(1), jpeg(2)], pa.binary_view())
+    out = ll.decode_images("image")(pa.record_batch({"image": column}))
+    expected = np.stack([np.asarray(Image.open(io.BytesIO(jpeg(i)))) for i in (1, 2)])
+    assert np.array_equal(out["image"].to_numpy_ndarray(), expected)

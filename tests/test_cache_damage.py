@@ -101,9 +101,18 @@ def test_damaged_pieces_are_counted_in_the_loaders_stats(uri, tmp_path, worker_t
     assert "4 damaged cache files dropped and read again" in str(stats)
 
 
-def test_bytes_changed_between_two_reads_of_one_source_are_caught(uri, tmp_path):
+def mapped(source: Source) -> Source:
+    """``source`` reading its directory as the automatic cache does: pieces mapped."""
+    source.cache = cache_module.DiskCache(source.cache.root, source.cache.size, mapped=True)
+    return source
+
+
+@pytest.mark.parametrize("kind", ["read", "mapped"])
+def test_bytes_changed_between_two_reads_of_one_source_are_caught(uri, tmp_path, kind):
     cache = tmp_path / "c"
     source = filled(uri, cache)
+    if kind == "mapped":
+        read_all(mapped(source))  # every piece mapped before the damage
     want = read_all(Source(uri, columns=COLUMNS))
     piece = pieces(cache)[0]
     with open(piece, "r+b") as file:
@@ -112,15 +121,19 @@ def test_bytes_changed_between_two_reads_of_one_source_are_caught(uri, tmp_path)
     assert read_all(source) == want and source.cache.damaged == 1
 
 
-def test_two_piece_files_swapped_are_caught(uri, tmp_path):
+@pytest.mark.parametrize("kind", ["read", "mapped"])
+def test_two_piece_files_swapped_are_caught(uri, tmp_path, kind):
     cache = tmp_path / "c"
     filled(uri, cache)
     want = read_all(Source(uri, columns=COLUMNS))
+    source = Source(uri, columns=COLUMNS, cache=str(cache), cache_size=1 << 30)
+    if kind == "mapped":
+        read_all(mapped(source))  # mapped before the swap: the renames are seen
+        source.cache.damaged = 0
     a, b = pieces(cache)[0], pieces(cache)[3]
     a.rename(tmp_path / "swap")
     b.rename(a)
     (tmp_path / "swap").rename(b)
-    source = Source(uri, columns=COLUMNS, cache=str(cache), cache_size=1 << 30)
     assert read_all(source) == want
     assert source.cache.damaged == 2
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
 from lanceloader.media import video as media_video
-from lanceloader.rows.clips import ClipSource, clip_windows
+from lanceloader.rows.clips import ClipSource, clip_windows, fetch_chunks
 from mediagen import frame_index_of, write_audio, write_video
 
 FRAMES = [30, 21, 45, 9, 26]  # per video; the 9-frame one is too short for some clips
@@ -132,6 +132,18 @@ def test_per_video_starts_lie_in_their_video_and_follow_seed_and_epoch(
     assert np.all((starts >= 0) & (starts + 4 < np.array(lengths)[media]))
     # any subset of positions draws the same starts (what workers and resumes rely on)
     assert np.array_equal(windows.starts(positions[::-1], seed, epoch), starts[::-1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(clips=st.integers(0, 70), most=st.integers(1, 6))
+def test_a_reads_clips_are_fetched_in_order_in_few_chunks_the_first_alone(clips, most) -> None:
+    chunks = fetch_chunks(clips, most)
+    assert [i for chunk in chunks for i in chunk] == list(range(clips))  # each once, in order
+    assert len(chunks) <= most and all(chunks)
+    if clips and most > 1:
+        assert len(chunks[0]) == 1  # the first decode waits for one clip's bytes only
+        sizes = [len(c) for c in chunks[:-1]]
+        assert sizes == sorted(sizes)  # later chunks have more decodes before them to arrive in
 
 
 # --- frames -------------------------------------------------------------------------------
@@ -368,7 +380,10 @@ def test_the_automatic_cache_keeps_no_copy_of_local_media(uri) -> None:
 # --- errors -------------------------------------------------------------------------------
 
 
-def test_a_corrupt_video_is_a_clip_error_naming_its_row(tmp_path, videos) -> None:
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_corrupt_video_is_a_clip_error_naming_its_row(tmp_path, videos, where, request) -> None:
+    """On an object store the row's columns are read on a fetch thread while the clips decode:
+    the error still names the row's path."""
     broken = bytearray(videos[2])
     info = media_video.probe_video(videos[2])
     at = int(info.keyframe_offsets[1])
@@ -380,8 +395,20 @@ def test_a_corrupt_video_is_a_clip_error_naming_its_row(tmp_path, videos) -> Non
         "video_frames",
         pa.array([FRAMES[0], FRAMES[2]], pa.int64()),
     )
-    lance.write_dataset(table, out, data_storage_version="2.2")
-    loader = ll.Loader(out, batch_size=2, clips=ll.video_clips(frames=4, stride=1, step=6))
+    options = {}
+    if where == "local":
+        lance.write_dataset(table, out, data_storage_version="2.2")
+    else:
+        s3 = request.getfixturevalue("s3")
+        out, options = s3.write(table, data_storage_version="2.2"), s3.storage_options
+    loader = ll.Loader(
+        out,
+        batch_size=2,
+        clips=ll.video_clips(frames=4, stride=1, step=6),
+        storage_options=options or None,
+        cache=None,
+    )
+    assert loader.source.fetch_ahead == (where == "s3")
     with pytest.raises(
         ll.ClipError, match=r"frame 6 of Lance row 1 .*path=.v1.mp4.*filter="
     ) as raised:

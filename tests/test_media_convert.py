@@ -13,6 +13,7 @@ import pytest
 
 from lanceloader.cli import main
 from lanceloader.media.audio import probe_audio
+from lanceloader.media.audio_ranges import probe_audio_index
 from lanceloader.media.video import index_fields, index_values, probe_video
 from lanceloader.rows.blobs import blob_columns
 from lanceloader.write.convert import CLASSES_KEY, convert
@@ -20,6 +21,7 @@ from mediagen import write_audio, write_video
 from test_cli import assert_one_line_error, run_cli
 
 AUDIO_COLUMNS = ["audio_sample_rate", "audio_channels", "audio_frames", "audio_duration"]
+BYTE_INDEX = ["audio_seek_samples", "audio_seek_offsets", "audio_header_length", "audio_preroll"]
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +78,18 @@ def test_an_audio_folder_becomes_blobs_and_its_audio_columns(tmp_path):
             info.sample_rate, info.channels, info.frames)  # fmt: skip
         assert (row["audio_duration"], row["audio_codec"]) == (info.duration_s, info.codec)
     assert "label" not in lance.dataset(tmp_path / "sounds.lance").schema.names
+    # The byte index of each file (media/audio_ranges.py), so audio_clips reads only a
+    # window's bytes: what a probe of the file finds; Opus has none (read whole).
+    ranged = read_rows(tmp_path / "sounds.lance", "path", *BYTE_INDEX)
+    for row in ranged:
+        _, index = probe_audio_index((root / row["path"]).read_bytes())
+        assert row["audio_seek_offsets"] == index.seek_offsets.tolist()
+        assert row["audio_seek_samples"] == index.seek_samples.tolist()
+        assert (row["audio_header_length"], row["audio_preroll"]) == (
+            index.header[1],
+            index.preroll,
+        )
+        assert (len(row["audio_seek_offsets"]) >= 2) == (not row["path"].endswith(".opus"))
 
 
 def test_a_labels_csv_is_joined_by_file_name_and_gaps_are_listed(tmp_path):

@@ -17,14 +17,16 @@ from hypothesis import strategies as st
 import lanceloader as ll
 from lanceloader.ordering.interleave import Interleave, Runs, interleave, rational_weights
 from lanceloader.ordering.plan import read_tasks
-from lanceloader.rows.mixed import mixed_rows, place_rows
+from lanceloader.rows.gather import gather_rows
+from lanceloader.rows.placement import mixed_rows
 from lanceloader.rows.protocol import as_table, read_table
 from lanceloader.state.format import StateMismatchError
 
 
 @settings(deadline=None)  # pure, but a loaded 2-core machine runs it past 200 ms
-@given(st.lists(st.integers(0, 40), min_size=1, max_size=6).filter(any),
-       st.sampled_from([1, 1, 2, 5]))
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=6).filter(any), st.sampled_from([1, 1, 2, 5])
+)
 def test_every_prefix_is_within_one_run_of_its_share(quotas: list[int], run: int) -> None:
     il = Interleave(tuple(quotas), run)
     period = il.period * run
@@ -49,7 +51,9 @@ def test_every_prefix_is_within_one_run_of_its_share(quotas: list[int], run: int
 def test_rational_weights_keep_the_proportions(weights: list[int]) -> None:
     quotas = rational_weights(weights)
     total = sum(weights)
-    assert all(Fraction(q, sum(quotas)) == Fraction(w, total) for q, w in zip(quotas, weights, strict=True))
+    assert all(
+        Fraction(q, sum(quotas)) == Fraction(w, total) for q, w in zip(quotas, weights, strict=True)
+    )
 
 
 def test_float_weights_become_their_obvious_fractions() -> None:
@@ -64,27 +68,41 @@ def sources(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("mix")
     out = {}
     for base, (name, rows) in enumerate([("a", 13), ("b", 40), ("c", 90)], start=1):
-        table = pa.table({"id": pa.array(np.arange(rows) + 1000 * base),
-                          "x": pa.array(np.arange(rows, dtype=np.float32))})
+        table = pa.table(
+            {
+                "id": pa.array(np.arange(rows) + 1000 * base),
+                "x": pa.array(np.arange(rows, dtype=np.float32)),
+            }
+        )
         out[name] = str(root / f"{name}.lance")
         lance.write_dataset(table, out[name], max_rows_per_file=16)
     return out
 
 
 def _mix(sources, weights, epoch="first_exhausted", **kw) -> ll.Mix:
-    return ll.Mix({
-        "a": ll.Loader(sources["a"], columns=["id"], shuffle=True, seed=3),
-        "b": ll.Loader(sources["b"], columns=["id"], shuffle=True, shuffle_block_size=4, seed=4),
-        "c": ll.Loader(sources["c"], columns=["id"]),
-    }, weights=weights, samples_per_epoch=epoch, **kw)
+    return ll.Mix(
+        {
+            "a": ll.Loader(sources["a"], columns=["id"], shuffle=True, seed=3),
+            "b": ll.Loader(
+                sources["b"], columns=["id"], shuffle=True, shuffle_block_size=4, seed=4
+            ),
+            "c": ll.Loader(sources["c"], columns=["id"]),
+        },
+        weights=weights,
+        samples_per_epoch=epoch,
+        **kw,
+    )
 
 
-def _global(mix_factory, batch_size, world, start_state=None, batches=None, epochs=1,
-            allow=()) -> tuple[list[int], dict]:
+def _global(
+    mix_factory, batch_size, world, start_state=None, batches=None, epochs=1, allow=()
+) -> tuple[list[int], dict]:
     """The global stream of ``epochs`` epochs (or ``batches`` steps) read by ``world`` ranks in
     lock-step, and the state after."""
-    loaders = [ll.Loader(mix_factory(), batch_size=batch_size, rank=r, world_size=world,
-                         num_workers=1) for r in range(world)]
+    loaders = [
+        ll.Loader(mix_factory(), batch_size=batch_size, rank=r, world_size=world, num_workers=1)
+        for r in range(world)
+    ]
     if start_state is not None:
         for loader in loaders:
             loader.load_state_dict(start_state, allow_changes=allow)
@@ -111,12 +129,18 @@ def _sources_of(ids: list[int]) -> np.ndarray:
 
 
 @settings(max_examples=15, deadline=None)
-@given(w=st.lists(st.integers(0, 5), min_size=3, max_size=3).filter(any),
-       epoch=st.sampled_from(["first_exhausted", "all_exhausted", 57]),
-       batch=st.integers(1, 9), world_before=st.integers(1, 3), world_after=st.integers(1, 3),
-       cut=st.integers(1, 12), run=st.sampled_from([1, 1, 3]))
-def test_resume_anywhere_continues_the_stream(sources, w, epoch, batch, world_before,
-                                              world_after, cut, run) -> None:
+@given(
+    w=st.lists(st.integers(0, 5), min_size=3, max_size=3).filter(any),
+    epoch=st.sampled_from(["first_exhausted", "all_exhausted", 57]),
+    batch=st.integers(1, 9),
+    world_before=st.integers(1, 3),
+    world_after=st.integers(1, 3),
+    cut=st.integers(1, 12),
+    run=st.sampled_from([1, 1, 3]),
+)
+def test_resume_anywhere_continues_the_stream(
+    sources, w, epoch, batch, world_before, world_after, cut, run
+) -> None:
     weights = dict(zip("abc", w, strict=True))
     factory = lambda: _mix(sources, weights, epoch, run_length=run)  # noqa: E731
     whole, _ = _global(factory, batch * world_before, 1, epochs=2)
@@ -128,8 +152,9 @@ def test_resume_anywhere_continues_the_stream(sources, w, epoch, batch, world_be
     assume(all(r == 0 or r >= world_after for r in ((n - state["sample"]) % step, n % step)))
     r = n % (batch * world_before)
     assume(r == 0 or r >= world_before)
-    rest, _ = _global(factory, batch, world_after, start_state=state,
-                      allow=("batch_size",), epochs=2)
+    rest, _ = _global(
+        factory, batch, world_after, start_state=state, allow=("batch_size",), epochs=2
+    )
     joined = first + rest
     # The first run may end its epoch early; the second finishes it and reads one more epoch.
     assert joined[: len(whole)] == whole[: len(joined)]
@@ -144,12 +169,15 @@ def test_resume_anywhere_continues_the_stream(sources, w, epoch, batch, world_be
 def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_path) -> None:
     mix = _mix(sources, {"a": 1, "b": 2, "c": 3}, 300, run_length=8, source_column="source")
     batches = list(ll.Loader(mix, batch_size=8))
-    assert len(batches) == 300 // 8 + 1 and all(len(set(b["source"].tolist())) == 1
-                                                 for b in batches)
+    assert len(batches) == 300 // 8 + 1 and all(
+        len(set(b["source"].tolist())) == 1 for b in batches
+    )
     src = np.array([b["source"][0] for b in batches[:-1]])
     assert np.bincount(src[:36], minlength=3).tolist() == [6, 12, 18]  # 1:2:3, counted in batches
-    assert np.array_equal(_sources_of(np.concatenate([b["id"] for b in batches])),
-                          np.concatenate([b["source"] for b in batches]))
+    assert np.array_equal(
+        _sources_of(np.concatenate([b["id"] for b in batches])),
+        np.concatenate([b["source"] for b in batches]),
+    )
     # "first_exhausted" in runs: the epoch ends as the first source gives its last row.
     first = _mix(sources, {"a": 1, "b": 1, "c": 1}, run_length=4)
     ids = np.concatenate([b["id"] for b in ll.Loader(first, batch_size=5)])
@@ -162,7 +190,8 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     long = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=64)
     table = read_table(long.source(), np.arange(256))
     assert table["id"].num_chunks == 4 and table["id"].to_pylist() == (
-        list(range(64)) + list(range(64)) + list(range(64, 128)) * 2)
+        list(range(64)) + list(range(64)) + list(range(64, 128)) * 2
+    )
     views = list(ll.Loader(long, batch_size=64, num_workers=1))  # reads of 1, 2, 4 batches
     address = [b["x"].__array_interface__["data"][0] for b in views]
     assert [b["id"][0] for b in views[3:7]] == [64, 128, 128, 192]  # e, d, e, d
@@ -171,8 +200,10 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     dealt = [i for pair in zip(*ranks, strict=True) for b in pair for i in b["id"].tolist()]
     assert dealt == np.concatenate([b["id"] for b in views]).tolist()  # two ranks, in turn
     arrow = list(ll.Loader(long, batch_size=48, output="arrow"))  # batches across two runs
-    assert np.concatenate([b["id"].to_numpy() for b in arrow]).tolist() == \
-        np.concatenate([b["id"] for b in views]).tolist()
+    assert (
+        np.concatenate([b["id"].to_numpy() for b in arrow]).tolist()
+        == np.concatenate([b["id"] for b in views]).tolist()
+    )
     short = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "de"}, run_length=8)
     copied = read_table(short.source(), np.arange(256))  # runs of 8 rows: copied into one chunk
     assert copied["id"].num_chunks == 1 and copied["id"].to_pylist()[:10] == [*range(8), 0, 1]
@@ -181,16 +212,24 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     torch = pytest.importorskip("torch")
     tensors = list(ll.Loader(long, batch_size=64, output="torch"))  # slices, then tensors
     assert all(isinstance(b["x"], torch.Tensor) for b in tensors)
-    assert torch.cat([b["id"] for b in tensors]).tolist() == \
-        np.concatenate([b["id"] for b in views]).tolist()
+    assert (
+        torch.cat([b["id"] for b in tensors]).tolist()
+        == np.concatenate([b["id"] for b in views]).tolist()
+    )
 
 
 @settings(max_examples=40, deadline=None)
-@given(w=st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any),
-       run=st.integers(1, 5), offsets=st.lists(st.integers(0, 30), min_size=3, max_size=3),
-       start=st.integers(0, 200), n=st.integers(1, 120), shuffled=st.booleans())
-def test_located_runs_are_the_stream_sample_by_sample(sources, w, run, offsets, start, n,
-                                                      shuffled) -> None:
+@given(
+    w=st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any),
+    run=st.integers(1, 5),
+    offsets=st.lists(st.integers(0, 30), min_size=3, max_size=3),
+    start=st.integers(0, 200),
+    n=st.integers(1, 120),
+    shuffled=st.booleans(),
+)
+def test_located_runs_are_the_stream_sample_by_sample(
+    sources, w, run, offsets, start, n, shuffled
+) -> None:
     """Reads of consecutive samples (located per slot) and any others (per sample) give each
     sample's source and its index in that source's stream, as the interleave's counts say."""
     mix = _mix(sources, dict(zip("abc", w, strict=True)), 57, run_length=run)
@@ -200,15 +239,20 @@ def test_located_runs_are_the_stream_sample_by_sample(sources, w, run, offsets, 
         stream = np.random.default_rng(start).permutation(stream)
     runs = mix.source().locate(stream)
     source = np.repeat(runs.source, runs.length)
-    index = np.concatenate([np.arange(i, i + k) for i, k in zip(runs.index, runs.length,
-                                                                   strict=True)])
+    index = np.concatenate(
+        [np.arange(i, i + k) for i, k in zip(runs.index, runs.length, strict=True)]
+    )
     epoch, sample = np.divmod(stream, 57)
     assert source.tolist() == mix.interleave.source_of(sample).tolist()
-    expected = [offsets[k] + e * mix.per_epoch[k] + int(mix.interleave.count(k, j))
-                for k, e, j in zip(source.tolist(), epoch.tolist(), sample.tolist(), strict=True)]
+    expected = [
+        offsets[k] + e * mix.per_epoch[k] + int(mix.interleave.count(k, j))
+        for k, e, j in zip(source.tolist(), epoch.tolist(), sample.tolist(), strict=True)
+    ]
     assert index.tolist() == expected
     for k in range(3):  # and each source's indices, in stream order
-        assert runs.indices(k).tolist() == [i for s, i in zip(source, expected, strict=True) if s == k]
+        assert runs.indices(k).tolist() == [
+            i for s, i in zip(source, expected, strict=True) if s == k
+        ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -217,19 +261,26 @@ def test_mixed_rows_puts_every_row_in_its_place(data) -> None:
     """Copied (short runs, reordered parts) or handed out as pieces (long runs crossing the
     parts' record batches), the mixed rows are each source's next rows, in stream order."""
     sources = data.draw(st.integers(1, 3))
-    runs = data.draw(st.lists(st.tuples(st.integers(0, sources - 1), st.integers(1, 150)),
-                              min_size=1, max_size=10))
+    runs = data.draw(
+        st.lists(
+            st.tuples(st.integers(0, sources - 1), st.integers(1, 150)), min_size=1, max_size=10
+        )
+    )
     parts, wheres, stream_rows = [], [], []
     for k in range(sources):
         n = sum(length for s, length in runs if s == k)
         cuts = sorted(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=3)))
         edges = [0, *[c for c in cuts if 0 < c < n], n]
         values = np.arange(n) + 1000 * k
-        batches = [pa.record_batch({"x": values[a:b]}) for a, b in itertools.pairwise(edges)
-                   if b > a]
+        batches = [
+            pa.record_batch({"x": values[a:b]}) for a, b in itertools.pairwise(edges) if b > a
+        ]
         parts.append(pa.Table.from_batches(batches, schema=pa.schema([("x", pa.int64())])))
-        where = (np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n)))
-                 if n and data.draw(st.booleans()) else None)
+        where = (
+            np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n)))
+            if n and data.draw(st.booleans())
+            else None
+        )
         wheres.append(where)
         stream_rows.append(list(values[where] if where is not None else values))
     source = np.array([s for s, _ in runs])
@@ -238,7 +289,7 @@ def test_mixed_rows_puts_every_row_in_its_place(data) -> None:
     index, expected = [], []
     for s, n in runs:
         index.append(given[s])
-        expected += stream_rows[s][given[s]:given[s] + n]
+        expected += stream_rows[s][given[s] : given[s] + n]
         given[s] += n
     out = mixed_rows(parts, wheres, Runs(source, np.array(index), length).merged())
     assert as_table(out)["x"].to_pylist() == expected
@@ -251,32 +302,46 @@ def wide_sources(tmp_path_factory) -> dict[str, str]:
     out = {}
     for base, (name, rows) in enumerate([("a", 11), ("b", 37), ("c", 64)], start=1):
         ids = np.arange(rows) + 1000 * base
-        table = pa.table({
-            "id": pa.array(ids),
-            "v": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 3).astype(
-                np.float32)), 3),
-            "s": pa.array([f"r{i}" for i in ids.tolist()])})
+        table = pa.table(
+            {
+                "id": pa.array(ids),
+                "v": pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.repeat(ids, 3).astype(np.float32)), 3
+                ),
+                "s": pa.array([f"r{i}" for i in ids.tolist()]),
+            }
+        )
         out[name] = str(root / f"{name}.lance")
         lance.write_dataset(table, out[name], max_rows_per_file=10)
     return out
 
 
 @settings(max_examples=8, deadline=None)
-@given(w=st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any),
-       modes=st.lists(st.sampled_from(["sequential", "block", "full"]), min_size=3, max_size=3),
-       run=st.sampled_from([1, 2, 70]), batch=st.integers(1, 40), per_read=st.integers(1, 5),
-       epoch=st.integers(0, 2))
-def test_a_mixed_epoch_is_each_sources_own_order_interleaved(wide_sources, w, modes, run,
-                                                              batch, per_read, epoch) -> None:
+@given(
+    w=st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any),
+    modes=st.lists(st.sampled_from(["sequential", "block", "full"]), min_size=3, max_size=3),
+    run=st.sampled_from([1, 2, 70]),
+    batch=st.integers(1, 40),
+    per_read=st.integers(1, 5),
+    epoch=st.integers(0, 2),
+)
+def test_a_mixed_epoch_is_each_sources_own_order_interleaved(
+    wide_sources, w, modes, run, batch, per_read, epoch
+) -> None:
     """Every column of every sample the loader delivers is the row the interleave and the
     source's own order name (computed here sample by sample, not through a read): copied into
     place or handed out as pieces, in reads of any size, in any epoch."""
-    orders = {"sequential": {}, "block": {"shuffle": True, "shuffle_block_size": 4},
-              "full": {"shuffle": True}}
-    own = {n: ll.Loader(wide_sources[n], seed=7 + k, **orders[modes[k]])
-           for k, n in enumerate("abc")}
-    mix = ll.Mix(own, weights=dict(zip("abc", w, strict=True)), run_length=run,
-                 samples_per_epoch=150)
+    orders = {
+        "sequential": {},
+        "block": {"shuffle": True, "shuffle_block_size": 4},
+        "full": {"shuffle": True},
+    }
+    own = {
+        n: ll.Loader(wide_sources[n], seed=7 + k, **orders[modes[k]]) for k, n in enumerate("abc")
+    }
+    mix = ll.Mix(
+        own, weights=dict(zip("abc", w, strict=True)), run_length=run, samples_per_epoch=150
+    )
     loader = ll.Loader(mix, batch_size=batch, rows_per_read=batch * per_read, output="arrow")
     loader.set_epoch(epoch)
     got = pa.concat_tables(pa.Table.from_batches([b]) for b in loader)
@@ -294,34 +359,46 @@ def test_a_mixed_epoch_is_each_sources_own_order_interleaved(wide_sources, w, mo
     assert got["s"].to_pylist() == [f"r{i}" for i in expected]
 
 
-# Column kinds place_rows meets: scattered (fixed width, no nulls) or taken (the rest).
+# Column kinds gather_rows meets in a mix: scattered (fixed width, no nulls) or taken (the rest).
 PLACED_KINDS = {
     "i64": (pa.int64(), lambda r, n: pa.array(r.integers(-9, 9, n))),
-    "f16x3": (pa.list_(pa.float16(), 3),
-              lambda r, n: pa.FixedSizeListArray.from_arrays(
-                  pa.array(r.standard_normal(3 * n).astype(np.float16)), 3)),
-    "f32x4_null": (pa.list_(pa.float32(), 4),  # a null inside the values: taken
-                   lambda r, n: pa.FixedSizeListArray.from_arrays(
-                       pa.array([None if i == 1 else float(i) for i in range(4 * n)],
-                                pa.float32()), 4)),
-    "bytes5": (pa.binary(5), lambda r, n: pa.array([bytes([i % 256] * 5) for i in range(n)],
-                                                    pa.binary(5))),
-    "ts": (pa.timestamp("us", "UTC"), lambda r, n: pa.array(r.integers(0, 10**9, n),
-                                                            pa.timestamp("us", "UTC"))),
+    "f16x3": (
+        pa.list_(pa.float16(), 3),
+        lambda r, n: pa.FixedSizeListArray.from_arrays(
+            pa.array(r.standard_normal(3 * n).astype(np.float16)), 3
+        ),
+    ),
+    "f32x4_null": (
+        pa.list_(pa.float32(), 4),  # a null inside the values: taken
+        lambda r, n: pa.FixedSizeListArray.from_arrays(
+            pa.array([None if i == 1 else float(i) for i in range(4 * n)], pa.float32()), 4
+        ),
+    ),
+    "bytes5": (
+        pa.binary(5),
+        lambda r, n: pa.array([bytes([i % 256] * 5) for i in range(n)], pa.binary(5)),
+    ),
+    "ts": (
+        pa.timestamp("us", "UTC"),
+        lambda r, n: pa.array(r.integers(0, 10**9, n), pa.timestamp("us", "UTC")),
+    ),
     "text": (pa.string(), lambda r, n: pa.array([f"s{i}" * (i % 3) for i in range(n)])),
     "flag": (pa.bool_(), lambda r, n: pa.array(r.integers(0, 2, n).astype(bool))),
-    "i32_null": (pa.int32(), lambda r, n: pa.array([None if i % 4 == 0 else i for i in range(n)],
-                                                    pa.int32())),
+    "i32_null": (
+        pa.int32(),
+        lambda r, n: pa.array([None if i % 4 == 0 else i for i in range(n)], pa.int32()),
+    ),
 }
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_placed_rows_are_each_part_row_at_its_place_in_every_column_kind(data) -> None:
-    """place_rows against the rows placed one by one: every column kind, parts in chunks
+    """gather_rows (a mix's placement) against the rows placed one by one: every column kind, parts in chunks
     sliced out of larger arrays (offsets), rows reordered, repeated or in order."""
-    kinds = data.draw(st.lists(st.sampled_from(sorted(PLACED_KINDS)), min_size=1, max_size=4,
-                               unique=True))
+    kinds = data.draw(
+        st.lists(st.sampled_from(sorted(PLACED_KINDS)), min_size=1, max_size=4, unique=True)
+    )
     schema = pa.schema([(k, PLACED_KINDS[k][0]) for k in kinds])
     rng = np.random.default_rng(data.draw(st.integers(0, 99)))
     sizes = data.draw(st.lists(st.integers(0, 40), min_size=1, max_size=4))
@@ -332,8 +409,13 @@ def test_placed_rows_are_each_part_row_at_its_place_in_every_column_kind(data) -
         part = whole.slice(pad, size)
         cuts = sorted(data.draw(st.lists(st.integers(0, size), max_size=2)))
         part = pa.Table.from_batches(
-            [b for a, z in itertools.pairwise([0, *cuts, size]) for b in part.slice(a, z - a)
-             .to_batches()], schema=schema)
+            [
+                b
+                for a, z in itertools.pairwise([0, *cuts, size])
+                for b in part.slice(a, z - a).to_batches()
+            ],
+            schema=schema,
+        )
         how = data.draw(st.sampled_from(["order", "permuted", "repeats"]))
         if how == "order" or size == 0:
             where, count = None, size
@@ -348,7 +430,7 @@ def test_placed_rows_are_each_part_row_at_its_place_in_every_column_kind(data) -
     n = sum(samples)
     owner = rng.permutation(np.repeat(np.arange(len(sizes)), samples))  # each place's part
     places = [np.flatnonzero(owner == k) for k in range(len(sizes))]
-    out = place_rows(parts, wheres, places, n)
+    out = gather_rows(parts, wheres, places, n)
     assert out.schema.equals(schema) and out.num_rows == n
     expected: list[dict] = [{}] * n
     for k, (part, where, place) in enumerate(zip(parts, wheres, places, strict=True)):
@@ -360,20 +442,33 @@ def test_placed_rows_are_each_part_row_at_its_place_in_every_column_kind(data) -
 
 
 @pytest.mark.parametrize(("weights", "run"), [((1, 1, 1), 1), ((3, 2, 1), 1), ((1, 2, 1), 4)])
-def test_mixed_reads_fetch_whole_windows_of_every_block_shuffled_source(tmp_path, weights,
-                                                                         run) -> None:
+def test_mixed_reads_fetch_whole_windows_of_every_block_shuffled_source(
+    tmp_path, weights, run
+) -> None:
     """A read cutting a source's window fetches part of each of its blocks, and the next read
     the rest: the loader's reads of a mix end where every source's window does."""
     names = "pqr"
     for name in names:
         lance.write_dataset(pa.table({"id": np.arange(6000)}), tmp_path / f"{name}.lance")
-    mix = ll.Mix({n: ll.Loader(str(tmp_path / f"{n}.lance"), shuffle=True, shuffle_block_size=8,
-                               shuffle_window=4, seed=i) for i, n in enumerate(names)},
-                 weights=dict(zip(names, weights, strict=True)), run_length=run)
+    mix = ll.Mix(
+        {
+            n: ll.Loader(
+                str(tmp_path / f"{n}.lance"),
+                shuffle=True,
+                shuffle_block_size=8,
+                shuffle_window=4,
+                seed=i,
+            )
+            for i, n in enumerate(names)
+        },
+        weights=dict(zip(names, weights, strict=True)),
+        run_length=run,
+    )
     loader = ll.Loader(mix, batch_size=4, rows_per_read=512)
     source = loader.source
-    tasks = list(read_tasks(0, loader.plan(0), loader.batches_per_read,
-                            window_rows=loader.order.window_rows))
+    tasks = list(
+        read_tasks(0, loader.plan(0), loader.batches_per_read, window_rows=loader.order.window_rows)
+    )
     assert loader.order.window_rows == mix.window_samples and len(tasks) > 10
     for task in tasks[8:-1]:  # after the ramp, before the epoch's end
         runs = source.locate(task.samples)
@@ -382,12 +477,95 @@ def test_mixed_reads_fetch_whole_windows_of_every_block_shuffled_source(tmp_path
             assert index[0] % 32 == 0 and (index[-1] + 1) % 32 == 0  # whole windows of 32 rows
 
 
+@pytest.mark.parametrize(("weights", "parts"), [((1, 1, 1), 3), ((2, 1, 1), 2), ((5, 1, 0), 1)])
+def test_each_source_reads_as_much_per_lance_call_as_on_its_own_loader(
+    tmp_path, monkeypatch, weights, parts
+) -> None:
+    """A mix read is one read per source: sized like one source's read, a mix of 3 made 3
+    Lance calls of a third of the rows (each call has a fixed cost, ~1.5x the CPU per row of
+    264-byte rows). Sized by the sources (``read_parts``), each source's call is as large as
+    on its own Loader, and never larger."""
+    names = "pqr"
+    for name in names:  # 8-byte rows: reads are 65,536 rows (the row cap, not the byte cap)
+        lance.write_dataset(pa.table({"id": np.arange(160_000)}), tmp_path / f"{name}.lance")
+    calls: list[tuple[str, int]] = []
+    real = ll.rows.lance.Source.read_rows
+
+    def recorded(self, positions, epoch=0):
+        calls.append((self.uri, len(positions)))
+        return real(self, positions, epoch)
+
+    monkeypatch.setattr(ll.rows.lance.Source, "read_rows", recorded)
+    own = ll.Loader(str(tmp_path / "p.lance"), batch_size=4096, num_workers=1)
+    assert sum(len(b["id"]) for b in own) == 160_000
+    own_read = max(n for _, n in calls)  # after the ramp of 1, 2, 4, ... batches
+    assert own_read == 65_536
+    calls.clear()
+    mix = ll.Mix(
+        {n: str(tmp_path / f"{n}.lance") for n in names},
+        weights=dict(zip(names, weights, strict=True)),
+        run_length=4096,
+    )
+    loader = ll.Loader(mix, batch_size=4096, num_workers=1)
+    assert mix.source().read_parts == parts
+    ids = np.concatenate([b["id"] for b in loader])
+    assert len(ids) == mix.samples_per_epoch  # every sample delivered once
+    largest = max(n for _, n in calls)  # the largest share's source: within a run of its own
+    assert own_read * max(weights) / sum(weights) * parts - 4096 <= largest <= own_read
+
+
+@pytest.fixture(scope="module")
+def tiny_uri(tmp_path_factory) -> str:
+    uri = str(tmp_path_factory.mktemp("tiny") / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(8)}), uri)
+    return uri
+
+
+@settings(max_examples=30, deadline=None)
+@given(w=st.lists(st.integers(0, 9), min_size=2, max_size=6).filter(lambda w: sum(w) > 0))
+def test_read_parts_size_the_largest_share_as_one_sources_read(tiny_uri, w) -> None:
+    """Reads of ``read_parts`` single reads give the largest source at most one read of its
+    own (the engine's bound per Lance call), and one more part would give it more."""
+    mix = ll.Mix({f"s{k}": tiny_uri for k in range(len(w))}, {f"s{k}": x for k, x in enumerate(w)})
+    parts, share = mix.source().read_parts, Fraction(max(w), sum(w))
+    assert 1 <= parts <= 4 and parts * share <= 1
+    assert parts == 4 or (parts + 1) * share > 1
+
+
+def _keep(batch):  # a transform that keeps every row
+    return batch
+
+
+def test_with_a_transform_each_source_reads_as_much_per_call_as_on_its_own_loader(
+    tmp_path, monkeypatch
+) -> None:
+    """A transform makes reads of 2 batches (still in the CPU cache when transformed): in a mix
+    of 3 that was 3 Lance calls of under a batch each, at 3.4x the CPU per row of one source."""
+    for name in "pqr":
+        lance.write_dataset(pa.table({"id": np.arange(20_000)}), tmp_path / f"{name}.lance")
+    calls: list[int] = []
+    real = ll.rows.lance.Source.read_rows
+
+    def recorded(self, positions, epoch=0):
+        calls.append(len(positions))
+        return real(self, positions, epoch)
+
+    monkeypatch.setattr(ll.rows.lance.Source, "read_rows", recorded)
+    own = ll.Loader(str(tmp_path / "p.lance"), batch_size=1024, transform=_keep, num_workers=1)
+    assert sum(len(b["id"]) for b in own) == 20_000 and max(calls) == 2048
+    calls.clear()
+    mix = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "pqr"}, run_length=1024)
+    loader = ll.Loader(mix, batch_size=1024, transform=_keep, num_workers=1)
+    assert sum(len(b["id"]) for b in loader) == mix.samples_per_epoch
+    assert max(calls) == 2048
+
+
 def test_oversampled_source_repeats_in_fresh_orders(sources) -> None:
     mix = _mix(sources, {"a": 1, "b": 1, "c": 1}, "all_exhausted")
     ids, _ = _global(lambda: mix, 10, 1)
     a = [i for i in ids if i // 1000 == 1]
     assert len(a) == mix.per_epoch[0] >= 13 * 6
-    passes = [a[i:i + 13] for i in range(0, 13 * 6, 13)]
+    passes = [a[i : i + 13] for i in range(0, 13 * 6, 13)]
     assert all(sorted(p) == list(range(1000, 1013)) for p in passes)  # each pass: every row once
     assert len({tuple(p) for p in passes}) == len(passes)  # ... each in a new order
     c = [i for i in ids if i // 1000 == 3]
@@ -403,11 +581,15 @@ def test_sources_continue_across_mix_epochs(sources) -> None:
 
 
 @settings(max_examples=10, deadline=None)
-@given(old=st.lists(st.integers(1, 4), min_size=3, max_size=3),
-       new=st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any),
-       cut=st.integers(1, 10), world=st.integers(1, 2))
-def test_changed_weights_continue_every_source_where_it_stood(sources, old, new, cut,
-                                                              world) -> None:
+@given(
+    old=st.lists(st.integers(1, 4), min_size=3, max_size=3),
+    new=st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any),
+    cut=st.integers(1, 10),
+    world=st.integers(1, 2),
+)
+def test_changed_weights_continue_every_source_where_it_stood(
+    sources, old, new, cut, world
+) -> None:
     before = lambda: _mix(sources, dict(zip("abc", old, strict=True)), "all_exhausted")  # noqa: E731
     after = lambda: _mix(sources, dict(zip("abc", new, strict=True)), "all_exhausted")  # noqa: E731
     first, state = _global(before, 4, world, batches=cut)
@@ -432,8 +614,10 @@ def test_process_workers_deliver_the_thread_stream(sources) -> None:
     procs = [b for b in ll.Loader(mix(), batch_size=16, num_workers=2, worker_type="process")]
     assert [b["id"].tolist() for b in threads] == [b["id"].tolist() for b in procs]
     assert [b["source"].tolist() for b in threads] == [b["source"].tolist() for b in procs]
-    assert np.array_equal(np.concatenate([b["source"] for b in threads]),
-                          _sources_of(np.concatenate([b["id"] for b in threads]).tolist()))
+    assert np.array_equal(
+        np.concatenate([b["source"] for b in threads]),
+        _sources_of(np.concatenate([b["id"] for b in threads]).tolist()),
+    )
 
 
 def test_a_source_transform_conforms_columns(sources, tmp_path) -> None:
@@ -445,14 +629,18 @@ def test_a_source_transform_conforms_columns(sources, tmp_path) -> None:
     def rename(batch: pa.RecordBatch) -> pa.RecordBatch:
         return pa.record_batch({"id": batch.column("ident")})
 
-    mix = ll.Mix({"a": ll.Loader(sources["a"], columns=["id"]),
-                  "o": ll.Loader(other, transform=rename)}, samples_per_epoch=10)
+    mix = ll.Mix(
+        {"a": ll.Loader(sources["a"], columns=["id"]), "o": ll.Loader(other, transform=rename)},
+        samples_per_epoch=10,
+    )
     ids = np.concatenate([b["id"] for b in ll.Loader(mix, batch_size=4)]).tolist()
     assert sorted(i for i in ids if i >= 9000) == list(range(9000, 9005))  # int32 cast to int64
 
     # The first source's transform sets the common schema (the others conform to it).
-    first = ll.Mix({"o": ll.Loader(other, transform=rename),
-                    "a": ll.Loader(sources["a"], columns=["id"])}, samples_per_epoch=10)
+    first = ll.Mix(
+        {"o": ll.Loader(other, transform=rename), "a": ll.Loader(sources["a"], columns=["id"])},
+        samples_per_epoch=10,
+    )
     assert first.schema.names == ["id"] and first.schema.field("id").type == pa.int32()
     ids = np.concatenate([b["id"] for b in ll.Loader(first, batch_size=4)]).tolist()
     assert sorted(i for i in ids if i >= 9000) == list(range(9000, 9005))
@@ -460,8 +648,10 @@ def test_a_source_transform_conforms_columns(sources, tmp_path) -> None:
     def drop_half(batch: pa.RecordBatch) -> pa.RecordBatch:
         return pa.record_batch({"id": batch.column("ident")}).slice(0, 1)
 
-    bad = ll.Mix({"a": ll.Loader(sources["a"], columns=["id"]),
-                  "o": ll.Loader(other, transform=drop_half)}, samples_per_epoch=10)
+    bad = ll.Mix(
+        {"a": ll.Loader(sources["a"], columns=["id"]), "o": ll.Loader(other, transform=drop_half)},
+        samples_per_epoch=10,
+    )
     with pytest.raises(ll.TransformOutputError, match="mix source 'o'"):
         list(ll.Loader(bad, batch_size=4))
 
@@ -472,8 +662,9 @@ def test_weights_by_tokens(tmp_path) -> None:
         uris[name] = str(tmp_path / f"{name}.lance")
         tokens = pa.array([[1] * length] * 200, pa.list_(pa.int32()))
         lance.write_dataset(pa.table({"input_ids": tokens}), uris[name])
-    mix = ll.Mix(uris, weights={"short": 1, "long": 1}, weights_by="tokens",
-                 token_column="input_ids")
+    mix = ll.Mix(
+        uris, weights={"short": 1, "long": 1}, weights_by="tokens", token_column="input_ids"
+    )
     assert mix.weights == {"short": 0.8, "long": 0.2}  # equal tokens: 4 short rows per long one
 
 
@@ -521,23 +712,35 @@ def test_a_random_map_in_a_source_draws_per_sample_and_epoch(sources) -> None:
     """A source's random_map draws what the same source's own Loader draws: per (source epoch,
     sample), anew each epoch (it drew 1,426 distinct values for 6,001 rows, the same each epoch).
     """
+
     def draw(row, rng):
         return {"id": row["id"], "draw": int(rng.integers(1 << 62))}
 
     def source(name, **kw):
         return ll.Loader(sources[name], columns=["id"], transform=ll.random_map(draw), **kw)
 
-    mix = ll.Mix({"a": source("a", shuffle=True, seed=3), "c": source("c", seed=5)},
-                 weights={"a": 1, "c": 1}, samples_per_epoch=60)
+    mix = ll.Mix(
+        {"a": source("a", shuffle=True, seed=3), "c": source("c", seed=5)},
+        weights={"a": 1, "c": 1},
+        samples_per_epoch=60,
+    )
     loader = ll.Loader(mix, batch_size=7, num_workers=2)
-    rows = [(i, d) for _ in range(2) for b in loader
-            for i, d in zip(b["id"].tolist(), b["draw"].tolist(), strict=True)]
+    rows = [
+        (i, d)
+        for _ in range(2)
+        for b in loader
+        for i, d in zip(b["id"].tolist(), b["draw"].tolist(), strict=True)
+    ]
     for name, seed, shuffle in (("a", 3, True), ("c", 5, False)):
         own = source(name, shuffle=shuffle, seed=seed, batch_size=5)
         mine = [r for r in rows if r[0] // 1000 == " abc".index(name)]
-        alone = [(i, d) for _ in range(10) for b in own
-                 for i, d in zip(b["id"].tolist(), b["draw"].tolist(), strict=True)]
-        assert mine == alone[:len(mine)]  # the source's stream, drawn as on its own
+        alone = [
+            (i, d)
+            for _ in range(10)
+            for b in own
+            for i, d in zip(b["id"].tolist(), b["draw"].tolist(), strict=True)
+        ]
+        assert mine == alone[: len(mine)]  # the source's stream, drawn as on its own
     draws = [d for _, d in rows]
     assert len(set(draws)) == len(draws)  # 120 samples, 9 epochs of 'a': never a repeat
 
@@ -545,9 +748,13 @@ def test_a_random_map_in_a_source_draws_per_sample_and_epoch(sources) -> None:
 def test_a_refused_state_changes_nothing_and_order_of_sources_does_not_matter(sources) -> None:
     """A state refused for its batch_size had already shifted the sources' offsets; sources
     listed in another order were refused as a moved dataset."""
+
     def mix(weights, names="ab"):
-        return ll.Mix({n: ll.Loader(sources[n], columns=["id"], shuffle=True, seed=1)
-                       for n in names}, weights=weights, samples_per_epoch=40)
+        return ll.Mix(
+            {n: ll.Loader(sources[n], columns=["id"], shuffle=True, seed=1) for n in names},
+            weights=weights,
+            samples_per_epoch=40,
+        )
 
     saved = ll.Loader(mix({"a": 1, "b": 2}), batch_size=4)
     it = iter(saved)
@@ -567,10 +774,15 @@ def test_a_refused_state_changes_nothing_and_order_of_sources_does_not_matter(so
 
 def test_malformed_mix_sections_are_named(sources) -> None:
     from lanceloader.state.format import fingerprint
+
     loader = ll.Loader(_mix(sources, {"a": 1, "b": 1, "c": 1}), batch_size=4)
-    for damage in (lambda m: m.pop("quotas"), lambda m: m["quotas"].update(a="1"),
-                   lambda m: m.__setitem__("sources", []), lambda m: m["offsets"].pop("b"),
-                   lambda m: m["sources"]["a"].pop("order")):
+    for damage in (
+        lambda m: m.pop("quotas"),
+        lambda m: m["quotas"].update(a="1"),
+        lambda m: m.__setitem__("sources", []),
+        lambda m: m["offsets"].pop("b"),
+        lambda m: m["sources"]["a"].pop("order"),
+    ):
         state = json.loads(json.dumps(loader.state_dict()))
         damage(state["order"]["mix"])
         state["fingerprint"] = fingerprint(state["dataset"], state["version"], state["order"])
@@ -590,7 +802,8 @@ def test_a_mix_of_packed_sources_reports_its_padding(tmp_path) -> None:
     pads = [p.packing.padding_fraction for p in packed.values()]
     counts = loader.source.mix.per_epoch  # packed rows of each source in an epoch (one length)
     assert stats.padding_fraction == pytest.approx(
-        sum(p * c for p, c in zip(pads, counts, strict=True)) / sum(counts))
+        sum(p * c for p, c in zip(pads, counts, strict=True)) / sum(counts)
+    )
     assert "padding" in str(stats)
 
 

@@ -5,6 +5,7 @@ credentials never shown; wrong buckets and endpoints named.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import socket
@@ -13,6 +14,8 @@ import time
 import lance
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
@@ -380,3 +383,79 @@ def test_the_probe_tells_a_gone_store_from_a_slow_one() -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         assert store_unreachable(silent.getsockname()) is None
+
+
+# --- requests of a sequential epoch -------------------------------------------------------------
+
+def requests_of(s3, epoch) -> int:
+    """The requests the S3 server answered while ``epoch()`` ran."""
+    s3.requests(reset=True)
+    epoch()
+    return sum(s3.requests().values())
+
+
+def test_a_sequential_epoch_asks_no_more_of_the_store_than_lances_own_scan(s3) -> None:
+    """Fragments that begin on batch boundaries (Lance's default 1,048,576 rows per file does,
+    for power-of-two batches): no read crosses one, and no file's metadata is fetched twice, so
+    the loader's epoch makes no more requests than ``to_batches`` (reads across fragments with
+    every file opened by several reads at once made 16 where the scan made 12)."""
+    rows = 65_536
+    uri = s3.write(demo_table(rows), max_rows_per_file=rows // 4)
+    columns = ["id", "x"]
+    loader = ll.Loader(uri, batch_size=256, columns=columns, num_workers=4, cache=None,
+                       storage_options=s3.storage_options)
+    dataset = lance.dataset(uri, storage_options=s3.storage_options)
+    scan = requests_of(s3, lambda: sum(b.num_rows for b in dataset.to_batches(columns=columns)))
+    delivered = []
+    ours = requests_of(s3, lambda: delivered.extend(ids_of(loader)))
+    assert delivered == list(range(rows))
+    assert 0 < ours <= scan
+
+
+def test_reads_in_flight_together_ask_no_more_than_one_after_another(s3, remote: str) -> None:
+    """Reads that start together on a file nobody read yet each fetched its footer and column
+    metadata (42 requests an epoch where one read at a time made 34): the first read of a
+    fragment goes alone, and the others find its metadata cached."""
+    def epoch(workers: int) -> int:
+        loader = ll.Loader(remote, batch_size=100, rows_per_read=100, columns=["id", "x"],
+                           num_workers=workers, cache=None, storage_options=s3.storage_options)
+        delivered = []
+        served = requests_of(s3, lambda: delivered.extend(ids_of(loader)))
+        assert delivered == list(range(ROWS))
+        return served
+
+    assert epoch(workers=4) == epoch(workers=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 700), min_size=1, max_size=6),
+       batch_size=st.integers(1, 300), world_size=st.integers(1, 3), data=st.data())
+def test_sequential_reads_on_a_store_cut_exactly_where_fragments_begin_on_a_batch(
+        sizes: list[int], batch_size: int, world_size: int, data) -> None:
+    """The pure plan of those reads: every batch once, in order, in reads of at most
+    ``per_read``; a read begins at every fragment start that is a batch start (and crosses
+    none), and between two such starts the fewest reads, of sizes within one of each other."""
+    from lanceloader.engine.tasks import fragment_batches, fragment_read_ranges
+    from lanceloader.ordering.plan import Plan
+
+    starts = np.cumsum([0, *sizes])
+    rows = int(starts[-1])
+    plan = Plan(rows, batch_size, world_size=world_size,
+                rank=data.draw(st.integers(0, world_size - 1)),
+                start=data.draw(st.integers(0, rows)), drop_last=data.draw(st.booleans()))
+    per_read = data.draw(st.integers(1, 40))
+    first = data.draw(st.integers(0, len(plan)))  # a stream that resumes at a batch
+    batches = range(first, len(plan))
+    cuts = fragment_batches(plan, starts)
+    reads = list(fragment_read_ranges(batches, per_read, cuts))
+    assert [b for r in reads for b in r] == list(batches)
+    assert all(1 <= len(r) <= per_read for r in reads)
+    aligned = {(p - plan.start) // plan.global_batch_size for p in starts.tolist()
+               if p > plan.start and (p - plan.start) % plan.global_batch_size == 0}
+    assert set(cuts.tolist()) == {b for b in aligned if b <= len(plan)}
+    edges = sorted({first, len(plan), *(b for b in aligned if first < b < len(plan))})
+    for lo, hi in itertools.pairwise(edges):
+        segment = [r for r in reads if lo <= r.start < hi]
+        assert segment[0].start == lo and segment[-1].stop == hi
+        assert len(segment) == -(-(hi - lo) // per_read)
+        assert max(map(len, segment)) - min(map(len, segment)) <= 1

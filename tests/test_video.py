@@ -34,6 +34,7 @@ VIDEOS = {
     "moov-at-end.mp4": ({"gop": 6, "bframes": 0, "faststart": False}, 6),
     "bframes.mkv": ({"gop": 12, "bframes": 3}, 12),
     "with-audio.mov": ({"gop": 10, "bframes": 1, "faststart": False, "audio": True}, 10),
+    "yuv444.mp4": ({"gop": 8, "bframes": 2, "pix_fmt": "yuv444p"}, 8),
 }
 
 
@@ -119,6 +120,69 @@ def test_clip_from_its_ranges_equals_the_whole_file_decode(videos, name, start, 
     if info.ranged:  # bytes read ≤ 2× the bytes of the GOPs the clip spans
         spanned = gop_bytes(data, info, info.gop_of(wanted[0]), info.gop_of(wanted[-1]))
         assert sum(length for _, length in ranges) <= 2 * spanned
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    name=st.sampled_from(sorted(VIDEOS)),
+    start=st.integers(0, FRAMES - 1),
+    frames=st.integers(1, 8),
+    stride=st.integers(1, 5),
+    channels_first=st.booleans(),
+    resize=st.sampled_from([None, (24, 32)]),
+)
+def test_a_clip_decoded_into_a_given_buffer_in_either_layout_equals_the_reference(
+    videos, name, start, frames, stride, channels_first, resize
+):
+    data, info, _ = videos[name]
+    start = min(start, FRAMES - 1 - (frames - 1) * stride)
+    if start < 0:
+        return
+    height, width = resize or (info.height, info.width)
+    shape = (frames, 3, height, width) if channels_first else (frames, height, width, 3)
+    batch = np.full((3, *shape), 7, np.uint8)  # the clip's place in a batch: the middle one
+    ranges = clip_byte_ranges(info, len(data), start, frames, stride)
+    clip = decode_clip(parts_of(data, ranges), len(data), info, start, frames, stride,
+                       resize=resize, out=batch[1], channels_first=channels_first)  # fmt: skip
+    assert clip is batch[1] or np.shares_memory(clip, batch[1])
+    want = decode_whole(data, start, frames, stride, resize=resize)  # packed RGB, channels last
+    got = batch[1].transpose(0, 2, 3, 1) if channels_first else batch[1]
+    assert np.array_equal(got, want), (name, start, frames, stride, channels_first, resize)
+    assert (batch[0] == 7).all() and (batch[2] == 7).all()  # nothing written outside its place
+
+
+def test_concurrent_decodes_share_the_cores_and_one_alone_takes_them_all(videos):
+    """A decode that starts while another runs takes the cores the other leaves (two cores:
+    one FFmpeg thread; frame threads on busy cores only cost CPU time); one alone takes all."""
+    import threading
+
+    from lanceloader.media import video as media
+
+    chosen: list[int] = []
+    both_in = threading.Barrier(2, timeout=30)
+
+    class Recording(media.PyAVDecoder):
+        def _decode(self, *args):
+            chosen.append(args[-1])
+            both_in.wait()  # both decodes are counted in before either finishes
+            return super()._decode(*args)
+
+    data, info, _ = videos["bframes.mp4"]
+
+    def decode() -> None:
+        decode_clip([(0, data)], len(data), info, 3, 4, decoder=Recording())
+
+    cores = media._DECODES.cores
+    threads = [threading.Thread(target=decode) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert chosen == [cores, max(1, cores // 2)], chosen
+    chosen.clear()
+    both_in = threading.Barrier(1, timeout=30)
+    decode()
+    assert chosen == [cores], "a decode alone takes every core"
 
 
 def test_resize_matches_the_reference_and_keeps_frame_identity(videos):

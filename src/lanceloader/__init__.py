@@ -7,9 +7,9 @@
 
 from lanceloader.batch.audio import decode_audio
 from lanceloader.batch.augment import random_map
+from lanceloader.batch.byterows import ByteRows
 from lanceloader.batch.images import decode_images, normalise
 from lanceloader.batch.output import Conversion, ConversionError
-from lanceloader.batch.tensors import ByteRows
 from lanceloader.batch.text import tokenize
 from lanceloader.batch.transforms import TooManyRowErrors, TransformOutputError, compose, map_rows
 from lanceloader.engine.processes import WorkerDiedError

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lanceloader.batch.output import byte_rows
+from lanceloader.batch.byterows import byte_rows
 from lanceloader.batch.tensors import import_framework
 from lanceloader.batch.transforms import (
     BatchTransform,
@@ -62,7 +62,7 @@ class DecodeImages(BatchTransform):
         if self.device is not None:
             return decode_on_device(self, batch, errors)
         source = f"decode_images({self.column!r})"
-        col = check_column(batch, self.column, ("binary", "large_binary"), "decode_images")
+        col = encoded_column(batch, self.column)
         out: np.ndarray | None = None
         kept: list[int] = []
         decode = self._decode
@@ -329,7 +329,7 @@ def decode_on_device(d: DecodeImages, batch: pa.RecordBatch, errors: ErrorPolicy
         )
     torch = import_framework("torch")
     source = f"decode_images({d.column!r})"
-    col = check_column(batch, d.column, ("binary", "large_binary"), "decode_images")
+    col = encoded_column(batch, d.column)
     device = torch.device(d.device)
     cuda = device.type == "cuda"  # else only the CPU fallback runs (what the tests can run)
     encoded = row_views(col)  # torch is imported: its warning for read-only buffers is off
@@ -381,13 +381,30 @@ def decode_on_device(d: DecodeImages, batch: pa.RecordBatch, errors: ErrorPolicy
     return columns
 
 
+def encoded_column(batch: pa.RecordBatch, name: str) -> pa.Array:
+    """Column ``name`` of ``batch``, the encoded images: ``binary`` or ``large_binary`` as it
+    is, ``binary_view`` copied into one buffer (``large_binary``, in Arrow); anything else
+    raises naming the column and its type.
+
+    >>> batch = pa.record_batch({"image": pa.array([b"x"], pa.binary_view())})
+    >>> encoded_column(batch, "image").type
+    DataType(large_binary)
+    """
+    if name in batch.schema.names and pa.types.is_binary_view(batch.schema.field(name).type):
+        return batch.column(name).cast(pa.large_binary())
+    return check_column(batch, name, ("binary", "large_binary"), "decode_images")
+
+
 def row_views(col: pa.Array) -> list[np.ndarray | None]:
     """Each row of a binary column as a ``uint8`` array viewing the Arrow buffer (no copy;
     ``None`` for a null): what the decoders read, so no row becomes a ``bytes`` object.
+    A ``binary_view`` column is first copied into one buffer (its rows may lie in many).
 
     >>> [bytes(v) if v is not None else v for v in row_views(pa.array([b"ab", None, b"c"]))]
     [b'ab', None, b'c']
     """
+    if pa.types.is_binary_view(col.type):  # no one buffer to view: one copy, in Arrow
+        col = col.cast(pa.large_binary())
     if not col.null_count:
         rows = byte_rows(col)
         return [

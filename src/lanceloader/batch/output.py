@@ -69,10 +69,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lanceloader.batch.byterows import ByteRows, byte_rows, is_binary, without_views
 from lanceloader.batch.tensors import (
-    ByteRows,
     ConversionError,
-    _byte_rows,
     bfloat16,
     cast_checked,
     is_bfloat16,
@@ -453,7 +452,7 @@ def fill_example(typ: pa.DataType) -> Any:
         return False
     if pa.types.is_floating(typ):
         return 0.0
-    if _is_binary(typ):
+    if is_binary(typ):
         return b""
     if _is_text(typ):
         return ""
@@ -536,7 +535,7 @@ def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray 
     if arr.null_count:
         if path not in conv.fill_nulls:
             raise _null_error(path, arr)
-        arr = _without_views(arr)  # Arrow cannot fill nulls of view types
+        arr = without_views(arr)  # Arrow cannot fill nulls of view types
         try:
             arr = pc.fill_null(arr, pa.scalar(conv.fill_nulls[path], arr.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
@@ -544,7 +543,7 @@ def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray 
                 f"fill_nulls value {conv.fill_nulls[path]!r} for column {path!r} does not fit its "
                 f"type {arr.type}; use a {'str' if 'string' in str(arr.type) else 'bytes'}"
             ) from exc
-    if _is_binary(arr.type) and binary_rule(conv) == "rows":
+    if is_binary(arr.type) and binary_rule(conv) == "rows":
         return byte_rows(arr)
     if conv.strings == "list":
         return arr.to_pylist()
@@ -570,73 +569,6 @@ def binary_rule(conv: Conversion) -> str:
     if conv.strings != "list":
         return "strings"
     return "list" if conv.output == "tf" else "rows"
-
-
-def byte_rows(arr: pa.Array) -> ByteRows:
-    """A binary array without nulls (of any binary type) as :class:`ByteRows`, viewing its data
-    buffer (no copy; ``binary_view`` is cast to ``large_binary`` first, one copy in Arrow).
-    The offsets are copied to ``int64`` from 0 unless they already are (``large_binary`` from
-    the buffer's start). Nulls are the caller's: they must be filled or refused before.
-
-    >>> byte_rows(pa.array([b"ab", b"c", b"def"]).slice(1)).to_list()
-    [b'c', b'def']
-    >>> byte_rows(pa.array([b"ab", b"cd"], pa.binary(2))).offsets.tolist()
-    [0, 2, 4]
-    """
-    if arr.null_count:
-        raise ValueError(
-            f"byte_rows takes arrays without nulls, got {arr.null_count}; fill "
-            "them first (pyarrow.compute.fill_null)"
-        )
-    n = len(arr)
-    if pa.types.is_fixed_size_binary(arr.type):
-        width = arr.type.byte_width
-        buffer = arr.buffers()[1]
-        data = (
-            np.frombuffer(buffer, np.uint8, n * width, arr.offset * width)
-            if n and width
-            else np.empty(0, np.uint8)
-        )
-        return _byte_rows(data, np.arange(n + 1, dtype=np.int64) * width)
-    if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
-        arr = arr.cast(pa.large_binary())  # binary_view: no one buffer to view
-    buffers = arr.buffers()
-    wide = pa.types.is_large_binary(arr.type)
-    if n == 0 or buffers[1] is None:
-        return _byte_rows(np.empty(0, np.uint8), np.zeros(n + 1, np.int64))
-    offsets = np.frombuffer(
-        buffers[1], np.int64 if wide else np.int32, n + 1, arr.offset * (8 if wide else 4)
-    )
-    first, last = int(offsets[0]), int(offsets[-1])
-    data = (
-        np.frombuffer(buffers[2], np.uint8, last - first, first)
-        if last > first
-        else np.empty(0, np.uint8)
-    )
-    if not wide or first:
-        offsets = offsets.astype(np.int64) - first if first else offsets.astype(np.int64)
-    return _byte_rows(data, offsets)
-
-
-def _without_views(arr: pa.Array) -> pa.Array:
-    """``binary_view``/``string_view`` as ``large_binary``/``large_string`` (one copy); other
-    arrays as they are."""
-    t = pa.types
-    if hasattr(t, "is_binary_view") and t.is_binary_view(arr.type):
-        return arr.cast(pa.large_binary())
-    if hasattr(t, "is_string_view") and t.is_string_view(arr.type):
-        return arr.cast(pa.large_string())
-    return arr
-
-
-def _is_binary(typ: pa.DataType) -> bool:
-    t = pa.types
-    return (
-        t.is_binary(typ)
-        or t.is_large_binary(typ)
-        or t.is_fixed_size_binary(typ)
-        or (hasattr(t, "is_binary_view") and t.is_binary_view(typ))
-    )
 
 
 def _nested(path: str, arr: pa.Array, conv: Conversion) -> list[Any]:

@@ -13,7 +13,9 @@ Contract of a :class:`Stream`:
   :data:`READ_BYTES` bytes per Lance call, two batches with a transform); at most
   ``reads_in_flight`` reads are submitted and not yet consumed, plus the one being consumed. The
   memory bound is therefore ``(reads_in_flight + 1) × READ_BYTES`` of Arrow data (and what the
-  transform makes of it), whatever the dataset's size.
+  transform makes of it), whatever the dataset's size. On object storage reads start at full
+  size, and a sequential read of a Lance source ends where a fragment begins on a batch
+  boundary (:func:`~lanceloader.engine.tasks.stream_tasks`).
 * Every task's cost and every delivered batch are recorded in the ``Recorder`` (``stats()``).
 * ``close()`` (idempotent; also on exhaustion, on error and on garbage collection) stops the pool
   at once, whatever the workers are doing: queued reads are cancelled, busy process workers are
@@ -57,10 +59,10 @@ from typing import Any
 from lanceloader.batch.output import Conversion, to_output
 from lanceloader.engine.processes import ProcessPool
 from lanceloader.engine.stats import Recorder, count_delivered
+from lanceloader.engine.tasks import stream_tasks
 from lanceloader.engine.threads import OrderedPrefetcher, Stalled
 from lanceloader.engine.work import BatchWork, TaskResult, stage_of
-from lanceloader.ordering.plan import Plan, read_tasks
-from lanceloader.rows.dataset import is_object_store
+from lanceloader.ordering.plan import Plan
 from lanceloader.state.cursor import Cursor
 
 _logger = logging.getLogger("lanceloader")
@@ -120,7 +122,7 @@ def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
 
 
 def batches_per_read(random: bool, batch_size: int, transform: bool,
-                     bytes_per_row: float = 0.0) -> int:
+                     bytes_per_row: float = 0.0, read_parts: int = 1) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
     cost more per call), at most :data:`READ_BYTES` of data, and with a transform at most two
     batches (still in the CPU cache when they are transformed). Never less than one batch.
@@ -132,12 +134,23 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
     256
     >>> batches_per_read(False, 256, transform=False, bytes_per_row=11_000)  # 8 MiB: 762 rows
     2
+
+    ``read_parts``: the reads one read makes underneath, each sized as a read of its own (a mix
+    of 3 equal sources: 3, :attr:`MixedSource.read_parts
+    <lanceloader.rows.mixed.MixedSource.read_parts>`), so each Lance call is as large as one
+    source's would be (with a transform too: a mix of 3 with a transform read 2 batches as 3
+    Lance calls, at 3.4x the CPU per row of a single source; 6 batches, 1.2x):
+
+    >>> batches_per_read(False, 256, transform=False, bytes_per_row=264, read_parts=3)
+    372
+    >>> batches_per_read(False, 256, transform=True, read_parts=3)
+    6
     """
-    rows = ROWS_PER_READ_RANDOM if random else ROWS_PER_READ_SEQUENTIAL
+    rows = (ROWS_PER_READ_RANDOM if random else ROWS_PER_READ_SEQUENTIAL) * read_parts
     if bytes_per_row > 0:
-        rows = min(rows, int(READ_BYTES // bytes_per_row))
+        rows = min(rows, int(READ_BYTES * read_parts // bytes_per_row))
     per_read = max(1, rows // batch_size)
-    return min(per_read, TRANSFORM_BATCHES_PER_READ) if transform else per_read
+    return min(per_read, TRANSFORM_BATCHES_PER_READ * read_parts) if transform else per_read
 
 
 def default_prefetch(workers: int, per_read: int, transform: bool) -> int:
@@ -189,12 +202,7 @@ class Stream(Iterator[Any]):
         work = reading.work
         if self._tracing:
             work = dataclasses.replace(work, trace=True)
-        # On object storage every read costs the store's latency whatever its size, so reads
-        # start at full size there instead of ramping up from one batch (a full shuffle's first
-        # 20,000 rows on S3 emulated with 20 ms per request: 39x faster; a sequential epoch 1.42x).
-        tasks = read_tasks(epoch, plan, reading.batches_per_read, batches,
-                           window_rows=work.order.window_rows,
-                           ramp=not is_object_store(work.source.uri))
+        tasks = stream_tasks(work, epoch, plan, reading.batches_per_read, batches)
         pool = ProcessPool if reading.worker_type == "process" else OrderedPrefetcher
         self._pool: OrderedPrefetcher[Any, TaskResult] | ProcessPool = pool(
             work, tasks, reading.num_workers, reading.reads_in_flight, reading.stall_timeout)

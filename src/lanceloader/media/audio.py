@@ -24,23 +24,45 @@ mpg123 and libopus: at most 2e-6 and 1.2e-3 apart, measured); the window's first
 always the file's sample ``start`` counted after the encoder's delay (the LAME header's, Opus's
 pre-skip), as every decoder of the file counts it.
 
-Resampling is libswresample's (through PyAV, no other dependency), run on the window plus up to
-:data:`RESAMPLE_CONTEXT` samples of the file on each side, so a window resamples as the whole
-file would around it (no edge ringing inside the file). Its output is exactly
-``round(length * sample_rate / native rate)`` samples, the first at the window's start time.
-Mono mixdown is the mean of the channels; stereo from mono duplicates the channel.
+The window's samples are then checked, resampled (libswresample, with context on each side)
+and mixed by :mod:`lanceloader.media.audio_window`, whose names are importable from here too;
+:mod:`lanceloader.media.audio_ranges` decodes a window from only its byte ranges, to the same
+samples.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import os
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
+
+from lanceloader.media.audio_window import (
+    RESAMPLE_CONTEXT,
+    AudioInfo,
+    _describe,
+    check_window,
+    finish_window,
+    resample,
+    window_span,
+)
+
+__all__ = [
+    "COPY_BELOW_BYTES",
+    "MP3_FROM_START_S",
+    "PREROLL_SAMPLES",
+    "RESAMPLE_CONTEXT",
+    "AudioInfo",
+    "AudioReader",
+    "check_window",
+    "decode_audio_window",
+    "finish_window",
+    "probe_audio",
+    "resample",
+    "window_span",
+]
 
 # An MP3 window that ends within this many seconds of the start is decoded from the start by
 # soundfile (cost grows ~0.5 ms per second decoded); later ones seek with PyAV (~9 ms flat):
@@ -50,34 +72,12 @@ MP3_FROM_START_S = 10.0
 # before the target, and MP3's bit reservoir (up to 511 bytes back: ~5 frames at 32 kbit/s) and
 # Opus's 80 ms of convergence need earlier packets decoded. 10 MP3 frames; measured exact from 4.
 PREROLL_SAMPLES = 11_520
-# Input samples of context on each side of a resampled window (libswresample's filter reaches
-# 16 output samples each way; 64 covers ratios up to 4:1, and more is scaled up below).
-RESAMPLE_CONTEXT = 64
 
 # Files up to this size are copied into io.BytesIO for the decoders; larger ones are read in
 # place (_MemoryFile), so a crop of a long file never copies the whole file.
 COPY_BELOW_BYTES = 1 << 20
 OPUS_RATE = 48_000  # Opus's own rate; a file's header may name another (its input's)
 _SOUNDFILE_SEEKS = {"wav", "flac", "aiff", "vorbis"}  # libsndfile seeks these exactly
-
-
-@dataclass(frozen=True)
-class AudioInfo:
-    """What an audio file holds, from :func:`probe_audio`.
-
-    ``frames`` is samples per channel, the count every decoder of the file delivers (after the
-    encoder's delay and padding are trimmed); ``codec`` a short name: ``"pcm_s16"``, ``"flac"``,
-    ``"mp3"``, ``"opus"``, ``"vorbis"``, or FFmpeg's codec name for other formats.
-
-    >>> AudioInfo(16000, 1, 8000, 0.5, "flac").duration_s
-    0.5
-    """
-
-    sample_rate: int
-    channels: int
-    frames: int
-    duration_s: float
-    codec: str
 
 
 def probe_audio(data: bytes | os.PathLike[str] | str) -> AudioInfo:
@@ -179,27 +179,9 @@ class AudioReader:
         channels: int | None = None,
     ) -> np.ndarray:
         """:func:`decode_audio_window` of this file."""
-        native = self.info.sample_rate
-        _check_window(start, length, self.info, self._source)
-        rate = _check_rate(sample_rate)
-        target = _check_channels(channels, self.info.channels)
-        if rate is None or rate == native:
-            return _mix(self._read(start, length), target)
-        return self._resampled(start, length, rate, target)
-
-    def _resampled(self, start: int, length: int, rate: int, channels: int | None) -> np.ndarray:
-        """The window resampled from the file's samples around it; mixed first (linear, so the
-        same, and a mono resample costs half a stereo one)."""
-        native = self.info.sample_rate
-        step_in = native // math.gcd(native, rate)  # input samples per whole output step
-        context = RESAMPLE_CONTEXT * max(1, math.ceil(native / rate))
-        before = min(start // step_in, math.ceil(context / step_in)) * step_in
-        after = min(self.info.frames - start - length, context)
-        samples = _mix(self._read(start - before, before + length + after), channels)
-        out = resample(samples, native, rate)
-        first = before * rate // native  # exact: before is a whole number of input steps
-        count = round(length * rate / native)
-        return out[:, first : first + count]
+        rate, target = check_window(self.info, start, length, sample_rate, channels, self._source)
+        first, count = window_span(self.info, start, length, rate)
+        return finish_window(self._read(first, count), self.info, start, length, rate, target)
 
     def _read(self, start: int, length: int) -> np.ndarray:
         if self._kind in _SOUNDFILE_SEEKS or (
@@ -217,36 +199,6 @@ class AudioReader:
             read = _read_soundfile(self._soundfile, start + length)
             return _frames_read(read[start:], length, start, self._source)
         return _read_pyav(self._source, start, length, self.info)
-
-
-def resample(samples: np.ndarray, native: int, rate: int) -> np.ndarray:
-    """``[C, N]`` float32 samples at ``native`` Hz as ``[C, round(N * rate / native)]`` at
-    ``rate`` Hz with libswresample (PyAV), the first output sample at the first input's time.
-    Silence is taken to follow the samples (libswresample needs input past the last output
-    sample's filter: a short input gives no output without it).
-
-    >>> resample(np.ones((1, 441), np.float32), 44100, 16000).shape
-    (1, 160)
-    """
-    import av
-
-    count = round(samples.shape[1] * rate / native)
-    silence = np.zeros(
-        (samples.shape[0], 2 * RESAMPLE_CONTEXT * math.ceil(native / rate) + 64), np.float32
-    )
-    samples = np.concatenate([samples, silence], axis=1)
-    outputs = []
-    for channel in samples:  # one mono resampler per channel: any channel count
-        resampler = av.AudioResampler(format="fltp", layout="mono", rate=rate)
-        frame = av.AudioFrame.from_ndarray(
-            np.ascontiguousarray(channel[None], np.float32), format="fltp", layout="mono"
-        )
-        frame.sample_rate = native
-        pieces = [f.to_ndarray() for f in resampler.resample(frame)]
-        pieces += [f.to_ndarray() for f in resampler.resample(None)]
-        out = np.concatenate(pieces, axis=1) if pieces else np.zeros((1, 0), np.float32)
-        outputs.append(out[0, :count])
-    return np.stack(outputs) if outputs else np.zeros((0, count), np.float32)
 
 
 # --- which decoder --------------------------------------------------------------------------
@@ -333,10 +285,6 @@ class _MemoryFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._position
-
-
-def _describe(source: memoryview | str) -> str:
-    return repr(source) if isinstance(source, str) else f"audio of {len(source)} bytes"
 
 
 _CODECS = {
@@ -507,56 +455,3 @@ def _frames_read(read: np.ndarray, length: int, start: int, source: memoryview |
             f"the window [{start}, {start + length}): the file is truncated"
         )
     return np.ascontiguousarray(read.T)
-
-
-def _mix(samples: np.ndarray, channels: int | None) -> np.ndarray:
-    if channels is None or channels == samples.shape[0]:
-        return samples
-    if channels == 1:
-        return samples.mean(axis=0, keepdims=True, dtype=np.float32)
-    return np.repeat(samples, 2, axis=0)  # mono to stereo (more channels were refused)
-
-
-# --- checks ---------------------------------------------------------------------------------
-
-
-def _check_window(start: int, length: int, info: AudioInfo, source: memoryview | str) -> None:
-    for name, value in (("start", start), ("length", length)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"{name} must be an int (samples per channel), got {value!r}")
-    if start < 0 or length < 1 or start + length > info.frames:
-        raise ValueError(
-            f"the window [{start}, {start + length}) (start={start}, length={length}) does not "
-            f"lie within {_describe(source)}: it has {info.frames} samples per channel "
-            f"({info.duration_s:.3f} s at {info.sample_rate} Hz); pass 0 <= start and "
-            f"start + length <= {info.frames}, length >= 1"
-        )
-
-
-def _check_rate(sample_rate: int | None) -> int | None:
-    if sample_rate is None:
-        return None
-    if (
-        isinstance(sample_rate, bool)
-        or not isinstance(sample_rate, int | np.integer)
-        or sample_rate <= 0
-    ):
-        raise ValueError(
-            f"sample_rate must be None (the file's own) or an int > 0 (Hz), got {sample_rate!r}"
-        )
-    return int(sample_rate)
-
-
-def _check_channels(channels: int | None, have: int) -> int | None:
-    if channels is None:
-        return None
-    if channels not in (1, 2) or isinstance(channels, bool):
-        raise ValueError(
-            f"channels must be None (the file's own), 1 (mono) or 2 (stereo), got {channels!r}"
-        )
-    if channels == 2 and have > 2:
-        raise ValueError(
-            f"channels=2 but the file has {have} channels: no downmix matrix is "
-            "assumed; pass channels=1 (the mean) or None (all of them)"
-        )
-    return channels

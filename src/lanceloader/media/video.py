@@ -28,8 +28,13 @@ strongly variable frame rate can land on another keyframe: an earlier one costs 
 ``MissingBytes`` retry, a later one raises ``VideoError``.
 
 Memory: one decode holds the parts it is given, PyAV's 32 KiB read buffer, the decoder's reference
-frames (at most 16 + its threads, each ``width × height × 1.5`` bytes for 4:2:0) and the output
-(``frames × height × width × 3`` bytes). Nothing is kept between calls.
+frames (at most 16 + its threads, each ``width × height × 1.5`` bytes for 4:2:0), one converted
+frame, and the output (``frames × height × width × 3`` bytes; ``decode_clip(out=...)`` writes
+into the caller's, e.g. the clip's place in a batch, channels last or first). Nothing is kept
+between calls.
+
+Threads: a decode takes the cores the other decodes running in the process leave
+(``PyAVDecoder``), so worker threads that each decode do not oversubscribe the cores.
 
 Example:
     >>> import tempfile, pathlib, sys
@@ -49,7 +54,6 @@ Example:
 
 from __future__ import annotations
 
-import bisect
 import io
 import os
 from dataclasses import dataclass
@@ -69,6 +73,7 @@ from lanceloader.media.keyframes import (
     info_from_row,
     mp4_header,
 )
+from lanceloader.media.sparse import MissingBytes, SparseFile
 
 __all__ = [
     "MissingBytes",
@@ -91,31 +96,6 @@ __all__ = [
 
 class VideoError(ValueError):
     """A video that cannot be probed or decoded; the message names the problem and the fix."""
-
-
-class MissingBytes(Exception):
-    """A decode needed bytes ``[offset, offset + length)`` that are not in its parts.
-
-    Read them (``clip_byte_ranges`` lists what a clip needs; a video whose index does not match
-    the file can need more) and call again with them added.
-
-    Example:
-        >>> MissingBytes(100, 20)
-        MissingBytes(offset=100, length=20)
-    """
-
-    def __init__(self, offset: int, length: int) -> None:
-        super().__init__(offset, length)
-        self.offset, self.length = offset, length
-
-    def __str__(self) -> str:
-        return (
-            f"bytes [{self.offset}, {self.offset + self.length}) of the video are not in the "
-            "parts given: read them and decode again with them added"
-        )
-
-    def __repr__(self) -> str:
-        return f"MissingBytes(offset={self.offset}, length={self.length})"
 
 
 # ---- probing --------------------------------------------------------------------------------
@@ -222,94 +202,12 @@ def probe_video(data: bytes | os.PathLike | str) -> VideoInfo:
 # ---- decoding -------------------------------------------------------------------------------
 
 
-class SparseFile(io.RawIOBase):
-    r"""A read-only, seekable file of ``size`` bytes of which only ``parts`` are present.
-
-    Reads never fail: a gap reads as zeros. That is on purpose: FFmpeg's reader, asked to seek less
-    than ~32 KiB ahead, reads forward through the bytes instead, so it reads gaps it then skips.
-    What a decoder *uses* is checked with ``require`` first, which raises ``MissingBytes`` for any
-    byte not present: so a missing byte is asked for, never decoded as a zero.
-
-    Example:
-        >>> file = SparseFile([(0, b"abc"), (10, b"xyz")], size=20)
-        >>> file.read(5), file.read(2), file.seek(11), file.read(8)
-        (b'abc', b'\x00\x00', 11, b'yz')
-        >>> file.require(0, 3)
-        >>> file.require(2, 10)
-        Traceback (most recent call last):
-        ...
-        lanceloader.media.video.MissingBytes: bytes [3, 10) of the video are not in the parts given: read them and decode again with them added
-    """
-
-    def __init__(self, parts: list[tuple[int, bytes]], size: int) -> None:
-        super().__init__()
-        self._parts = sorted((int(offset), bytes(data)) for offset, data in parts)
-        for (offset, data), (after, _) in zip(self._parts, self._parts[1:], strict=False):
-            if offset + len(data) > after:
-                raise ValueError(
-                    f"parts at bytes {offset} and {after} overlap: pass disjoint parts"
-                )
-        if self._parts and self._parts[-1][0] + len(self._parts[-1][1]) > size:
-            raise ValueError(f"a part runs past size={size}: pass the file's size in bytes")
-        self._starts = [offset for offset, _ in self._parts]
-        self.size, self._position = size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self.size}[whence]
-        self._position = max(base + offset, 0)
-        return self._position
-
-    def _part_at(self, position: int) -> tuple[int, int]:
-        """(start, end) of the part holding ``position``, or of the gap there (start < 0)."""
-        index = bisect.bisect_right(self._starts, position) - 1
-        if index >= 0 and position < self._starts[index] + len(self._parts[index][1]):
-            return self._starts[index], self._starts[index] + len(self._parts[index][1])
-        following = self._starts[index + 1] if index + 1 < len(self._starts) else self.size
-        return -1, following
-
-    def read(self, n: int = -1) -> bytes:
-        position = self._position
-        if position >= self.size:
-            return b""
-        n = self.size - position if n is None or n < 0 else min(n, self.size - position)
-        start, end = self._part_at(position)
-        if start < 0:
-            chunk = bytes(min(n, end - position))
-        else:
-            data = self._parts[bisect.bisect_right(self._starts, position) - 1][1]
-            chunk = data[position - start : position - start + n]
-        self._position += len(chunk)
-        return chunk
-
-    def readinto(self, buffer: Any) -> int:
-        chunk = self.read(len(buffer))
-        buffer[: len(chunk)] = chunk
-        return len(chunk)
-
-    def require(self, offset: int, length: int) -> None:
-        """Raise ``MissingBytes`` for the first missing run of bytes in ``[offset, offset + length)``."""
-        position, end = offset, min(offset + length, self.size)
-        while position < end:
-            start, stop = self._part_at(position)
-            if start < 0:
-                raise MissingBytes(position, min(stop, end) - position)
-            position = stop
-
-
 class VideoDecoder(Protocol):
     """What decodes frames: PyAV's FFmpeg (``PyAVDecoder``) today; a GPU decoder later.
 
-    ``decode_frames(file, info, ordinals, resize)`` returns the frames ``ordinals`` (rising) of the
-    video in ``file`` as uint8 RGB [len, H, W, 3], decoding each run of GOPs from its keyframe
+    ``decode_frames(file, info, ordinals, resize, out)`` writes the frames ``ordinals`` (rising)
+    of the video in ``file`` as uint8 RGB into ``out`` — ``[len, H, W, 3]`` (channels last) or
+    ``[len, 3, H, W]`` (``channels_first``) — and returns it, decoding each run of GOPs from its keyframe
     (``info``) forward, after ``file.require`` of every byte it uses (so it may raise
     ``MissingBytes``).
     """
@@ -320,18 +218,58 @@ class VideoDecoder(Protocol):
         info: VideoInfo,
         ordinals: np.ndarray,
         resize: tuple[int, int] | None,
+        out: np.ndarray,
+        channels_first: bool = False,
     ) -> np.ndarray: ...
+
+
+class _Decodes:
+    """How many decodes run now in this process: what ``PyAVDecoder(threads=0)`` divides the
+    cores by (two worker threads decoding at once take one FFmpeg thread each; one decoding
+    alone, at the tail of an epoch or while the other waits for its bytes, takes both cores)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock, self.running = threading.Lock(), 0
+        try:
+            self.cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            self.cores = os.cpu_count() or 1
+
+    def __enter__(self) -> int:
+        """Count this decode in; the FFmpeg threads it may use."""
+        with self._lock:
+            self.running += 1
+            return max(1, self.cores // self.running)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.running -= 1
+
+
+_DECODES = _Decodes()
+# gbrp's planes in RGB order: unscaled frames of these formats are converted to planar RGB by
+# swscale (bit-identical to packed rgb24: tests/test_video.py checks both formats), so a
+# channels-first clip is filled with three contiguous copies per frame instead of a transposing
+# copy (3x less time per frame at 480x640). Scaled, the two differ: packed, then transposed.
+_RGB_PLANES = (2, 0, 1)
+_PLANAR_EXACT = frozenset({"yuv420p", "yuv444p"})
 
 
 @dataclass(frozen=True)
 class PyAVDecoder:
     """Decodes with PyAV's bundled FFmpeg on the calling thread plus ``threads`` FFmpeg threads
-    (0: one per core) of ``thread_type``. ``"AUTO"`` (frame and slice threads) is the default:
-    x264 writes one slice per frame, so slice threads alone run one thread, while frame threads
-    decoded 16-frame clips of a 360p H.264 video 1.2-1.5x faster than one thread (medians of 5
-    runs, two runs, on 2 shared cores); the delay frame threads add is drained at the end of
-    each run of GOPs. With several decoding workers,
-    ``threads=1`` avoids oversubscribing the cores. Holds nothing between calls.
+    of ``thread_type``. ``threads=0`` (the default) takes the cores not taken by the other
+    decodes running in this process at the time a decode starts (``cores // decodes``, at least
+    one): several worker threads decoding at once run one thread each (frame threads on busy
+    cores cost CPU time for nothing: single-threaded decoding took 0.85-0.9x the CPU time per
+    clip), and a decode running alone (the tail of an epoch, or while the other workers wait
+    for their bytes) gets the idle cores: ``"AUTO"`` (frame and slice threads) then decoded
+    16-frame clips of a 360p H.264 video 1.2-1.5x faster than one thread (x264 writes one slice
+    per frame, so slice threads alone run one thread); the delay frame threads add is drained
+    at the end of each run of GOPs. Process workers each count their own decodes only.
+    Holds nothing between calls.
 
     Example:
         >>> PyAVDecoder().thread_type, PyAVDecoder(threads=1).threads
@@ -350,8 +288,10 @@ class PyAVDecoder:
             raise ValueError(
                 f"thread_type={self.thread_type!r}: pass 'AUTO', 'FRAME', 'SLICE' or 'NONE'"
             )
-        if not isinstance(self.threads, int) or self.threads < 0:
-            raise ValueError(f"threads={self.threads!r}: pass 0 (one per core) or more")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 0:
+            raise ValueError(
+                f"threads={self.threads!r}: pass 0 (the cores other decodes leave) or more"
+            )
 
     def decode_frames(
         self,
@@ -359,8 +299,25 @@ class PyAVDecoder:
         info: VideoInfo,
         ordinals: np.ndarray,
         resize: tuple[int, int] | None,
+        out: np.ndarray,
+        channels_first: bool = False,
+    ) -> np.ndarray:
+        with _DECODES as free:
+            return self._decode(file, info, ordinals, resize, out, channels_first,
+                                self.threads or free)  # fmt: skip
+
+    def _decode(
+        self,
+        file: SparseFile,
+        info: VideoInfo,
+        ordinals: np.ndarray,
+        resize: tuple[int, int] | None,
+        out: np.ndarray,
+        channels_first: bool,
+        threads: int,
     ) -> np.ndarray:
         import av
+        from av.video.reformatter import VideoReformatter
 
         if info.ranged:
             file.require(0, int(info.keyframe_offsets[0]))
@@ -368,7 +325,14 @@ class PyAVDecoder:
         else:
             file.require(0, file.size)
         height, width = resize if resize is not None else (info.height, info.width)
-        out = np.empty((len(ordinals), height, width, 3), dtype=np.uint8)
+        shape = (len(ordinals), 3, height, width) if channels_first else (
+            len(ordinals), height, width, 3)  # fmt: skip
+        if out.shape != shape or out.dtype != np.uint8:
+            raise ValueError(
+                f"out has shape {out.shape} and type {out.dtype}: pass a uint8 array of shape "
+                f"{shape} for this clip"
+            )
+        reformatter = VideoReformatter()  # keeps one swscale context for the clip's frames
         filled = 0
         wanted = {int(o): i for i, o in enumerate(ordinals)}
         seekable = bool((info.keyframe_offsets >= 0).all())
@@ -393,7 +357,7 @@ class PyAVDecoder:
                 if other is not stream:
                     other.discard = av.stream.Discard.all
             stream.codec_context.thread_type = self.thread_type
-            stream.codec_context.thread_count = self.threads
+            stream.codec_context.thread_count = threads
             for number, (first, last) in enumerate(runs):
                 keyframe = int(info.keyframes[first])
                 if number or keyframe:
@@ -410,7 +374,7 @@ class PyAVDecoder:
                         )
                     index = wanted.get(ordinal)
                     if index is not None:
-                        out[index] = frame.to_ndarray(format="rgb24", width=width, height=height)
+                        _put_rgb(reformatter, frame, out[index], width, height, channels_first)
                         filled += 1
                     if ordinal >= run[-1]:
                         break
@@ -420,6 +384,28 @@ class PyAVDecoder:
                 "index does not match the file; probe it again with probe_video"
             )
         return out
+
+
+def _put_rgb(
+    reformatter: Any, frame: Any, out: np.ndarray, width: int, height: int, channels_first: bool
+) -> None:
+    """``frame`` as RGB of ``height × width`` into ``out`` (``[H, W, 3]`` or ``[3, H, W]``):
+    one swscale conversion (one thread: the workers keep the cores busy) and one copy. Channels
+    first, unscaled from :data:`_PLANAR_EXACT`: planar RGB copied plane by plane (no transposing
+    copy); otherwise packed RGB transposed into place, so the pixels are always packed rgb24's."""
+    if not channels_first:
+        rgb = reformatter.reformat(frame, width=width, height=height, format="rgb24", threads=1)
+        out[...] = rgb.to_ndarray()
+    elif frame.format.name in _PLANAR_EXACT and (frame.height, frame.width) == (height, width):
+        planar = reformatter.reformat(frame, format="gbrp", threads=1)
+        for channel, index in enumerate(_RGB_PLANES):
+            plane = planar.planes[index]
+            out[channel] = np.frombuffer(plane, np.uint8).reshape(height, plane.line_size)[
+                :, :width
+            ]
+    else:
+        rgb = reformatter.reformat(frame, width=width, height=height, format="rgb24", threads=1)
+        out[...] = rgb.to_ndarray().transpose(2, 0, 1)
 
 
 def _seek_target(stream: Any, info: VideoInfo, keyframe: int) -> int:
@@ -477,10 +463,15 @@ def decode_clip(
     stride: int = 1,
     resize: tuple[int, int] | None = None,
     decoder: VideoDecoder | None = None,
+    *,
+    out: np.ndarray | None = None,
+    channels_first: bool = False,
 ) -> np.ndarray:
     """Frames ``start, start + stride, …`` (``frames`` of them) as uint8 RGB ``[frames, H, W, 3]``
-    (``resize=(h, w)``: scaled by FFmpeg's swscale), decoded from only ``parts`` — (offset,
-    bytes) pieces of a ``size``-byte file, normally those ``clip_byte_ranges`` names.
+    (``channels_first``: ``[frames, 3, H, W]``; ``resize=(h, w)``: scaled by FFmpeg's
+    swscale), decoded from only ``parts`` — (offset, bytes) pieces of a ``size``-byte file,
+    normally those ``clip_byte_ranges`` names. ``out``: an array of that shape to decode into
+    (a clip's place in a batch: no copy after the colour conversion), else a new one.
 
     Raises ``MissingBytes(offset, length)`` when the decode needs bytes not given (read them and
     call again), ``VideoError`` for a damaged file or an index that does not match it.
@@ -493,13 +484,24 @@ def decode_clip(
         ...     gop=4).read_bytes()
         >>> decode_clip([(0, data)], len(data), probe_video(data), 5, 2, resize=(24, 32)).shape
         (2, 24, 32, 3)
+        >>> batch = np.zeros((4, 2, 3, 48, 64), np.uint8)  # [N, F, C, H, W]: clip 1 goes in place
+        >>> clip = decode_clip([(0, data)], len(data), probe_video(data), 5, 2, out=batch[1],
+        ...     channels_first=True)
+        >>> np.shares_memory(clip, batch), bool(batch[1].any()), bool(batch[0].any())
+        (True, True, False)
     """
     ordinals = clip_frames(info, start, frames, stride)
     if resize is not None and (
         len(resize) != 2 or not all(isinstance(v, (int, np.integer)) and v > 0 for v in resize)
     ):
         raise ValueError(f"resize={resize!r}: pass (height, width), two positive integers")
-    return (decoder or PyAVDecoder()).decode_frames(SparseFile(parts, size), info, ordinals, resize)
+    if out is None:
+        height, width = resize if resize is not None else (info.height, info.width)
+        shape = (frames, 3, height, width) if channels_first else (frames, height, width, 3)
+        out = np.empty(shape, np.uint8)
+    return (decoder or PyAVDecoder()).decode_frames(
+        SparseFile(parts, size), info, ordinals, resize, out, channels_first
+    )
 
 
 def decode_whole(

@@ -6,9 +6,11 @@ payloads. The rows of a :class:`~lanceloader.rows.lance.Source` turn each projec
 into what its *choice* says (``ll.Source(uri, blobs={"video": "file"})``; default
 ``"bytes"``):
 
-* ``"bytes"``: a ``large_binary`` column of the payloads, read with Lance's planned
-  ``read_blobs`` for the Lance row offsets of the read, in the read's order (batched: few
-  requests on object storage). Null blobs stay null. Every output works on it (``decode_images``
+* ``"bytes"``: a ``large_binary`` column of the payloads, in the read's order: inline payloads
+  of a local dataset in runs of rows straight from the data files (one ``pread`` a run into the
+  column's buffer, :mod:`~lanceloader.rows.inline_blobs`), the rest with Lance's planned
+  ``read_blobs`` for the Lance row offsets of the read (batched: few requests on object
+  storage). Null blobs stay null. Every output works on it (``decode_images``
   on a blob column of JPEGs included).
 * ``"file"``: an ``int64`` column of the rows' Lance row offsets (null where the blob is null),
   tagged with the dataset; a transform opens them with :func:`blob_files`, which returns
@@ -42,6 +44,14 @@ import numpy as np
 import pyarrow as pa
 
 from lanceloader.lifecycle import forksafe
+from lanceloader.rows.inline_blobs import (
+    fragment_files,
+    inline_plan,
+    read_inline,
+)
+from lanceloader.rows.inline_blobs import (
+    take_inline_io as take_inline_io,  # re-exported: rows/lance.py adds it to its I/O
+)
 
 BLOB_EXTENSION_NAME = "lance.blob.v2"
 BLOB_METADATA_KEY = b"lance-encoding:blob"
@@ -239,12 +249,38 @@ _lock = threading.Lock()
 
 
 def read_blob_payloads(
-    dataset: lance.LanceDataset, column: str, offsets: np.ndarray
+    dataset: lance.LanceDataset,
+    column: str,
+    offsets: np.ndarray,
+    descriptors: pa.Array | pa.ChunkedArray | None = None,
 ) -> pa.LargeBinaryArray:
     """The payloads of blob ``column`` at Lance row ``offsets`` (any order, duplicates
-    allowed), in that order, nulls as nulls: one planned ``read_blobs`` call."""
+    allowed), in that order, nulls as nulls. With the rows' ``descriptors`` (the column as
+    Lance scanned it, aligned with ``offsets``) inline payloads of local files in runs are read
+    straight into the column's buffer (:mod:`~lanceloader.rows.inline_blobs`: one ``pread`` a
+    run, one copy); otherwise one planned ``read_blobs`` call and one copy into the buffer.
+    Memory: the payloads once, plus ``read_blobs``'s ``bytes`` objects on that path.
+
+    Example:
+        >>> import tempfile, lance, lance.blob, numpy as np, pyarrow as pa
+        >>> uri = tempfile.mkdtemp() + "/b.lance"
+        >>> ds = lance.write_dataset(pa.table({"b": lance.blob.blob_array([b"ab", None])}), uri)
+        >>> read_blob_payloads(ds, "b", np.array([1, 0, 0])).to_pylist()
+        [None, b'ab', b'ab']
+    """
     if not len(offsets):
         return pa.array([], pa.large_binary())
+    if descriptors is not None:
+        files = fragment_files(dataset, column)
+        plan = inline_plan(files, offsets, descriptors)
+        if plan is not None and files is not None:
+            nulls = descriptors.null_count
+            validity = None
+            if nulls:
+                valid = descriptors.is_valid()
+                valid = valid.combine_chunks() if isinstance(valid, pa.ChunkedArray) else valid
+                validity = pa.array(valid.to_numpy(zero_copy_only=False)).buffers()[1]
+            return read_inline(files, plan, validity, nulls)
     pairs = dataset.read_blobs(
         column, indices=np.asarray(offsets, dtype=np.uint64).tolist(), preserve_order=True
     )
@@ -294,7 +330,9 @@ def attach_blobs(
     for column, choice in choices.items():
         i = table.schema.get_field_index(column)
         if choice == "bytes":
-            values: pa.Array = read_blob_payloads(source.dataset, column, offsets)
+            values: pa.Array = read_blob_payloads(
+                source.dataset, column, offsets, table.column(column)
+            )
         elif choice == "file":
             with _lock:
                 _registry[(source.uri, source.version)] = source

@@ -41,6 +41,19 @@ Two kinds:
     piece a read wanted most of is copied whole once and kept in the process's memory while
     its file is unchanged (checked by one ``stat`` per read), within :data:`HELD_BYTES` per
     process, so a full shuffle over pieces that fit runs at memory speed.
+
+    *Mapped* (``mapped=True``, the automatic cache's directory under ``/dev/shm``): a checked
+    piece (one record batch) is mapped instead, read-only, through the descriptor that was
+    checked, and kept mapped while its file is unchanged (the same ``stat`` per read; an
+    evicted or replaced file is unmapped when seen, and whenever a piece is mapped): no copy
+    and no cap per process, since the pages are the directory's own, shared by every process
+    of the machine (so a shuffle over more than :data:`HELD_BYTES` of pieces does not read
+    pieces whole for every read). The price: a file *truncated in place* under a process that
+    maps it kills that process with SIGBUS. Nothing in lanceloader truncates a published file
+    (writers rename new files in, eviction and damage unlink, and a mapping outlives both),
+    and the directory is the user's own (``0o700``); bytes *written in place* into a mapped
+    file are caught by the next read (the mtime changes), but a read copying rows at that very
+    moment delivers them. A directory given as ``cache=`` is never mapped.
     CRC-32 (zlib: 8 ms per 16 MiB piece on this 2-core machine, where SHA-256 takes 12 and
     BLAKE2b 31) catches every burst of up to 32 bits and other damage but for a 2^-32 chance;
     it guards against damage, not against someone who can write the directory.
@@ -71,8 +84,8 @@ ranges that are not rows (``fetch_bytes(key, make)``, e.g. the bytes of a video 
 store, gets a :class:`DiskCache` in one directory per user and machine under ``/dev/shm``
 (:func:`auto_cache_root`), when the projected columns fit the budget (:func:`auto_budget`: the
 lesser of half the free ``/dev/shm`` and a quarter of the available memory); a sequential local
-read gets none. The last process using the directory removes it, even SIGKILLed (its sweeper
-process, :func:`join_auto_cache`).
+read gets none. Its pieces are mapped, not copied (``DiskCache(mapped=True)``). The last process
+using the directory removes it, even SIGKILLed (its sweeper process, :func:`join_auto_cache`).
 
 >>> import pyarrow as pa, tempfile
 >>> cache = DiskCache(tempfile.mkdtemp(), size=1 << 20)
@@ -93,6 +106,7 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import shutil
 import struct
@@ -112,7 +126,8 @@ import pyarrow as pa
 from lanceloader.lifecycle import lifetime
 from lanceloader.lifecycle.lifetime import picklable_error
 from lanceloader.rows.dataset import ReadError, reaching_store
-from lanceloader.rows.protocol import inverse_permutation, is_identity
+from lanceloader.rows.gather import gather_rows
+from lanceloader.rows.protocol import is_identity
 
 _logger = logging.getLogger("lanceloader")
 
@@ -367,7 +382,9 @@ def auto_cache(random_order: bool, object_store: bool, data_bytes: float,
                cache_size: int | None = None) -> tuple[DiskCache | None, str]:
     """The cache ``cache="auto"`` chooses (see :func:`auto_choice`; ``cache_size`` replaces
     the budget), and why, in words for ``stats()``: a :class:`DiskCache` in
-    :func:`auto_cache_root`, joined by this process (:func:`join_auto_cache`), or None."""
+    :func:`auto_cache_root` that maps its pieces (``mapped=True``: the pages in ``/dev/shm``
+    are shared, not copied into each process), joined by this process
+    (:func:`join_auto_cache`), or None."""
     root = auto_cache_root()
     used = 0
     with contextlib.suppress(OSError):
@@ -385,7 +402,7 @@ def auto_cache(random_order: bool, object_store: bool, data_bytes: float,
         join_auto_cache(root)
     except OSError as exc:
         return None, f"auto: none ({os.fspath(root)}: {exc.strerror or exc})"
-    disk = DiskCache(root, budget)
+    disk = DiskCache(root, budget, mapped=True)
     disk.remove_dead_temporaries()
     why = "a shuffle reads at random" if random_order else "an object store pays per request"
     return disk, (f"auto: {os.fspath(root)} ({why}; ~{data_bytes / 1e9:,.2f} GB of projected "
@@ -537,11 +554,12 @@ class PieceFile:
     it is garbage-collected."""
 
     def __init__(self, file: pa.NativeFile, length: int, batch_rows: int,
-                 on_read_whole: Callable[[pa.Table], None] | None = None) -> None:
+                 on_read_whole: Callable[[pa.Table], pa.Table | None] | None = None) -> None:
         self._file, self._length = file, length
         self._reader = pa.ipc.open_file(file, footer_offset=length)
         self.batch_rows = max(1, batch_rows)
-        self._on_read_whole = on_read_whole  # given the whole piece when a read copied it all
+        # given the whole piece when a read copied it all; returns it held (one chunk) or None
+        self._on_read_whole = on_read_whole
 
     @property
     def num_rows(self) -> int:
@@ -552,6 +570,13 @@ class PieceFile:
     def take(self, rows: np.ndarray) -> pa.Table:
         """The piece's ``rows`` (row numbers in the piece, any order), reading only their
         record batches (all of them with one ``pread`` when most are needed)."""
+        table, where = self.locate(rows)
+        return rows_at(table, where).combine_chunks()
+
+    def locate(self, rows: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        """The record batches that hold the piece's ``rows`` (read as :meth:`take` reads them,
+        no copy made of them), and each row's row number in them: a gather takes the rows
+        straight from there (:func:`~lanceloader.rows.gather.gather_rows`)."""
         rows = np.asarray(rows, dtype=np.int64)
         try:
             batch = rows // self.batch_rows
@@ -560,7 +585,12 @@ class PieceFile:
             if len(needed) * 2 > source.num_record_batches:  # most of it: one pread
                 whole = pa.ipc.open_file(pa.py_buffer(self._file.read_at(self._length, 0)))
                 if self._on_read_whole is not None:
-                    self._on_read_whole(whole.read_all())
+                    held = self._on_read_whole(whole.read_all())
+                    if held is not None:  # held now: one chunk, the rows are its row numbers
+                        if len(rows) and int(rows.max()) >= held.num_rows:
+                            raise DamagedFile(f"has {held.num_rows} rows where row "
+                                              f"{int(rows.max())} is read")
+                        return held, rows
                 source = whole
             table = pa.Table.from_batches([source.get_batch(int(b)) for b in needed],
                                           self._reader.schema)
@@ -569,12 +599,7 @@ class PieceFile:
         where = np.searchsorted(needed, batch) * self.batch_rows + rows % self.batch_rows
         if len(where) and int(where.max()) >= table.num_rows:
             raise DamagedFile(f"has {table.num_rows} rows where row {int(rows.max())} is read")
-        first = int(where[0]) if len(where) else 0
-        if int(where[-1] if len(where) else -1) - first + 1 == len(where) and bool(
-                np.all(np.diff(where) == 1)):
-            # consecutive rows: one chunk out (converting many small chunks costs more)
-            return table.slice(first, len(where)).combine_chunks()
-        return table.take(pa.array(where))
+        return table, where
 
     def read_all(self) -> pa.Table:
         """Every row of the piece."""
@@ -589,11 +614,6 @@ def rows_at(table: pa.Table, rows: np.ndarray) -> pa.Table:
     if int(rows[-1]) - first + 1 == len(rows) and bool(np.all(np.diff(rows) == 1)):
         return table.slice(first, len(rows))
     return table.take(pa.array(rows))
-
-
-def piece_rows_of(piece: pa.Table | PieceFile, rows: np.ndarray) -> pa.Table:
-    """Rows of a cached piece: a table in memory, or a :class:`PieceFile`."""
-    return piece.take(rows) if isinstance(piece, PieceFile) else rows_at(piece, rows)
 
 
 def batch_rows_of(table: pa.Table) -> int:
@@ -664,11 +684,14 @@ class DiskCache:
     Counters of this object (in this process): ``fills`` (pieces it downloaded and kept),
     ``damaged`` (files that failed their check, dropped and read again from the dataset) and
     ``not_kept`` (pieces it could not keep: the cap, a full disk, a read-only directory).
+    ``mapped``: pieces are mapped rather than copied into the process (see the module's text).
     """
 
-    def __init__(self, root: str | os.PathLike[str], size: int) -> None:
+    def __init__(self, root: str | os.PathLike[str], size: int, mapped: bool = False) -> None:
         self.root = Path(root)
+        self._root_text = os.fspath(self.root)
         self.size = int(size)
+        self.mapped = bool(mapped)  # pieces are mapped, not copied (the automatic cache)
         self.fills = 0
         self.damaged = 0
         self.not_kept = 0
@@ -680,19 +703,24 @@ class DiskCache:
         # name -> (file version, table, last touch) of pieces read whole (HELD_BYTES)
         self._held: OrderedDict[str, tuple[tuple[int, int, int], pa.Table, float]] = OrderedDict()
         self._held_bytes = 0
+        # name -> (file version, table over the mapped file, last touch): pieces of a mapped
+        # cache, not counted in HELD_BYTES (the pages are the directory's own, shared)
+        self._mapped: OrderedDict[str, tuple[tuple[int, int, int], pa.Table, float]] = \
+            OrderedDict()
         self._used_at: dict[str, float] = {}  # name -> last use of a held piece (monotonic)
         self.reads_whole = 0  # piece files read whole by this object (held or not)
         self._unremovable: set[tuple[str, tuple[int, int, int] | None]] = set()
         self._thread = threading.local()  # files this thread found damaged since take_damaged
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "size": self.size}
+        return {"root": self.root, "size": self.size, "mapped": self.mapped}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["root"], state["size"])  # type: ignore[misc]
+        self.__init__(state["root"], state["size"], state.get("mapped", False))  # type: ignore[misc]
 
     def __repr__(self) -> str:
-        return f"DiskCache({os.fspath(self.root)!r}, size={self.size})"
+        mapped = ", mapped=True" if self.mapped else ""
+        return f"DiskCache({os.fspath(self.root)!r}, size={self.size}{mapped})"
 
     def _path(self, name: str) -> Path:
         return self.root / (name + SUFFIX)
@@ -751,13 +779,22 @@ class DiskCache:
         stat = os.fstat(file.fileno())
         version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         try:
+            if self.mapped:  # the checked version, mapped through its open descriptor
+                with file:
+                    view = mmap.mmap(file.fileno(), stat.st_size, prot=mmap.PROT_READ)
+                table = pa.ipc.open_file(pa.py_buffer(view), footer_offset=length).read_all()
+                self._forget_stale_mappings()
+                with self._count:
+                    self._mapped[name] = (version, table, time.monotonic())
+                return table
             if length <= HELD_BYTES // HELD_PIECES_AT_LEAST:  # read whole, once, and held
                 with file:
                     data = file.read_at(length, 0)
                 if len(data) != length:
                     raise OSError(f"{len(data)} of its {length} bytes could be read")
                 table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-                return self._hold(name, version, table)
+                held = self._hold(name, version, table)
+                return table if held is None else held  # not held: gathered by record batch
             return PieceFile(file, length, extra,
                              on_read_whole=lambda table: self._hold(name, version, table))
         except (pa.ArrowInvalid, OSError) as exc:
@@ -772,43 +809,65 @@ class DiskCache:
         return count
 
     def _held_piece(self, name: str) -> pa.Table | None:
-        """The piece ``name`` from this process's memory, if it was read whole and its file is
-        still that version (a file changed, replaced or removed since is read again)."""
+        """The piece ``name`` from this process's memory (read whole and held, or mapped), if
+        its file is still that version (a file changed, replaced or removed since is read, or
+        mapped, again)."""
         with self._count:
-            entry = self._held.get(name)
+            kept = self._mapped if name in self._mapped else self._held
+            entry = kept.get(name)
         if entry is None:
             return None
         version, table, touched = entry
-        path = self._path(name)
+        path = f"{self._root_text}/{name}{SUFFIX}"  # no Path: one stat per piece per read
         try:
             stat = os.stat(path)
         except OSError:
             stat = None
         with self._count:
             if stat is None or (stat.st_ino, stat.st_size, stat.st_mtime_ns) != version:
-                if self._held.pop(name, None) is not None:
+                if kept.pop(name, None) is not None and kept is self._held:
                     self._held_bytes -= table.nbytes
                 return None
-            self._held.move_to_end(name)
+            if name not in kept:  # dropped by another thread meanwhile
+                return None
+            kept.move_to_end(name)
             now = time.monotonic()
             self._used_at[name] = now
             if now - touched >= TOUCH_EVERY_S:
-                self._held[name] = (version, table, now)
+                kept[name] = (version, table, now)
             else:
                 return table
         with contextlib.suppress(OSError):  # least recently used goes first (read-only: skip)
             os.utime(path, ns=(time.time_ns(), stat.st_mtime_ns))
         return table
 
-    def _hold(self, name: str, version: tuple[int, int, int], table: pa.Table) -> pa.Table:
+    def _forget_stale_mappings(self) -> None:
+        """Unmap the pieces whose files were evicted or replaced since they were mapped (their
+        pages stay in memory while mapped): done whenever a piece is mapped, so a process holds
+        at most the stale pieces of the last pieces it read."""
+        with self._count:
+            entries = list(self._mapped.items())
+        for name, (version, _, _) in entries:
+            try:
+                stat = os.stat(f"{self._root_text}/{name}{SUFFIX}")
+                current = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            except OSError:
+                current = None
+            if current != version:
+                with self._count:
+                    if self._mapped.get(name, (None,))[0] == version:
+                        del self._mapped[name]
+
+    def _hold(self, name: str, version: tuple[int, int, int], table: pa.Table
+              ) -> pa.Table | None:
         """Keep a piece read whole in this process's memory, within :data:`HELD_BYTES`, as one
-        chunk (a take over one chunk is several times faster than over its record batches);
-        returns the table (one chunk). Room is made by evicting pieces unused for
-        :data:`HELD_IDLE_S` only, least recently used first; without room, it is not held."""
+        chunk (a gather from one chunk needs no search of its record batches); returns the
+        table held (one chunk), or None when it is not held. Room is made by evicting pieces
+        unused for :data:`HELD_IDLE_S` only, least recently used first; without room, it is not
+        held (nor copied into one chunk: the read gathers from its record batches)."""
         self._counted("reads_whole")
         if table.nbytes > HELD_BYTES:
-            return table
-        table = table.combine_chunks()
+            return None
         with self._count:
             old = self._held.pop(name, None)
             if old is not None:
@@ -819,8 +878,9 @@ class DiskCache:
                 if self._held_bytes - idle + table.nbytes <= HELD_BYTES:
                     break
                 if now - self._used_at.get(other, 0.0) < HELD_IDLE_S:
-                    return table  # the held pieces are in use: keep them
+                    return None  # the held pieces are in use: keep them
                 idle += self._held[other][1].nbytes
+            table = table.combine_chunks()  # a copy of one piece, once per process
             while self._held_bytes + table.nbytes > HELD_BYTES:
                 dropped_name, (_, dropped, _) = self._held.popitem(last=False)
                 self._used_at.pop(dropped_name, None)
@@ -840,6 +900,7 @@ class DiskCache:
             held = self._held.pop(name, None)
             if held is not None:
                 self._held_bytes -= held[1].nbytes
+            self._mapped.pop(name, None)
         found: tuple[int, int, int] | None = None
         try:
             stat = os.stat(path)
@@ -942,7 +1003,7 @@ class DiskCache:
     def put(self, name: str, table: pa.Table) -> bool:
         """Publish ``table`` as ``name`` (after evicting what the cap needs); returns whether it
         was kept (a table bigger than the cap, or a failed write, is not)."""
-        batch_rows = batch_rows_of(table)
+        batch_rows = max(1, table.num_rows) if self.mapped else batch_rows_of(table)
         sink = pa.MockOutputStream()  # the file's exact size, before reserving it
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table, max_chunksize=batch_rows)
@@ -1326,10 +1387,12 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
     order of ``offsets`` and how many came from a piece in the cache (found there, or filled and
     kept by this read; a piece downloaded and not kept counts as the dataset's).
 
-    No sort of the offsets: the request is grouped by piece (a stable sort of the piece
-    numbers keeps the request's order within each piece), each piece gives its rows (a slice
-    when they are consecutive), and one ``take`` restores the request's order, when it is not
-    already that. Lance calls on an object store end within seconds when the store is gone
+    No sort of the offsets: the request is grouped by piece (one stable ``argsort`` of the
+    piece numbers keeps the request's order within each piece), and every row is copied once,
+    from its piece straight into its place in the result
+    (:func:`~lanceloader.rows.gather.gather_rows`); rows consecutive in one piece are a slice
+    of it (no copy), unless the piece is mapped (read-only pages: always copied out). Lance
+    calls on an object store end within seconds when the store is gone
     (:func:`~lanceloader.rows.dataset.reaching_store`).
     """
     assert source.cache is not None
@@ -1346,8 +1409,9 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
              else np.argsort(piece, kind="stable"))
     grouped = piece[order]
     breaks = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
-    parts: list[pa.Table] = []
-    placed: list[np.ndarray] = []  # per part, the request index of each of its rows
+    parts: list[pa.Table] = []  # per part: a piece (or rows of one), rows in it, their places
+    wheres: list[np.ndarray | None] = []
+    placed: list[np.ndarray] = []
     direct: list[np.ndarray] = []
     waiting: list[np.ndarray] = []
     cached = 0
@@ -1369,12 +1433,15 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
         """Place the request's rows of a piece; False when its file proved damaged."""
         nonlocal cached
         rows = local[request] - int(number[request[0]]) * size  # rows in the piece
-        try:
-            parts.append(piece_rows_of(found, rows))
-        except DamagedFile as exc:
-            cache.drop(name_of(int(request[0])), cache._path(name_of(int(request[0]))), None,
-                       str(exc))
-            return False
+        if isinstance(found, PieceFile):  # the record batches holding the rows
+            try:
+                found, rows = found.locate(rows)
+            except DamagedFile as exc:
+                cache.drop(name_of(int(request[0])), cache._path(name_of(int(request[0]))),
+                           None, str(exc))
+                return False
+        parts.append(found)
+        wheres.append(rows)
         placed.append(request)
         cached += len(request) if kept else 0
         return True
@@ -1410,9 +1477,15 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
         request = np.concatenate(direct)
         parts.append(reaching_store(lambda: source._read_offsets(offsets[request]),
                                     source.uri, source.storage_options))
+        wheres.append(None)
         placed.append(request)
-    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    where = np.concatenate(placed) if len(placed) > 1 else placed[0]
-    if not is_identity(where):
-        table = table.take(pa.array(inverse_permutation(where)))
+    if len(parts) == 1 and is_identity(placed[0]) and not getattr(cache, "mapped", False):
+        # one piece, in order: a slice when it can (never of a mapped piece: its pages are
+        # read-only, and a tensor wrapping them would crash the first in-place write)
+        where = wheres[0]
+        table = parts[0] if where is None else rows_at(parts[0], where)
+        if where is not None and table.num_columns and table.column(0).num_chunks > 1:
+            table = table.combine_chunks()  # a piece file's record batches: one chunk out
+    else:
+        table = gather_rows(parts, wheres, placed, len(offsets))
     return table.select(source.columns), cached

@@ -7,9 +7,11 @@ in ``[0, num_rows)`` to a Lance row offset, and reads any list of positions as o
 
 Reads coalesce: the requested rows are sorted and deduplicated, contiguous runs become range reads
 of one fragment (Lance's fastest path on local disk, measured in ``benchmarks/``), the scattered
-rest becomes one ``take`` (on object storage, everything is one ``take``), and the result is put
-back into the requested order with one Arrow ``take``. With ``cache=``, reads go through the
-cache first (:mod:`lanceloader.rows.cache`).
+rest becomes one ``take`` (on object storage, everything is one ``take``, and the first read of
+each fragment in a process goes alone, so reads in flight together fetch a file's metadata once:
+:mod:`lanceloader.rows.first_reads`), and the result is put back into the requested order with
+one Arrow ``take``. With ``cache=``, reads go through the cache first
+(:mod:`lanceloader.rows.cache`).
 
 Errors: every failure of a read is raised as :class:`ReadError` (an ``OSError``), which names the
 URI, the pinned version, the fragments and rows read and, from a worker, the batches; the
@@ -48,6 +50,7 @@ from lanceloader.rows.blobs import (
     check_blob_choices,
     payload_bytes_per_row,
     rows_schema,
+    take_inline_io,
 )
 from lanceloader.rows.cache import (
     AUTO,
@@ -72,6 +75,7 @@ from lanceloader.rows.dataset import (
     reaching_store,
     redact_exception,
 )
+from lanceloader.rows.first_reads import FirstReads
 from lanceloader.rows.protocol import (
     Read,
     empty_table,
@@ -171,6 +175,8 @@ class Source:
         self._reader: forksafe.CleanReader | None = None
         self._reader_pid = 0
         self._fragments = ds.get_fragments()
+        # which fragments this process's dataset has read (their file metadata cached)
+        self._first_reads: FirstReads | None = FirstReads()
         self._fragment_ids = [f.fragment_id for f in self._fragments]
         self.identity: str = dataset_identity(ds.schema, self._fragments)
         self._fragment_starts = np.cumsum(
@@ -273,6 +279,7 @@ class Source:
             except BaseException as exc:
                 raise self.read_error(exc, offsets=np.arange(start, start + rows)) from exc
             if table.num_rows:  # a blob column's payloads counted by their descriptors' size
+                self._opening().opened([i])  # its file's metadata is in ds's cache now
                 return table.nbytes / table.num_rows + payload_bytes_per_row(table, self.blobs)
         return 0.0
 
@@ -283,6 +290,7 @@ class Source:
         state["_ds"] = None
         state["_fragments"] = None
         state["_reader"] = None
+        state["_first_reads"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -307,6 +315,7 @@ class Source:
                 storage_options=object_store_options(self.uri, self.storage_options),
             )
             self._fragments = ds.get_fragments()
+            self._first_reads = FirstReads()
             self._ds = ds
             self._pid = os.getpid()
         return self._ds
@@ -319,6 +328,19 @@ class Source:
         if self._rows is None:
             return int(self._fragment_starts[-1])
         return len(self._rows)
+
+    def fragment_positions(self) -> np.ndarray:
+        """The positions at which each fragment's rows begin, then ``num_rows`` (ascending;
+        a fragment that the filter or split empties repeats its neighbour's): reads of
+        consecutive positions that stay between two of them read one data file
+        (``engine/stream.py`` cuts sequential reads on object storage there).
+
+        >>> Source(uri, ["id"]).fragment_positions().tolist()     # doctest: +SKIP
+        [0, 500, 1000, 1500, 2000]
+        """
+        if self._rows is None:
+            return self._fragment_starts.copy()
+        return np.searchsorted(self._rows, self._fragment_starts).astype(np.int64)
 
     def row_offsets(self, positions: np.ndarray) -> np.ndarray:
         """Lance row offsets (in the pinned version) of the given positions."""
@@ -352,7 +374,9 @@ class Source:
                 # all from the cache: Lance not opened here
                 return Read(table, 0, 0, cached, damaged)
             io = self._ds.io_stats_incremental()
-            return Read(table, io.read_bytes, io.read_iops, cached, damaged)
+            inline_bytes, inline_reads = take_inline_io()  # blob payloads read past Lance
+            return Read(table, io.read_bytes + inline_bytes, io.read_iops + inline_reads,
+                        cached, damaged)
         except (ReadError, *NOT_READ_FAILURES):
             raise
         except BaseException as exc:
@@ -441,7 +465,9 @@ class Source:
         ``offsets``."""
         ds = self.dataset
         if is_object_store(self.uri):  # one take: Lance sends all its requests at once
-            return ds.take(offsets, columns=self.columns), np.arange(len(offsets))
+            fragments = np.unique(self._fragment_of(offsets)).tolist()
+            with self._opening().reading(fragments):  # a file's metadata fetched once
+                return ds.take(offsets, columns=self.columns), np.arange(len(offsets))
         if not len(offsets):
             return self.schema_table().slice(0, 0), np.zeros(0, dtype=np.int64)
         fragment_of = self._fragment_of(offsets)
@@ -469,6 +495,13 @@ class Source:
         if not pieces:
             return self.schema_table().slice(0, 0), np.zeros(0, dtype=np.int64)
         return pa.concat_tables(pieces), np.concatenate(order)
+
+    def _opening(self) -> FirstReads:
+        """This process's :class:`FirstReads` (made here after unpickling)."""
+        first = self._first_reads
+        if first is None:
+            first = self._first_reads = FirstReads()
+        return first
 
     def schema_table(self) -> pa.Table:
         """An empty table with the projected schema."""

@@ -15,7 +15,7 @@ sources in another order is the same mix (and resumes the same stream).
 **Runs.** With ``run_length=r`` the interleave schedules runs of ``r`` consecutive samples
 instead of single samples (exact within ±1 run, i.e. ±r samples). ``r`` equal to the Loader's
 ``batch_size`` gives every batch from one source (MosaicML's ``per_stream`` batching); runs of
-at least :data:`MIN_SLICE_ROWS` rows are handed out as slices of that source's read instead of
+at least :data:`~lanceloader.rows.placement.MIN_SLICE_ROWS` rows are handed out as slices of that source's read instead of
 copied into mixed order (no copy: a batch within a run is a slice of its source's rows).
 
 **Each source's own stream.** A source is a ``Loader`` (its rows: dataset, filter, split,
@@ -75,13 +75,17 @@ from lanceloader.ordering.interleave import (
 from lanceloader.ordering.order import Order
 from lanceloader.rows.lance import Source
 from lanceloader.rows.ordered import OrderedSource, mean_tokens
-from lanceloader.rows.protocol import Pieces, Read, as_table, empty_table
+from lanceloader.rows.placement import mixed_rows
+from lanceloader.rows.protocol import Read, as_table, empty_table
 from lanceloader.state.format import StateMismatchError, fingerprint
 
 EPOCH_LENGTHS = ("first_exhausted", "all_exhausted")
-# Mixed rows are runs of the sources' reads (no copy) when their runs average this many rows: a
-# run costs ~2 us to hand out, copying its rows ~70 ns a row of 264 B.
-MIN_SLICE_ROWS = 64
+# A mix's read is one read per source, each of its share of the rows, and a Lance call has a
+# fixed cost (~2-3 ms CPU for a range read: 10,581 rows of 264 B cost 1.5x the CPU per row of
+# 31,744), so the engine sizes a mix's reads as MixedSource.read_parts reads of one source. At
+# most this many: a mix read holds at most 4 x the engine's read bytes (32 MiB), however many
+# sources it has.
+MAX_READ_PARTS = 4
 
 
 def ordered_source(name: str, source: Any) -> OrderedSource:
@@ -92,8 +96,7 @@ def ordered_source(name: str, source: Any) -> OrderedSource:
     if isinstance(source, str | bytes) or hasattr(source, "__fspath__"):
         rows = Source(source)
         return OrderedSource(name, rows, Order(rows.num_rows))
-    raise TypeError(f"mix source {name!r} must be a Loader or a URI, got "
-                    f"{type(source).__name__}")
+    raise TypeError(f"mix source {name!r} must be a Loader or a URI, got {type(source).__name__}")
 
 
 class Mix:
@@ -144,12 +147,16 @@ class Mix:
         if weights_by not in ("samples", "tokens"):
             raise ValueError(f"weights_by must be 'samples' or 'tokens', got {weights_by!r}")
         if weights_by == "tokens" and not token_column:
-            raise ValueError("weights_by='tokens' needs token_column=, the column whose length "
-                             "counts a row's tokens (e.g. 'input_ids')")
+            raise ValueError(
+                "weights_by='tokens' needs token_column=, the column whose length "
+                "counts a row's tokens (e.g. 'input_ids')"
+            )
         if isinstance(run_length, bool) or not isinstance(run_length, int) or run_length < 1:
-            raise ValueError(f"run_length must be a whole number >= 1 (samples in a row from one "
-                             f"source; the Loader's batch_size for one source per batch), got "
-                             f"{run_length!r}")
+            raise ValueError(
+                f"run_length must be a whole number >= 1 (samples in a row from one "
+                f"source; the Loader's batch_size for one source per batch), got "
+                f"{run_length!r}"
+            )
         by_name = {str(n): s for n, s in sources.items()}
         self.sources = [ordered_source(n, by_name[n]) for n in self.names]
         self.source_column = source_column
@@ -164,7 +171,8 @@ class Mix:
             raise ValueError(
                 f"the weight of source {lost[0]!r} ({weights[lost[0]]:g}) is below 1/{MAX_PERIOD} "
                 "of the total, the finest share the interleave can give, so it would never be "
-                "drawn; raise it, or give it 0 to leave the source out")
+                "drawn; raise it, or give it 0 to leave the source out"
+            )
         self.interleave = Interleave(tuple(quotas), run_length)
         self.samples_per_epoch = self._epoch_length(samples_per_epoch)
         self.epoch_length = samples_per_epoch
@@ -184,15 +192,18 @@ class Mix:
         used = [k for k, q in enumerate(il.quotas) if q]
         empty = [self.names[k] for k in used if rows[k] == 0]
         if empty:
-            raise ValueError(f"source {empty[0]!r} has no rows (after its filter and split); "
-                             "give it weight 0 or remove it")
+            raise ValueError(
+                f"source {empty[0]!r} has no rows (after its filter and split); "
+                "give it weight 0 or remove it"
+            )
         if spec == "first_exhausted":
             return min(il.position_of(k, rows[k]) for k in used)
         if spec == "all_exhausted":
             return max(il.position_of(k, rows[k] - 1) + 1 for k in used)
         if isinstance(spec, bool) or not isinstance(spec, int) or spec < 1:
-            raise ValueError(f"samples_per_epoch must be a number >= 1 or one of {EPOCH_LENGTHS}, "
-                             f"got {spec!r}")
+            raise ValueError(
+                f"samples_per_epoch must be a number >= 1 or one of {EPOCH_LENGTHS}, got {spec!r}"
+            )
         return spec
 
     def _window_samples(self) -> int | None:
@@ -222,7 +233,8 @@ class Mix:
                         f"sources {first.name!r} and {s.name!r} have different columns: "
                         f"{_schema_text(schema)} vs {_schema_text(other)}; choose common "
                         "columns with each source Loader's columns=, or give a source a "
-                        "transform that renames or casts its columns to the common schema")
+                        "transform that renames or casts its columns to the common schema"
+                    )
         if self.source_column:
             schema = schema.append(pa.field(self.source_column, pa.int16()))
         return schema
@@ -245,13 +257,23 @@ class Mix:
         left it, and the sample to resume at (the epoch's end if the state lies past it)."""
         saved = state["order"]["mix"]
         if set(saved["sources"]) != set(self.names):
-            raise ValueError(f"the state mixes sources {sorted(saved['sources'])}, this mix "
-                             f"{sorted(self.names)}: only the weights may change")
-        given = consumed(saved["quotas"], saved["offsets"], state["order"]["rows"],
-                         state["epoch"], state["sample"], saved["run_length"])
+            raise ValueError(
+                f"the state mixes sources {sorted(saved['sources'])}, this mix "
+                f"{sorted(self.names)}: only the weights may change"
+            )
+        given = consumed(
+            saved["quotas"],
+            saved["offsets"],
+            state["order"]["rows"],
+            state["epoch"],
+            state["sample"],
+            saved["run_length"],
+        )
         epoch, sample = state["epoch"], min(state["sample"], self.samples_per_epoch)
-        offsets = {n: given[n] - epoch * self.per_epoch[k] - int(self.interleave.count(k, sample))
-                   for k, n in enumerate(self.names)}
+        offsets = {
+            n: given[n] - epoch * self.per_epoch[k] - int(self.interleave.count(k, sample))
+            for k, n in enumerate(self.names)
+        }
         return self.with_offsets(offsets), sample
 
     def with_offsets(self, offsets: Mapping[str, int]) -> Mix:
@@ -271,162 +293,6 @@ class Mix:
         return f"Mix({{{shares}}}, samples_per_epoch={self.samples_per_epoch}{run})"
 
 
-def mixed_rows(parts: list[pa.Table], wheres: list[np.ndarray | None], runs: Runs
-               ) -> pa.Table | Pieces:
-    """The rows of a mixed read: ``parts[k]`` holds the rows source ``k`` read for ``runs``, in
-    sorted order (``wheres[k]``: the row of each of its samples in stream order; ``None``: the
-    same order).
-
-    Where every part is in stream order and runs average :data:`MIN_SLICE_ROWS` rows or more
-    (a mix with a ``run_length``, read in order), the rows are :class:`Pieces` of the parts:
-    nothing is copied, and the worker hands out each batch within a run as a slice of its
-    part's conversion (as it does for one source). Otherwise every row is copied once into its
-    mixed place (:func:`place_rows`).
-
-    >>> a, b = pa.table({"x": [10, 11]}), pa.table({"x": [20, 21]})
-    >>> runs = Runs(np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1]), np.ones(4, np.int64))
-    >>> mixed_rows([a, b], [np.array([1, 0]), None], runs)["x"].to_pylist()
-    [11, 20, 10, 21]
-    >>> t = pa.table({"x": np.arange(1000)})
-    >>> long = Runs(np.array([0, 1]), np.array([0, 0]), np.array([500, 500]))
-    >>> pieces = mixed_rows([t.slice(500), t.slice(0, 500)], [None, None], long)
-    >>> pieces.runs, pieces.table()["x"][0].as_py()          # two runs of 500 rows: not copied
-    ([(0, 0, 500), (1, 0, 500)], 500)
-    """
-    n = int(runs.length.sum())
-    if all(w is None for w in wheres) and n >= MIN_SLICE_ROWS * len(runs.source):
-        return _pieces(parts, runs)
-    # Each sample's source; source k's samples, in stream order, are its part's rows wheres[k].
-    source = runs.source if len(runs.source) == n else np.repeat(runs.source, runs.length)
-    places = [np.flatnonzero(source == k) for k in range(len(parts))]
-    return place_rows(parts, wheres, places, n)
-
-
-def _pieces(parts: list[pa.Table], runs: Runs) -> Pieces:
-    """``runs`` as runs of the parts' record batches (each part in stream order): no copy."""
-    sizes = np.array([p.num_rows for p in parts])
-    part_start = np.cumsum(sizes) - sizes  # where each part begins in their concatenation
-    if runs.spans is not None:  # each source's runs continue each other from its first
-        offset = runs.index - np.array([first for first, _ in runs.spans])[runs.source]
-    else:  # the row of its part at which each run begins
-        offset = np.zeros(len(runs.source), np.int64)
-        for k in range(len(parts)):
-            at = np.flatnonzero(runs.source == k)
-            offset[at] = np.cumsum(runs.length[at]) - runs.length[at]
-    batches = pa.concat_tables(parts).to_batches()
-    bounds = np.cumsum([0] + [len(b) for b in batches])  # where each batch begins
-    first = part_start[runs.source] + offset
-    batch = np.searchsorted(bounds, first, side="right") - 1
-    out = list(zip(batch.tolist(), (first - bounds[batch]).tolist(), runs.length.tolist(),
-                   strict=True))
-    for i in np.flatnonzero(first + runs.length > bounds[batch + 1])[::-1].tolist():
-        b, row, length = out[i]  # a run crossing a batch's end continues in the next ones
-        split = []
-        while length:
-            piece = min(length, int(bounds[b + 1] - bounds[b]) - row)
-            split.append((b, row, piece))
-            b, row, length = b + 1, 0, length - piece
-        out[i:i + 1] = split
-    return Pieces(batches, out)
-
-
-def place_rows(parts: list[pa.Table], wheres: list[np.ndarray | None],
-               places: list[np.ndarray], n: int) -> pa.Table:
-    """A table of ``n`` rows in which row ``places[k][i]`` is row ``wheres[k][i]`` of
-    ``parts[k]`` (row ``i`` when ``wheres[k]`` is ``None``); all parts have one schema.
-
-    Each row is copied once. A column of fixed-width values without nulls (numbers, dates,
-    fixed-size lists of them, fixed-size binary) is scattered chunk by chunk straight from
-    the parts into one new buffer; any other column is one Arrow ``take`` from the parts
-    joined. Joining is a copy too: on 65,536 rows of 264 bytes from 3 sources (one thread,
-    alternated in one process) a mixed read placed its rows in 145 ns a row against 182 joined
-    and taken on a loaded machine, 52 against 103 for the copy alone on a quieter one.
-
-    >>> a, b = pa.table({"x": [1, 2], "s": ["a", "b"]}), pa.table({"x": [3], "s": ["c"]})
-    >>> t = place_rows([a, b], [np.array([1, 0]), None], [np.array([0, 2]), np.array([1])], 3)
-    >>> t["x"].to_pylist(), t["s"].to_pylist()
-    ([2, 3, 1], ['b', 'c', 'a'])
-    """
-    # Per part, the place of each of its rows when each row has exactly one place (a
-    # scatter); else None (a row placed twice, or one not placed: gathered instead).
-    targets: list[np.ndarray | None] = []
-    for part, where, place in zip(parts, wheres, places, strict=True):
-        if where is None and len(place) == part.num_rows:
-            targets.append(place)
-            continue
-        rows = np.arange(len(place)) if where is None else where
-        target = np.full(part.num_rows, -1, np.int64)
-        target[rows] = place
-        whole = len(rows) == part.num_rows and bool((target >= 0).all())
-        targets.append(target if whole else None)
-    schema = parts[0].schema
-    columns: list[pa.Array | pa.ChunkedArray] = []
-    taken: pa.Array | None = None
-    for i, field in enumerate(schema):
-        width = _row_width(field.type)
-        chunks = [p.column(i) for p in parts]
-        if width and all(t is not None for t in targets) and not any(map(_has_nulls, chunks)):
-            columns.append(_scatter(field.type, width, chunks, targets, n))  # type: ignore[arg-type]
-            continue
-        if taken is None:  # each sample's row in the parts joined, for Arrow's take
-            sizes = np.array([p.num_rows for p in parts])
-            start = np.cumsum(sizes) - sizes
-            index = np.empty(n, np.int64)
-            for k, (where, place) in enumerate(zip(wheres, places, strict=True)):
-                index[place] = start[k] + (np.arange(len(place)) if where is None else where)
-            taken = pa.array(index)
-        columns.append(pa.chunked_array([c for col in chunks for c in col.chunks], field.type)
-                       .combine_chunks().take(taken))
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def _row_width(kind: pa.DataType) -> int:
-    """Bytes a row of a fixed-width column takes in one values buffer (a fixed-size list
-    counted with its values), or 0: not scattered (bits, variable width, nested, extension)."""
-    if pa.types.is_fixed_size_list(kind):
-        inner = _row_width(kind.value_type)
-        return inner * kind.list_size if inner and not pa.types.is_fixed_size_list(
-            kind.value_type) else 0
-    if isinstance(kind, pa.ExtensionType) or pa.types.is_dictionary(kind) or \
-            pa.types.is_boolean(kind):
-        return 0
-    try:
-        bits = kind.bit_width
-    except ValueError:  # not fixed width
-        return 0
-    return bits // 8 if bits % 8 == 0 else 0
-
-
-def _has_nulls(column: pa.ChunkedArray) -> bool:
-    """Whether a column has nulls, in a fixed-size list's values too."""
-    if pa.types.is_fixed_size_list(column.type):
-        return any(c.null_count or c.flatten().null_count for c in column.chunks)
-    return column.null_count > 0
-
-
-def _scatter(kind: pa.DataType, width: int, columns: list[pa.ChunkedArray],
-             targets: list[np.ndarray], n: int) -> pa.Array:
-    """One array of ``n`` rows: row ``r`` of ``columns[k]`` at ``targets[k][r]``, copied as
-    ``width``-byte items into a buffer of Arrow's pool (no page faults on reused memory)."""
-    buffer = pa.allocate_buffer(n * width)
-    out = np.frombuffer(buffer, np.uint8).view(f"V{width}")
-    for column, target in zip(columns, targets, strict=True):
-        first = 0
-        for chunk in column.chunks:
-            if not len(chunk):
-                continue
-            values = chunk.flatten() if pa.types.is_fixed_size_list(kind) else chunk
-            item = width // (kind.list_size if pa.types.is_fixed_size_list(kind) else 1)
-            rows = np.frombuffer(values.buffers()[1], np.uint8, count=len(chunk) * width,
-                                 offset=values.offset * item).view(f"V{width}")
-            out[target[first:first + len(chunk)]] = rows
-            first += len(chunk)
-    if pa.types.is_fixed_size_list(kind):
-        values = pa.Array.from_buffers(kind.value_type, n * kind.list_size, [None, buffer])
-        return pa.FixedSizeListArray.from_arrays(values, type=kind)
-    return pa.Array.from_buffers(kind, n, [None, buffer])
-
-
 def _schema_text(schema: pa.Schema) -> str:
     return "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
 
@@ -440,6 +306,21 @@ class MixedSource:
     A read of mixed samples locates them as :class:`Runs`, reads each source's part with one
     call of its :class:`~lanceloader.rows.ordered.OrderedSource` (its order and transform), and
     puts the rows in mixed order (:func:`mixed_rows`).
+
+    ``read_parts`` (a rows-protocol member, 1 for other rows): the engine sizes a mix's reads
+    as that many reads of one source (``engine/stream.py`` ``batches_per_read``), so each
+    source's Lance call is as large as on its own Loader: ``1 / the largest share``, rounded
+    down, at most :data:`MAX_READ_PARTS`. A read of the mix then holds up to ``read_parts``
+    times the engine's read bytes (8 MiB), and twice that while a sample-by-sample mix places
+    its rows.
+
+    >>> import tempfile
+    >>> from lanceloader.demo import write_demo_dataset
+    >>> from lanceloader.loader import Loader
+    >>> a = write_demo_dataset(tempfile.mkdtemp() + "/a.lance", rows=8)
+    >>> mix = Mix({"a": Loader(a), "b": Loader(a), "c": Loader(a)})
+    >>> mix.source().read_parts, Mix({"a": a, "b": a}, weights={"a": 3, "b": 1}).source().read_parts
+    (3, 1)
     """
 
     cache = None
@@ -455,9 +336,14 @@ class MixedSource:
         self.uri = "mix:" + "+".join(self.names)
         self.identity = fingerprint("mix", None, mix.settings())
         shares = list(mix.weights.values())
-        self.bytes_per_row = sum(s.source.bytes_per_row * w
-                                 for s, w in zip(self.sources, shares, strict=True))
+        self.bytes_per_row = sum(
+            s.source.bytes_per_row * w for s, w in zip(self.sources, shares, strict=True)
+        )
         self.random_reads = any(s.order.random_reads for s in self.sources)
+        # floor(1 / the largest share), at most MAX_READ_PARTS: no source reads more rows in a
+        # mix read than in a read of its own (the engine's read bound holds per Lance call).
+        quotas = mix.interleave.quotas
+        self.read_parts = max(1, min(MAX_READ_PARTS, sum(quotas) // max(quotas)))
 
     @property
     def num_rows(self) -> int:
@@ -465,8 +351,13 @@ class MixedSource:
 
     def settings(self) -> dict[str, Any]:
         """No filter or split of its own (the sources have theirs); the mix's settings."""
-        return {"filter": None, "splits": None, "split": None, "split_key": None,
-                "mix": self.mix.settings()}
+        return {
+            "filter": None,
+            "splits": None,
+            "split": None,
+            "split_key": None,
+            "mix": self.mix.settings(),
+        }
 
     @property
     def padding_fraction(self) -> float | None:
@@ -481,8 +372,9 @@ class MixedSource:
                 padded, tokens = padded + fraction * slots, tokens + slots
         return padded / tokens if tokens else None if not padded else 0.0
 
-    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
-                ) -> tuple[MixedSource, int]:
+    def resumed(
+        self, state: dict[str, Any], allow_changes: tuple[str, ...]
+    ) -> tuple[MixedSource, int]:
         """The rows that continue ``state`` and the sample to resume at: when the state's mix
         has other weights (or the offsets of an earlier weight change), this mix with offsets
         that continue each source where the state left it. Pure: a refused state changes no
@@ -492,8 +384,9 @@ class MixedSource:
         if saved is None or saved == current:
             return self, state["sample"]
         fixed = ("quotas", "offsets")
-        if {k: v for k, v in saved.items() if k not in fixed} != \
-                {k: v for k, v in current.items() if k not in fixed}:
+        if {k: v for k, v in saved.items() if k not in fixed} != {
+            k: v for k, v in current.items() if k not in fixed
+        }:
             return self, state["sample"]  # other sources or settings: the usual checks
         if saved["quotas"] == current["quotas"]:  # a state of a run that changed weights once
             return self.mix.with_offsets(saved["offsets"]).source(), state["sample"]
@@ -502,7 +395,8 @@ class MixedSource:
                 f"cannot load this state into this loader: the state's mix has quotas "
                 f"{saved['quotas']} (offsets {saved['offsets']}), this one {current['quotas']} "
                 f"(offsets {current['offsets']}). Pass allow_changes=('weights',) to continue "
-                "every source exactly where the state left it with the new weights")
+                "every source exactly where the state left it with the new weights"
+            )
         mix, sample = self.mix.resumed(state)
         return mix.source(), sample
 
@@ -534,8 +428,9 @@ class MixedSource:
             table = self._conform(k, as_table(read.rows))
             if self.mix.source_column:
                 label = self.mix.labels[k]
-                table = table.append_column(self.mix.source_column,
-                                            pa.array(np.full(len(table), label, np.int16)))
+                table = table.append_column(
+                    self.mix.source_column, pa.array(np.full(len(table), label, np.int16))
+                )
             parts.append(table)
             wheres.append(where)
         return Read(mixed_rows(parts, wheres, runs), io_bytes, iops, cached, damaged)
@@ -553,7 +448,8 @@ class MixedSource:
                 raise ValueError(
                     f"mix source {name!r} gives columns {_schema_text(table.schema)}, the mix's "
                     f"are {_schema_text(base)} (those of source {self.names[self.mix.labels.index(0)]!r}); make its "
-                    f"transform return the same columns and types ({exc})") from None
+                    f"transform return the same columns and types ({exc})"
+                ) from None
         return table
 
     def order(self, seed: int) -> MixOrder:
@@ -569,8 +465,10 @@ class MixedSource:
             index = runs.indices(k)
             if not len(index):
                 continue
-            parts.append(f"{len(index)} from {self.names[k]!r} (its samples "
-                         f"{index[:4].tolist()}{'...' if len(index) > 4 else ''})")
+            parts.append(
+                f"{len(index)} from {self.names[k]!r} (its samples "
+                f"{index[:4].tolist()}{'...' if len(index) > 4 else ''})"
+            )
         return "mixed samples: " + ", ".join(parts)
 
     def __repr__(self) -> str:

@@ -14,6 +14,8 @@ What each member is for:
 * ``bytes_per_row``: Arrow bytes per row, which sizes reads (``engine/stream.py``);
 * ``random_reads``: whether a read of consecutive positions is random takes underneath (a mix
   of shuffled sources), which sizes reads like a shuffle;
+* ``read_parts`` (optional, default 1): how many Lance calls of a full read size one read
+  makes (a mix: its sources), so the engine makes the read that many times larger;
 * ``settings()``: JSON-safe settings that define which rows the positions are, for the state
   and its fingerprint (``state/format.py``): filter, split, packing, mix;
 * ``uri``, ``version``, ``identity``: the dataset (or ``mix:...`` and ``None`` for a mix);

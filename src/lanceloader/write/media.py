@@ -16,7 +16,10 @@ videos or all audio becomes one row per file:
 * for video, the keyframe index of :mod:`lanceloader.media.video` (``video_frames``,
   ``video_fps``, …, ``video_keyframes``, ``video_keyframe_offsets``, ``video_header_offset``);
   for audio ``audio_sample_rate``, ``audio_channels``, ``audio_frames``, ``audio_duration``,
-  ``audio_codec`` (:func:`lanceloader.media.audio.probe_audio`).
+  ``audio_codec`` and the byte index of :mod:`lanceloader.media.audio_ranges`
+  (``audio_seek_samples``, ``audio_seek_offsets``, ``audio_header_offset``,
+  ``audio_header_length``, ``audio_preroll``), so ``ll.audio_clips`` reads only each window's
+  bytes.
 
 Each file is read once and probed (demuxed, not decoded) in a pool of ``num_workers`` threads;
 a file that cannot be probed, a file without a row in the labels and a labels row naming no
@@ -50,7 +53,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv
 
-from lanceloader.media.audio import probe_audio
+from lanceloader.media import audio_ranges
 from lanceloader.media.video import index_fields, index_values, probe_video
 from lanceloader.write.tables import with_blob_columns
 
@@ -61,14 +64,6 @@ MEDIA_BATCH_BYTES = 64 << 20  # and at most this many bytes of files (or one lar
 KEY_COLUMNS = ("path", "file", "filename", "name")  # a labels file's column naming the file
 CLASSES_KEY = b"lanceloader.classes"  # class names: the key of an ImageFolder's (convert.py)
 KINDS_LOOKED_AT = 1000  # files media_kind looks at to tell a media folder (the rest: skipped)
-
-AUDIO_FIELDS = [
-    ("sample_rate", pa.int64()),
-    ("channels", pa.int64()),
-    ("frames", pa.int64()),
-    ("duration", pa.float64()),
-    ("codec", pa.string()),
-]
 
 
 def media_kind(
@@ -239,11 +234,7 @@ def from_media_folder(
         classes = {name: i for i, name in enumerate(names)}
         fields.append(pa.field("label", pa.int64()))
         metadata[CLASSES_KEY] = json.dumps(names).encode()
-    probed = (
-        index_fields(kind)
-        if kind == "video"
-        else [pa.field(f"{kind}_{name}", typ) for name, typ in AUDIO_FIELDS]
-    )
+    probed = index_fields(kind) if kind == "video" else audio_ranges.index_fields(kind)
     taken = {f.name for f in probed} | {kind, "path"}
     clashes = [f.name for f in fields[2:] if f.name in taken]
     if clashes:
@@ -330,11 +321,4 @@ def _probe(data: bytes, kind: str) -> dict[str, Any]:
     """The index columns of one file's bytes (raises for a file that cannot be probed)."""
     if kind == "video":
         return index_values(probe_video(data), kind)
-    info = probe_audio(data)
-    return {
-        f"{kind}_sample_rate": info.sample_rate,
-        f"{kind}_channels": info.channels,
-        f"{kind}_frames": info.frames,
-        f"{kind}_duration": info.duration_s,
-        f"{kind}_codec": info.codec,
-    }
+    return audio_ranges.index_values(*audio_ranges.probe_audio_index(data), kind)

@@ -1,0 +1,325 @@
+"""Audio by byte range: where each stretch of a file's audio lies, and a window decoded from
+only those bytes.
+
+The flow for one window (pure functions; the caller does the I/O, e.g. one Lance
+``read_blob_ranges`` call for all the windows of a read):
+
+1. :func:`probe_audio_index` (:mod:`lanceloader.media.audio_index`, whose names are
+   importable from here too; once per file: ``ll.convert`` stores it as the columns of
+   :func:`index_fields`, ``ll.audio_clips`` reads them back with :func:`index_from_row`): the
+   file's :class:`~lanceloader.media.audio.AudioInfo` and its :class:`AudioIndex`: seek points
+   (the first sample and the byte offset of a frame, ending with the end of the audio data),
+   the bytes a decoder needs besides the frames (``header``) and the samples a decode must start
+   before a window (``preroll``). Demuxing only, no decoding.
+2. :func:`window_byte_ranges`: the ``(offset, length)`` ranges a window needs: the header and
+   one run of frames, from the last seek point at or before ``start - preroll`` to the first at
+   or after the window's end.
+3. :func:`decode_window_from_ranges`: the window from those bytes alone, sample-exact: the same
+   samples as :func:`~lanceloader.media.audio.decode_audio_window` of the whole file.
+
+Per format:
+
+* WAV (PCM, little-endian: 8/16/24/32-bit integers, 32/64-bit floats): pure arithmetic. Two
+  seek points, the data chunk's start and end; a window is ``start × block_align`` bytes in,
+  ``length × block_align`` long, no header; converted by NumPy as libsndfile converts (integers
+  divided by 2^(bits-1), unsigned 8-bit centred).
+* FLAC: a seek point per frame (PyAV's demuxer: each packet's position and timestamp); header:
+  the ``fLaC`` marker and the STREAMINFO block (42 bytes, whatever pictures or padding follow);
+  decoded by libsndfile from a small file of the header (marked as the last metadata block)
+  followed by the frames, read from its start: FLAC frames are independent, so no preroll.
+* MP3: a seek point per frame (PyAV's demuxer; samples count after the encoder's delay as every
+  decoder counts them, so the first frames start before 0); no header (the LAME/Xing frame only
+  says the delay, which the seek points hold); decoded by FFmpeg's MP3 decoder from the frames'
+  bytes (PyAV's parser splits them) and placed from the end of the last frame. A frame's output
+  needs the previous frame decoded (the overlap of the MDCT and the synthesis filter's history)
+  with its main data, which the bit reservoir may keep up to 511 bytes back: ``preroll`` is the
+  most samples any frame of the file needs decoded before it, from each frame's
+  ``main_data_begin``, so the decode is exact.
+* Opus, Vorbis, AIFF and anything else: no seek points; a window reads the whole file
+  (:func:`window_byte_ranges` says so), as ``decode_audio`` does.
+
+A long file's index keeps every k-th frame (:mod:`lanceloader.media.audio_index`): a window
+then reads up to k - 1 frames more on each side.
+
+Example:
+    >>> import io, numpy as np, soundfile
+    >>> flac = io.BytesIO()
+    >>> soundfile.write(flac, np.sin(np.arange(160000) / 9), 16000, format="FLAC")
+    >>> data = flac.getvalue()
+    >>> info, index = probe_audio_index(data)
+    >>> ranges = window_byte_ranges(index, len(data), start=20000, length=1600)
+    >>> ranges[0], sum(n for _, n in ranges) < len(data) // 10
+    ((0, 42), True)
+    >>> parts = [(offset, data[offset : offset + n]) for offset, n in ranges]
+    >>> window = decode_window_from_ranges(parts, info, index, 20000, 1600)
+    >>> from lanceloader.media.audio import decode_audio_window
+    >>> bool((window == decode_audio_window(data, 20000, 1600)).all())
+    True
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import itertools
+
+import numpy as np
+
+from lanceloader.media.audio import (
+    AudioInfo,
+    AudioReader,
+    _read_soundfile,
+    check_window,
+    finish_window,
+    window_span,
+)
+from lanceloader.media.audio_index import (
+    FLAC_HEADER,
+    MAX_SEEK_POINTS,
+    WHOLE,
+    AudioIndex,
+    index_fields,
+    index_from_row,
+    index_values,
+    indexes_from_table,
+    mp3_frames,
+    probe_audio_index,
+)
+
+__all__ = [  # the index's names too, so one import serves a reader of windows
+    "FLAC_HEADER",
+    "MAX_SEEK_POINTS",
+    "WHOLE",
+    "AudioIndex",
+    "decode_window_from_ranges",
+    "index_fields",
+    "index_from_row",
+    "index_values",
+    "indexes_from_table",
+    "probe_audio_index",
+    "window_byte_ranges",
+    "window_span",
+]
+
+
+# WAV sample formats read by NumPy: codec -> (dtype, scale); pcm_s24 is widened first.
+_PCM = {
+    "pcm_u8": (np.uint8, 128.0),
+    "pcm_s16": (np.dtype("<i2"), 32768.0),
+    "pcm_s24": (np.dtype("<i4"), 2.0**31),
+    "pcm_s32": (np.dtype("<i4"), 2.0**31),
+    "pcm_f32": (np.dtype("<f4"), 1.0),
+    "pcm_f64": (np.dtype("<f8"), 1.0),
+}
+
+
+# --- planning and decoding ------------------------------------------------------------------
+
+
+def _frames_for(index: AudioIndex, start: int, length: int) -> tuple[int, int]:
+    """The seek points ``(i, j)``: decode from point ``i`` to point ``j`` (exclusive end)."""
+    samples = index.seek_samples
+    i = max(0, bisect.bisect_right(samples, start - index.preroll) - 1)
+    j = min(len(samples) - 1, bisect.bisect_left(samples, start + length))
+    return i, max(j, i + 1)
+
+
+def window_byte_ranges(
+    index: AudioIndex, size: int, start: int, length: int
+) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` ranges of a file of ``size`` bytes that the window of
+    ``length`` samples from ``start`` needs (at the file's own rate: widen it by
+    :func:`~lanceloader.media.audio.window_span` for a resampled window): the header, if any,
+    and one run of frames; the whole file where the index has no seek points.
+
+    >>> index = AudioIndex("flac", np.array([0, 4096, 8192, 9000]),
+    ...     np.array([86, 1900, 3700, 4000]), (0, 42), 0)
+    >>> window_byte_ranges(index, 4000, 5000, 100), window_byte_ranges(WHOLE, 4000, 0, 1)
+    ([(0, 42), (1900, 1800)], [(0, 4000)])
+    """
+    if not index.ranged:
+        return [(0, int(size))]
+    if index.format == "wav":
+        first, end = (int(v) for v in index.seek_offsets[:2])
+        block = (end - first) // max(1, int(index.seek_samples[1]))
+        return [(first + start * block, length * block)]
+    i, j = _frames_for(index, start, length)
+    lo, hi = int(index.seek_offsets[i]), int(index.seek_offsets[j])
+    ranges = [(int(index.header[0]), int(index.header[1]))] if index.header[1] else []
+    return [*ranges, (lo, hi - lo)]
+
+
+def decode_window_from_ranges(
+    parts: list[tuple[int, bytes]],
+    info: AudioInfo,
+    index: AudioIndex,
+    start: int,
+    length: int,
+    *,
+    sample_rate: int | None = None,
+    channels: int | None = None,
+) -> np.ndarray:
+    """The window of :func:`~lanceloader.media.audio.decode_audio_window` (same arguments and
+    result, ``[C, T]`` float32) from ``parts``: ``(offset, bytes)`` of the ranges that
+    :func:`window_byte_ranges` gave for the window's span
+    (:func:`~lanceloader.media.audio.window_span`). A ``WHOLE`` index decodes the whole file,
+    the one part. Raises ``ValueError`` for parts that are not those ranges, or bytes that do
+    not decode to the window (a corrupt file or a stale index).
+
+    >>> wav = AudioIndex("wav", np.array([0, 4]), np.array([44, 52]), (0, 0), 0)
+    >>> info = AudioInfo(8000, 1, 4, 0.0005, "pcm_s16")
+    >>> decode_window_from_ranges([(46, b"\\x00\\x40\\x00\\xc0")], info, wav, 1, 2)
+    array([[ 0.5, -0.5]], dtype=float32)
+    """
+    rate, target = check_window(info, start, length, sample_rate, channels)
+    first, count = window_span(info, start, length, rate)
+    if not index.ranged:
+        if len(parts) != 1 or parts[0][0] != 0:
+            raise ValueError("a file without a byte index is decoded from one part: all of it")
+        with AudioReader(parts[0][1]) as reader:
+            return reader.window(start, length, sample_rate=sample_rate, channels=channels)
+    wanted = window_byte_ranges(index, 0, first, count)
+    got = [(int(o), len(b)) for o, b in parts]
+    if got != wanted:
+        raise ValueError(
+            f"the parts {got} are not the ranges {wanted} the samples [{first}, "
+            f"{first + count}) need: pass the parts of window_byte_ranges(index, size, "
+            f"{first}, {count})"
+        )
+    data = parts[-1][1]
+    try:
+        if index.format == "wav":
+            samples = _pcm(data, info)
+        elif index.format == "flac":
+            samples = _flac(parts[0][1], data, index, first, count)
+        else:
+            samples = _mp3(data, index, info, first, count)
+    except (ValueError, RuntimeError, OSError) as exc:  # PyAV's and libsndfile's errors
+        raise ValueError(
+            f"the {index.format} bytes of samples [{first}, {first + count}) do not decode "
+            f"({type(exc).__name__}: {exc}): the file is damaged or its index is stale; "
+            "reconvert it with ll.convert"
+        ) from exc
+    if samples.shape != (info.channels, count):
+        raise ValueError(
+            f"the bytes decoded to {samples.shape[1]} samples where the index places "
+            f"{count} from sample {first}: the file is damaged or its index is stale; "
+            "reconvert it with ll.convert"
+        )
+    return finish_window(samples, info, start, length, rate, target)
+
+
+def _pcm(data: bytes, info: AudioInfo) -> np.ndarray:
+    """Interleaved little-endian PCM as ``[C, n]`` float32, as libsndfile converts it."""
+    dtype, scale = _PCM[info.codec]
+    if info.codec == "pcm_s24":
+        raw = np.frombuffer(data, np.uint8).reshape(-1, 3)
+        wide = np.zeros((len(raw), 4), np.uint8)
+        wide[:, 1:] = raw  # the 24 bits in the top of an int32
+        values = wide.view("<i4").ravel()
+    else:
+        values = np.frombuffer(data, dtype)
+    out = values.astype(np.float32)
+    if info.codec == "pcm_u8":
+        out -= 128.0
+    if scale != 1.0:
+        out *= np.float32(1.0 / scale)
+    return np.ascontiguousarray(out.reshape(-1, info.channels).T)
+
+
+def _flac(header: bytes, frames: bytes, index: AudioIndex, first: int, count: int) -> np.ndarray:
+    """The samples ``[first, first + count)`` from the STREAMINFO and a run of FLAC frames.
+    Where the seek points are every frame of a fixed block size (the index of a file of up to
+    :data:`MAX_SEEK_POINTS` frames), FFmpeg's decoder gets each frame as a packet (15% less
+    CPU than libsndfile over a file object, measured); else libsndfile reads a small file of
+    the header (marked the last metadata block) and the frames from its start (FLAC frames are
+    independent). Both give libsndfile's floats: integers divided by 2^(bits-1)."""
+    i, j = _frames_for(index, first, count)
+    starts = index.seek_samples[i : j + 1]
+    skip = first - int(starts[0])
+    block = int.from_bytes(header[10:12], "big")  # STREAMINFO: max block size
+    steps = np.diff(starts)
+    if (
+        block == int.from_bytes(header[8:10], "big")
+        and (steps[:-1] == block).all()
+        and (steps[-1] <= block)
+    ):
+        offsets = index.seek_offsets[i : j + 1] - index.seek_offsets[i]
+        samples = _flac_packets(header[8:], frames, offsets.tolist())
+        if samples is not None:
+            return np.ascontiguousarray(samples[:, skip : skip + count])
+    import soundfile
+
+    head = bytearray(header)
+    head[4] |= 0x80  # the last metadata block
+    with soundfile.SoundFile(io.BytesIO(bytes(head) + frames)) as f:
+        read = _read_soundfile(f, skip + count)
+    return np.ascontiguousarray(read[skip:].T)
+
+
+def _flac_packets(streaminfo: bytes, frames: bytes, offsets: list[int]) -> np.ndarray | None:
+    """Each frame (``frames[offsets[k]:offsets[k + 1]]``) decoded by FFmpeg as one packet, as
+    ``[C, n]`` float32; ``None`` for a sample format other than 16 or 32-bit integers."""
+    import av
+
+    codec = av.CodecContext.create("flac", "r")
+    codec.extradata = streaminfo
+    decoded = []
+    for a, b in itertools.pairwise(offsets):
+        decoded += codec.decode(av.Packet(frames[a:b]))
+    if not decoded:
+        return None
+    fmt = decoded[0].format
+    dtype = {"s16": np.int16, "s16p": np.int16, "s32": np.int32, "s32p": np.int32}.get(fmt.name)
+    if dtype is None:
+        return None
+    channels = len(decoded[0].layout.channels)
+    if fmt.is_planar:
+        ints = np.stack(
+            [
+                np.concatenate([np.frombuffer(f.planes[c], dtype, f.samples) for f in decoded])
+                for c in range(channels)
+            ]
+        )
+    else:
+        ints = (
+            np.concatenate(
+                [np.frombuffer(f.planes[0], dtype, f.samples * channels) for f in decoded]
+            )
+            .reshape(-1, channels)
+            .T
+        )
+    out = ints.astype(np.float32)
+    out *= np.float32(1.0 / (32768.0 if dtype == np.int16 else 2.0**31))
+    return out
+
+
+def _mp3(data: bytes, index: AudioIndex, info: AudioInfo, first: int, count: int) -> np.ndarray:
+    """FFmpeg's MP3 decoder over the frames (split by their headers), the output placed from
+    the end of the last frame (the first frames' reservoir may be missing: they are the
+    preroll, thrown away)."""
+    import av
+
+    from lanceloader.media.audio import _planar_float
+
+    codec = av.CodecContext.create("mp3float", "r")
+    frames = []
+    for frame_bytes in mp3_frames(data):
+        frames += codec.decode(av.Packet(frame_bytes))
+    frames += codec.decode(None)
+    if frames and all(f.format.name == "fltp" for f in frames):  # mp3float's own: no copy
+        decoded = np.stack(
+            [
+                np.concatenate([np.frombuffer(f.planes[c], np.float32, f.samples) for f in frames])
+                for c in range(info.channels)
+            ]
+        )
+    else:
+        pieces = [_planar_float(frame, info.channels) for frame in frames]
+        decoded = np.concatenate(pieces, axis=1) if pieces else np.zeros((info.channels, 0), "f4")
+    _, j = _frames_for(index, first, count)
+    end = int(index.seek_samples[j])  # the sample after the last frame's output
+    skip = first - (end - decoded.shape[1])
+    if skip < 0:
+        return np.zeros((info.channels, 0), np.float32)  # fewer samples than the index says
+    return np.ascontiguousarray(decoded[:, skip : skip + count])

@@ -1,0 +1,235 @@
+"""Gather: rows of several tables put in their places in one new table, each row copied once.
+
+A read through the cache (:mod:`lanceloader.rows.cache`) finds its rows in many pieces: a few
+rows of each, in a shuffled order. Taking each piece's rows with Arrow, joining the parts and
+taking once more to restore the request's order copies every row twice and runs Arrow's
+generic ``take`` (slow on fixed-size lists: it takes their values one by one). Here a column of
+fixed-width values without nulls (numbers, dates, fixed-size binary, fixed-size lists of them)
+is copied with NumPy straight from each part into its places in one new buffer of Arrow's
+pool; any other column (strings, binary, nested, nulls) is one Arrow ``take`` per part, then one
+to put the rows in place. Pure: no I/O, nothing kept; the result owns its buffers (the parts
+may be freed afterwards).
+
+>>> a, b = pa.table({"x": [10, 11, 12], "s": ["a", "b", "c"]}), pa.table({"x": [20], "s": ["d"]})
+>>> t = gather_rows([a, b], [np.array([2, 0]), None], [np.array([0, 2]), np.array([1])], 3)
+>>> t["x"].to_pylist(), t["s"].to_pylist()
+([12, 20, 10], ['c', 'd', 'a'])
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+import pyarrow as pa
+
+from lanceloader.rows.protocol import inverse_permutation
+
+
+def gather_rows(
+    parts: list[pa.Table], wheres: list[np.ndarray | None], places: list[np.ndarray], n: int
+) -> pa.Table:
+    """A table of ``n`` rows in which row ``places[k][i]`` is row ``wheres[k][i]`` of
+    ``parts[k]`` (row ``i`` of it when ``wheres[k]`` is ``None``).
+
+    Contract: the places of all parts together are each of ``0 … n-1`` exactly once (a
+    partition of the rows, as a read grouped by piece makes), and the parts have the schema of
+    ``parts[0]``; counts that do not add up, or another schema, are a ``ValueError`` naming
+    them. Each row is copied once into the result (see the module's text). A part's NumPy views
+    are made once per table object (:func:`column_views`), so parts that live long (the pieces
+    a cache holds) cost no per-read setup.
+
+    >>> gather_rows([pa.table({"x": [1, 2]})], [np.array([1, 1])], [np.array([1, 0])], 2
+    ...             )["x"].to_pylist()
+    [2, 2]
+    """
+    if not parts:
+        raise ValueError("gather_rows needs at least one part (a table) to gather rows from")
+    counts = [len(p) if w is None else len(w) for p, w in zip(places, wheres, strict=True)]
+    if sum(counts) != n or any(
+        len(w) != len(p) for p, w in zip(places, wheres, strict=True) if w is not None
+    ):
+        raise ValueError(
+            f"gather_rows: {sum(counts)} places for {n} rows ({counts} per part, "
+            f"rows {[None if w is None else len(w) for w in wheres]}): give each "
+            "row of the result exactly one place, and each place one row"
+        )
+    schema = parts[0].schema
+    for part in parts[1:]:
+        if part.schema is not schema and not part.schema.equals(schema):
+            raise ValueError(
+                f"gather_rows: a part has the schema {part.schema} where the "
+                f"first has {schema}: gather parts of one projection"
+            )
+    views = [column_views(part) for part in parts]
+    # A part whose rows each have exactly one place is scattered in its own order (one pass
+    # over its rows: a mix's parts); others are gathered (a cache's pieces: a few rows each).
+    scatter = [
+        place if where is None else scatter_targets(where, place, len(part))
+        for part, where, place in zip(parts, wheres, places, strict=True)
+    ]
+    columns: list[pa.Array | pa.ChunkedArray] = []
+    inverse: pa.Array | None = None
+    for i, field in enumerate(schema):
+        if all(v[i] is not None for v in views):
+            columns.append(
+                gather_fixed(
+                    field.type,
+                    [v[i] for v in views],  # type: ignore[misc]
+                    wheres,
+                    places,
+                    n,
+                    scatter,
+                )
+            )
+            continue
+        if inverse is None:  # the request's place of each row of the parts joined
+            inverse = pa.array(inverse_permutation(np.concatenate(places)))
+        taken = [
+            part.column(i) if w is None else part.column(i).take(pa.array(w))
+            for part, w in zip(parts, wheres, strict=True)
+        ]
+        joined = pa.chunked_array([c for column in taken for c in column.chunks], field.type)
+        columns.append(joined.take(inverse))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+_views: dict[int, tuple[weakref.ref[pa.Table], list[list[np.ndarray] | None]]] = {}
+_views_lock = threading.Lock()
+
+
+def column_views(table: pa.Table) -> list[list[np.ndarray] | None]:
+    """Per column of ``table``: its chunks as ``width``-byte NumPy items (no copy) when it is
+    a fixed-width column without nulls (:func:`row_width`), else None. Made once per table
+    object and kept while it lives (a weak reference: the table's death forgets them).
+
+    >>> [None if v is None else v[0].dtype.str for v in column_views(
+    ...     pa.table({"x": [1, 2], "s": ["a", "b"]}))]
+    ['|V8', None]
+    """
+    key = id(table)
+    with _views_lock:
+        known = _views.get(key)
+        if known is not None and known[0]() is table:
+            return known[1]
+    made: list[list[np.ndarray] | None] = []
+    for column in table.columns:
+        width = row_width(column.type)
+        made.append(
+            None
+            if not width or has_nulls(column)
+            else [rows_view(c, column.type, width) for c in column.chunks if len(c)]
+        )
+    with _views_lock:
+        _views[key] = (weakref.ref(table), made)
+    weakref.finalize(table, _forget_views, key)
+    return made
+
+
+def _forget_views(key: int) -> None:
+    with _views_lock:
+        known = _views.get(key)
+        if known is not None and known[0]() is None:
+            del _views[key]
+
+
+def row_width(kind: pa.DataType) -> int:
+    """Bytes a row of a column of type ``kind`` takes in one values buffer (a fixed-size list
+    counted with its values), or 0 when it is not gathered as bytes (bits, variable width,
+    nested lists, dictionaries, extension types).
+
+    >>> row_width(pa.int64()), row_width(pa.list_(pa.float32(), 64)), row_width(pa.string())
+    (8, 256, 0)
+    """
+    if pa.types.is_fixed_size_list(kind):
+        inner = row_width(kind.value_type)
+        return (
+            inner * kind.list_size
+            if inner and not pa.types.is_fixed_size_list(kind.value_type)
+            else 0
+        )
+    if (
+        isinstance(kind, pa.ExtensionType)
+        or pa.types.is_dictionary(kind)
+        or pa.types.is_boolean(kind)
+    ):
+        return 0
+    try:
+        bits = kind.bit_width
+    except ValueError:  # not fixed width
+        return 0
+    return bits // 8 if bits % 8 == 0 else 0
+
+
+def has_nulls(column: pa.ChunkedArray) -> bool:
+    """Whether a column has nulls, in a fixed-size list's values too."""
+    if pa.types.is_fixed_size_list(column.type):
+        return any(c.null_count or c.flatten().null_count for c in column.chunks)
+    return column.null_count > 0
+
+
+def rows_view(chunk: pa.Array, kind: pa.DataType, width: int) -> np.ndarray:
+    """The rows of one array of a fixed-width type as ``width``-byte NumPy items (no copy)."""
+    values = chunk.flatten() if pa.types.is_fixed_size_list(kind) else chunk
+    item = width // (kind.list_size if pa.types.is_fixed_size_list(kind) else 1)
+    return np.frombuffer(
+        values.buffers()[1], np.uint8, count=len(chunk) * width, offset=values.offset * item
+    ).view(f"V{width}")
+
+
+def scatter_targets(where: np.ndarray, place: np.ndarray, rows: int) -> np.ndarray | None:
+    """The place of each of a part's ``rows`` rows when ``where`` names each exactly once (a
+    permutation: the part is scattered in its own order), else None (gathered).
+
+    >>> scatter_targets(np.array([2, 0, 1]), np.array([5, 6, 7]), 3).tolist()
+    [6, 7, 5]
+    >>> scatter_targets(np.array([1, 1]), np.array([0, 1]), 2) is None
+    True
+    """
+    if len(where) != rows:
+        return None
+    target = np.full(rows, -1, np.int64)
+    target[where] = place
+    return target if bool((target >= 0).all()) else None
+
+
+def gather_fixed(
+    kind: pa.DataType,
+    columns: list[list[np.ndarray]],
+    wheres: list[np.ndarray | None],
+    places: list[np.ndarray],
+    n: int,
+    scatter: list[np.ndarray | None] | None = None,
+) -> pa.Array:
+    """One array of ``n`` rows of a fixed-width column without nulls, given as each part's
+    chunks of ``width``-byte items (:func:`column_views`): row ``wheres[k][i]`` of part ``k``
+    at ``places[k][i]``, copied into a new buffer of Arrow's pool (memory it reuses: no page
+    faults afresh on every read). ``scatter[k]``, where given (:func:`scatter_targets`), is
+    the place of each row of part ``k`` in its own order: those rows are scattered, chunk by
+    chunk, one pass (a gather then a scatter costs about twice as much on 264-byte rows)."""
+    width = row_width(kind)
+    buffer = pa.allocate_buffer(n * width)
+    out = np.frombuffer(buffer, np.uint8).view(f"V{width}")
+    targets = scatter or [None] * len(columns)
+    for chunks, where, place, target in zip(columns, wheres, places, targets, strict=True):
+        if target is not None or where is None:  # every row of the part: chunk by chunk
+            target = place if target is None else target
+            first = 0
+            for chunk in chunks:
+                out[target[first : first + len(chunk)]] = chunk
+                first += len(chunk)
+        elif len(chunks) == 1:
+            out[place] = chunks[0][where]
+        elif len(where):  # several chunks (a piece's record batches): each gives its rows
+            ends = np.cumsum([len(c) for c in chunks])
+            chunk_of = np.searchsorted(ends, where, side="right")
+            order = np.argsort(chunk_of, kind="stable")
+            grouped = chunk_of[order]
+            for group in np.split(order, np.flatnonzero(grouped[1:] != grouped[:-1]) + 1):
+                j = int(chunk_of[group[0]])
+                out[place[group]] = chunks[j][where[group] - (ends[j] - len(chunks[j]))]
+    if pa.types.is_fixed_size_list(kind):
+        values = pa.Array.from_buffers(kind.value_type, n * kind.list_size, [None, buffer])
+        return pa.FixedSizeListArray.from_arrays(values, type=kind)
+    return pa.Array.from_buffers(kind, n, [None, buffer])
