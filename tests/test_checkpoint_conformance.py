@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
-from lanceloader.engine.processes import PRELOAD
 from lanceloader.torch import BatchSampler, IterableDataset, MapDataset, Sampler, collate
 
 pytestmark = [
@@ -26,13 +23,6 @@ TIMEOUT = 60
 
 def ids(batch) -> list[int]:
     return batch["id"].tolist()
-
-
-@pytest.fixture(scope="module")
-def forkserver() -> multiprocessing.context.BaseContext:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([*PRELOAD, "lanceloader.torch"])
-    return ctx
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -9,7 +9,6 @@ Every DataLoader with workers has a timeout, so a hang fails instead of blocking
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import pickle
 import re
@@ -29,7 +28,6 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lanceloader as ll
 import lanceloader.integrations.torch as integration
-from lanceloader.engine.processes import PRELOAD
 from lanceloader.integrations.torch import collation
 from lanceloader.integrations.torch.collation import SHM_DIR, SharedBatch, pack_for_transfer
 from lanceloader.lifecycle.lifetime import shm_name
@@ -50,15 +48,6 @@ TIMEOUT = 60  # seconds a DataLoader worker may take for one batch before the te
 FAST = settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-@pytest.fixture(scope="module")
-def forkserver() -> multiprocessing.context.BaseContext:
-    """The process workers' forkserver, also preloading torch (Lance imported, never opened):
-    DataLoader workers start in milliseconds and are fork-safe."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([*PRELOAD, "lanceloader.torch"])
-    return ctx
 
 
 def batch_ids(batches) -> list[list[int]]:

@@ -1,7 +1,13 @@
-"""torchrun (gloo, CPU): train, SIGKILL mid-epoch, resume on 1 and on 2 ranks, same parameters."""
+"""torchrun (gloo, CPU): train, SIGKILL mid-epoch, resume on 1 and on 2 ranks, same parameters.
+
+The uninterrupted reference run is the example's ``main`` in this process, on one rank: the
+example keeps the global batch whatever the number of ranks, so its result is the one a 2-rank
+run reaches (the resumed runs are compared with it on 1 and on 2 ranks), and it costs no torchrun
+start (three interpreters importing torch)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -45,13 +51,23 @@ def run(nproc: int, data: str, ckpt: Path, out: Path | None = None, kill_at: int
     return done.returncode
 
 
+def run_here(data: str, ckpt: Path, out: Path) -> None:
+    """The example's ``main`` in this process, on one rank, uninterrupted (torch's global random
+    state restored afterwards)."""
+    spec = importlib.util.spec_from_file_location("train_resume", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with torch.random.fork_rng():
+        example.main(["--data", data, "--ckpt", str(ckpt), "--out", str(out)])
+
+
 def params(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path)["params"]
 
 
 def test_sigkill_then_resume_on_one_and_two_ranks(tmp_path: Path) -> None:
     data = write_demo_dataset(tmp_path / "data.lance", rows=1600, fragments=2)
-    assert run(2, data, tmp_path / "full", tmp_path / "full.pt") == 0
+    run_here(data, tmp_path / "full", tmp_path / "full.pt")
     reference = params(tmp_path / "full.pt")
     assert torch.load(tmp_path / "full.pt")["step"] == 50  # 2 epochs of 1600 // 64 steps
 

