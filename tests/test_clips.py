@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import shutil
+import time
 
 import lance
 import lance.blob
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
+from conftest import lanceloader_threads
 from lanceloader.media import video as media_video
 from lanceloader.rows.clips import ClipSource, clip_windows, fetch_chunks
 from mediagen import frame_index_of, write_audio, write_video
@@ -349,6 +351,7 @@ def test_s3_gives_the_local_clips_in_at_most_three_gets_per_clip(s3, uri, videos
     gets = s3.requests().get("GET", 0)
     assert got == clips_of(ll.Loader(uri, **settings))
     assert 0 < gets <= 3 * len(got), f"{gets} GETs for {len(got)} clips"
+    assert lanceloader_threads() == []  # each read's fetch threads end with the read
 
 
 def test_the_second_epoch_through_a_cache_makes_no_request(s3, videos, tmp_path) -> None:
@@ -414,6 +417,12 @@ def test_a_corrupt_video_is_a_clip_error_naming_its_row(tmp_path, videos, where,
     ) as raised:
         list(loader)
     assert isinstance(raised.value, ll.ReadError)
+    del raised
+    for _ in range(100):  # a failed read's fetch threads end too: those in flight by themselves
+        if not lanceloader_threads():
+            break
+        time.sleep(0.1)
+    assert lanceloader_threads() == []
 
 
 def test_bad_clip_settings_are_refused_by_name(uri) -> None:

@@ -25,7 +25,7 @@ thread or a process worker): the row's other projected columns through the inner
 spans), then ``decode_clip`` per clip straight into its place in the read's output, in the
 spec's layout (a ``MissingBytes`` is served by one more ranged read, counted in
 ``ClipSource.extra_reads``). Local media: the ranges in **one** ``read_blob_ranges`` call for
-the whole read. On an object store the ranges are fetched on this process's fetch threads
+the whole read. On an object store the ranges are fetched on the read's own fetch threads
 (:func:`fetch_threads`: I/O waits only) in up to :data:`FETCH_CHUNKS` calls of 1, 1, 2, 4...
 clips (:func:`fetch_chunks`; a range two chunks share, a video's header, is read once), started
 before the rows' columns are read, and each clip decodes as soon as its chunk is there: the
@@ -85,10 +85,10 @@ from lanceloader.batch.transforms import tensor_array
 from lanceloader.rows.cache import AUTO, DiskCache, auto_cache
 from lanceloader.rows.clipfetch import (
     FETCH_CHUNKS,
-    FETCH_THREADS,
     FETCH_WAIT_S,
     PlannedClip,
     VideoFetches,
+    close_fetch_threads,
     fetch_chunks,
     fetch_threads,
     wait_fetched,
@@ -115,7 +115,6 @@ from lanceloader.rows.protocol import Read, as_table, empty_table
 
 __all__ = [  # the stage's names, with those of its two helper modules (importable here too)
     "FETCH_CHUNKS",
-    "FETCH_THREADS",
     "FETCH_WAIT_S",
     "LAYOUTS",
     "AudioClips",
@@ -129,6 +128,7 @@ __all__ = [  # the stage's names, with those of its two helper modules (importab
     "build_index",
     "clip_source",
     "clip_windows",
+    "close_fetch_threads",
     "fetch_chunks",
     "fetch_threads",
     "video_clips",
@@ -557,13 +557,16 @@ class ClipSource:
         offsets = self.inner.row_offsets(media)
         fetches = rows = None
         unique, where = np.unique(media, return_inverse=True)
+        # an object store's fetches wait on threads of this read's own, shut down below
+        pool = fetch_threads() if self.fetch_ahead and isinstance(self.spec, VideoClips) else None
+        done = False
         try:
             if isinstance(self.spec, VideoClips):
                 # the clips' bytes are on their way while the rows' columns are read
-                fetches = self._fetch_video(ds, media, offsets, starts)
+                fetches = self._fetch_video(ds, media, offsets, starts, pool)
             if self.row_columns:
-                if fetches is not None and self.fetch_ahead:  # read while the clips decode
-                    rows = fetch_threads().submit(self.inner.read_rows, unique, epoch)
+                if pool is not None:  # read while the clips decode
+                    rows = pool.submit(self.inner.read_rows, unique, epoch)
                 else:
                     rows = concurrent.futures.Future()
                     rows.set_result(self.inner.read_rows(unique, epoch))
@@ -578,6 +581,7 @@ class ClipSource:
                 io_bytes, io_iops = read.io_bytes, read.io_iops
                 cached, damaged = read.rows_cached, read.cache_damaged
             io = ds.io_stats_incremental()  # Lance's I/O since the last read took its count
+            done = True
         except Undecodable as bad:
             if table is None and rows is not None:  # the row's columns name it (its path)
                 try:
@@ -594,6 +598,8 @@ class ClipSource:
                 fetches.cancel()
             if rows is not None:
                 rows.cancel()
+            if pool is not None:
+                close_fetch_threads(pool, done)
         out = pa.table(
             {
                 self.spec.column: tensor_array(clips),
@@ -654,10 +660,16 @@ class ClipSource:
         }
 
     def _fetch_video(
-        self, ds: Any, media: np.ndarray, offsets: np.ndarray, starts: np.ndarray
+        self,
+        ds: Any,
+        media: np.ndarray,
+        offsets: np.ndarray,
+        starts: np.ndarray,
+        pool: concurrent.futures.ThreadPoolExecutor | None,
     ) -> VideoFetches:
-        """Plan each clip's byte ranges and start fetching them on this process's fetch threads
-        (:func:`fetch_threads`), in up to :data:`FETCH_CHUNKS` ranged reads of consecutive
+        """Plan each clip's byte ranges and start fetching them on the read's fetch threads
+        (``pool``: :func:`fetch_threads`; None for local media: one ranged read here), in up
+        to :data:`FETCH_CHUNKS` ranged reads of consecutive
         clips, so the first clips decode while the later ones' bytes arrive."""
         spec = self.spec
         assert isinstance(spec, VideoClips)
@@ -678,11 +690,11 @@ class ClipSource:
                     Undecodable("video", i, m, offset, start),
                 )
             )
-        if not self.fetch_ahead:  # local media: one ranged read here, from the page cache
+        if pool is None:  # local media: one ranged read here, from the page cache
             done: concurrent.futures.Future = concurrent.futures.Future()
             done.set_result(self._ranges(ds, [r for clip in clips for r in clip.ranges]))
             return VideoFetches(clips, [list(range(len(clips)))], [done])
-        pool, chunks, asked = fetch_threads(), fetch_chunks(len(clips)), set()
+        chunks, asked = fetch_chunks(len(clips)), set()
         futures = []
         for chunk in chunks:  # a range two chunks share (a video's header) is read once
             wanted = [r for i in chunk for r in clips[i].ranges if r not in asked]
