@@ -49,9 +49,6 @@ from lanceloader.rows.inline_blobs import (
     inline_plan,
     read_inline,
 )
-from lanceloader.rows.inline_blobs import (
-    take_inline_io as take_inline_io,  # re-exported: rows/lance.py adds it to its I/O
-)
 
 BLOB_EXTENSION_NAME = "lance.blob.v2"
 BLOB_METADATA_KEY = b"lance-encoding:blob"

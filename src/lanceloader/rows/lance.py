@@ -50,7 +50,6 @@ from lanceloader.rows.blobs import (
     check_blob_choices,
     payload_bytes_per_row,
     rows_schema,
-    take_inline_io,
 )
 from lanceloader.rows.cache import (
     AUTO,
@@ -76,6 +75,7 @@ from lanceloader.rows.dataset import (
     redact_exception,
 )
 from lanceloader.rows.first_reads import FirstReads
+from lanceloader.rows.inline_blobs import take_inline_io
 from lanceloader.rows.protocol import (
     Read,
     empty_table,
@@ -175,8 +175,9 @@ class Source:
         self._reader: forksafe.CleanReader | None = None
         self._reader_pid = 0
         self._fragments = ds.get_fragments()
-        # which fragments this process's dataset has read (their file metadata cached)
-        self._first_reads: FirstReads | None = FirstReads()
+        # which fragments this process's dataset has read (their file metadata cached): made
+        # by _opening() at the first read on an object store, anew with each reopened dataset
+        self._first_reads: FirstReads | None = None
         self._fragment_ids = [f.fragment_id for f in self._fragments]
         self.identity: str = dataset_identity(ds.schema, self._fragments)
         self._fragment_starts = np.cumsum(
@@ -315,7 +316,7 @@ class Source:
                 storage_options=object_store_options(self.uri, self.storage_options),
             )
             self._fragments = ds.get_fragments()
-            self._first_reads = FirstReads()
+            self._first_reads = None  # a new dataset object: no file metadata cached yet
             self._ds = ds
             self._pid = os.getpid()
         return self._ds
