@@ -560,6 +560,31 @@ def test_audio_clips_read_only_each_windows_bytes(blob_uri) -> None:
         assert read.io_bytes <= len(data) / 6 + 4096 + 1024, (fmt, start, read.io_bytes)
 
 
+def test_local_clip_ranges_are_read_from_the_files_not_through_lance(blob_uri, monkeypatch) -> None:
+    """On a local dataset the windows' ranges come straight from the blob files (pread, no
+    read_blob_ranges call: rows/blob_files.py), and the crops are the ones Lance's ranged
+    read gives, for every format."""
+    uri, _ = blob_uri
+    loader = ll.Loader(uri, batch_size=6, clips=ll.audio_clips("audio", 1.0, per_file=2))
+    source = loader.source
+    assert source.index.located is not None
+    calls = []
+    real = lance.LanceDataset.read_blob_ranges
+
+    def counted(self, *args, **kwargs):
+        calls.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.LanceDataset, "read_blob_ranges", counted)
+    positions = np.arange(source.num_rows)
+    direct = source.read_rows(positions, epoch=1)
+    assert calls == [] and direct.io_bytes > 0
+    source.index.located = None  # what a dataset on an object store does
+    through_lance = source.read_rows(positions, epoch=1)
+    assert len(calls) == 1
+    assert direct.rows.equals(through_lance.rows)
+
+
 def test_a_long_files_sparser_seek_points_still_give_exact_windows(
     ranged_media, monkeypatch
 ) -> None:

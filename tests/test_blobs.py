@@ -19,6 +19,7 @@ from PIL import Image
 import lanceloader as ll
 from lanceloader.cli.inspect import inspect_lines
 from lanceloader.engine.stream import READ_BYTES
+from lanceloader.rows.blob_files import blob_locations, sidecar_name
 from lanceloader.rows.blobs import blob_columns, blob_files, is_blob_field, read_blob_payloads
 from lanceloader.rows.inline_blobs import (
     CHECKED_VERSIONS,
@@ -526,3 +527,115 @@ def test_decode_images_reads_binary_view_columns() -> None:
     out = ll.decode_images("image")(pa.record_batch({"image": column}))
     expected = np.stack([np.asarray(Image.open(io.BytesIO(jpeg(i)))) for i in (1, 2)])
     assert np.array_equal(out["image"].to_numpy_ndarray(), expected)
+
+
+# --- ranges straight from the files (rows/blob_files.py) -------------------------------------
+
+
+class Kinds(tuple):
+    """(uri, values) of the every-kind dataset, shown short in a failing example."""
+
+    def __repr__(self) -> str:
+        return f"Kinds({self[0]!r}, {len(self[1])} values)"
+
+
+@pytest.fixture(scope="module")
+def every_kind_uri(tmp_path_factory) -> Kinds:
+    """Inline (small), packed (100-300 KB) and dedicated (6 MB) blobs, a null and an empty one,
+    in three fragments: each kind's file naming and positions are used."""
+    rng = np.random.default_rng(7)
+    sizes = [30, 5_000, 100_000, 0, 6_000_000, 250_000, 64, 6_000_000, 120_000] * 3
+    values: list[bytes | None] = [rng.bytes(n) for n in sizes]
+    values[3] = values[21] = None
+    uri = str(tmp_path_factory.mktemp("kinds") / "kinds.lance")
+    lance.write_dataset(blob_table(values), uri, max_rows_per_file=9)
+    kinds = lance.dataset(uri).to_table(columns=["image"]).column("image").combine_chunks()
+    kinds = kinds.storage if isinstance(kinds, pa.ExtensionArray) else kinds
+    assert set(kinds.field("kind").to_pylist()) >= {0, 1, 2}  # all three are used
+    return Kinds((uri, values))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 26), st.floats(0, 1), st.floats(0, 1)), max_size=12))
+def test_ranges_read_from_the_files_equal_read_blob_ranges(every_kind_uri, asks) -> None:
+    """Any ranges of any blobs (inline, packed, dedicated; empty ones too), read by pread from
+    the files, are Lance's read_blob_ranges bytes, and the reads count as blob I/O; a call
+    that asks for a null blob is Lance's (None here)."""
+    uri, values = every_kind_uri
+    ds = lance.dataset(uri)
+    offsets = np.arange(len(values))
+    descriptors = ds.to_table(columns=["image"]).column("image")
+    located = blob_locations(ds, "image", offsets, descriptors)
+    present = np.array([v is not None for v in values])
+    assert located is not None and (located.file[present] >= 0).all()
+    requests = []
+    for row, a, b in asks:
+        size = len(values[row] or b"")
+        lo = int(a * size)
+        requests.append((row, lo, int(b * (size - lo))))
+    take_inline_io()
+    got = located.read_ranges(requests)
+    if not requests:
+        assert got == []
+        return
+    if not all(present[row] for row, _, _ in requests):
+        assert got is None and take_inline_io() == (0, 0)
+        return
+    lance_bytes = [
+        data for _, _, data in ds.read_blob_ranges("image", requests, selector="indices")
+    ]
+    assert got == lance_bytes
+    assert take_inline_io() == (sum(n for _, _, n in requests), len(requests))
+
+
+def test_a_range_outside_its_blob_or_an_external_blob_goes_to_lance(
+    every_kind_uri, tmp_path
+) -> None:
+    """A range past a blob's end is not read here (Lance answers it, as it would), and a blob
+    whose file is missing is never located: the caller falls back to read_blob_ranges."""
+    uri, values = every_kind_uri
+    ds = lance.dataset(uri)
+    descriptors = ds.to_table(columns=["image"]).column("image")
+    located = blob_locations(ds, "image", np.arange(len(values)), descriptors)
+    assert located.read_ranges([(0, 0, 31)]) is None  # the blob holds 30 bytes
+    assert located.read_ranges([(99, 0, 1)]) is None  # no such row
+    # a copy of the dataset without its sidecar files: those blobs are not located
+    import shutil
+
+    copy = tmp_path / "copy.lance"
+    shutil.copytree(uri, copy)
+    for sidecar in copy.glob("data/*/*.blob"):
+        sidecar.unlink()
+    gone = lance.dataset(str(copy))
+    found = blob_locations(gone, "image", np.arange(len(values)), descriptors)
+    sizes = [len(v or b"") for v in values]
+    assert found.read_ranges([(2, 0, 10)]) is None  # packed: its file is gone
+    assert found.read_ranges([(1, 0, 10)]) == [values[1][:10]]  # inline: in the data file
+    assert sizes[1] < 64 * 1024
+
+
+def test_a_sidecar_shorter_than_its_descriptors_is_an_error_naming_it(tmp_path) -> None:
+    """A sidecar truncated under the reader: an OSError naming it, never short bytes."""
+    uri = str(tmp_path / "cut.lance")
+    values = [np.random.default_rng(2).bytes(200_000)]
+    lance.write_dataset(blob_table(values), uri)
+    ds = lance.dataset(uri)
+    located = blob_locations(ds, "image", np.arange(1), ds.to_table().column("image"))
+    (sidecar,) = located.paths
+    assert sidecar.endswith(sidecar_name(1))
+    with open(sidecar, "r+b") as f:
+        f.truncate(100_000)
+    with pytest.raises(OSError, match=r"\.blob ends at byte 100000"):
+        located.read_ranges([(0, 90_000, 20_000)])
+
+
+def test_blob_v1_and_object_stores_are_not_located(tmp_path) -> None:
+    """Blob v1 descriptors (position and size only) name no file: nothing is located."""
+    field = pa.field("image", pa.large_binary(), metadata={"lance-encoding:blob": "true"})
+    table = pa.table(
+        [pa.array([0]), pa.array([b"x" * 1000], pa.large_binary())],
+        schema=pa.schema([pa.field("id", pa.int64()), field]),
+    )
+    uri = str(tmp_path / "v1.lance")
+    ds = lance.write_dataset(table, uri, data_storage_version="2.1")
+    assert blob_locations(ds, "image", np.arange(1), ds.to_table().column("image")) is None

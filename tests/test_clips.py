@@ -24,6 +24,7 @@ from checkpointing import assert_checkpoint_conformance
 from conftest import lanceloader_threads
 from lanceloader.media import video as media_video
 from lanceloader.rows.clips import ClipSource, clip_windows, fetch_chunks
+from lanceloader.rows.clipwindows import draw_below
 from mediagen import frame_index_of, write_audio, write_video
 
 FRAMES = [30, 21, 45, 9, 26]  # per video; the 9-frame one is too short for some clips
@@ -292,6 +293,33 @@ def test_per_video_clips_are_deterministic_in_seed_and_epoch(uri) -> None:
             f"v{v}.mp4": 3 for v, n in enumerate(FRAMES) if n >= 3
         }
         assert all(frames == [s, s + 1, s + 2] for _, s, frames in epoch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 2**40), min_size=1, max_size=50),
+    st.integers(0, 2**63),
+    st.integers(0, 1000),
+)
+def test_random_clip_starts_lie_in_their_range_and_depend_on_seed_epoch_position(
+    bounds, seed, epoch
+) -> None:
+    """draw_below: each start in [0, bound), the same for the same (seed, epoch, position)
+    wherever it is drawn (alone or among others), and spread over the range."""
+    bounds = np.array(bounds)
+    positions = np.arange(len(bounds)) * 7 + 3
+    starts = draw_below(bounds, positions, seed, epoch)
+    assert ((starts >= 0) & (starts < bounds)).all()
+    alone = [
+        int(draw_below(bounds[i : i + 1], positions[i : i + 1], seed, epoch)[0])
+        for i in range(len(bounds))
+    ]
+    assert starts.tolist() == alone
+    many = draw_below(np.full(20_000, 10), np.arange(20_000), seed, epoch)
+    assert np.bincount(many, minlength=10).min() > 1_700  # ~2,000 each: no bin starved
+    assert (
+        many != draw_below(np.full(20_000, 10), np.arange(20_000), seed, epoch + 1)
+    ).mean() > 0.8
 
 
 def test_a_state_of_other_clips_is_refused(uri) -> None:

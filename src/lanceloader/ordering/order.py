@@ -30,7 +30,7 @@ import numpy as np
 
 _ROUNDS = 6
 _ROUND_SALT = np.uint64(0xD6E8FEB86659FD93)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def derive_key(*parts: object) -> int:
@@ -79,9 +79,9 @@ def permute(indices: np.ndarray, n: int, key: int | np.ndarray) -> np.ndarray:
         left, right = v >> np.uint64(rw), v & np.uint64((1 << rw) - 1)
         for k in round_keys:
             f = right + (k if k.ndim == 0 else k[sel])
-            f *= _GOLDEN
+            f *= GOLDEN
             f ^= f >> np.uint64(29)
-            f *= _GOLDEN
+            f *= GOLDEN
             f >>= np.uint64(64 - lw)  # lw bits: the width of the half it is xored into
             f ^= left
             left, right, lw, rw = right, f, rw, lw

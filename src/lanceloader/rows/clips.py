@@ -82,6 +82,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lanceloader.batch.transforms import tensor_array
+from lanceloader.rows.blob_files import BlobLocations, blob_locations
 from lanceloader.rows.cache import AUTO, DiskCache, auto_cache
 from lanceloader.rows.clipfetch import (
     FETCH_CHUNKS,
@@ -110,6 +111,7 @@ from lanceloader.rows.dataset import (
     is_object_store,
     open_dataset,
 )
+from lanceloader.rows.inline_blobs import take_inline_io
 from lanceloader.rows.lance import Source
 from lanceloader.rows.protocol import Read, as_table, empty_table
 
@@ -216,6 +218,9 @@ class MediaIndex:
     table: pa.Table
     origin: str
     probed_bytes: int = 0
+    #: where each media's blob lies in a local dataset's files (``rows/blob_files.py``; None:
+    #: ranges come from Lance's ``read_blob_ranges``); made from the descriptors, never cached
+    located: BlobLocations | None = None
 
     def to_bytes(self) -> np.ndarray:
         sink = io.BytesIO()
@@ -233,18 +238,17 @@ def _index_names(spec: Clips) -> list[str]:
     return [f"{spec.column}_{name}" for name in names]
 
 
-def _blob_sizes(ds: Any, column: str, offsets: np.ndarray) -> np.ndarray:
-    """The payload sizes of the blobs at Lance row ``offsets`` (from their descriptors)."""
-    sizes = np.zeros(len(offsets), np.int64)
+def _blob_descriptors(ds: Any, column: str, offsets: np.ndarray) -> pa.StructArray:
+    """The descriptors of the blobs at Lance row ``offsets`` (kind, position, size...), as
+    Lance scans a blob column."""
+    parts = []
     for lo in range(0, len(offsets), INDEX_READ_ROWS):
         part = offsets[lo : lo + INDEX_READ_ROWS]
         col = ds.take(part.tolist(), columns=[column]).column(column).combine_chunks()
-        sizes[lo : lo + len(part)] = (
-            col.storage.field("size").to_numpy(zero_copy_only=False)
-            if isinstance(col, pa.ExtensionArray)
-            else col.field("size").to_numpy(zero_copy_only=False)
-        )
-    return sizes
+        parts.append(col.storage if isinstance(col, pa.ExtensionArray) else col)
+    if not parts:
+        return pa.array([], pa.struct([("size", pa.uint64())]))
+    return pa.concat_arrays(parts)
 
 
 def _whole_blobs(ds: Any, column: str, offsets: np.ndarray, sizes: np.ndarray):
@@ -265,11 +269,19 @@ def build_index(inner: Source, spec: Clips) -> MediaIndex:
     """The index of every media of ``inner`` (its positions, in order): read from the index
     columns when the dataset has them (``ll.convert`` writes them), else made by probing each
     file once (reading it whole: what a dataset without the columns costs, once per cache
-    directory with ``cache=`` a directory, else once per Loader)."""
+    directory with ``cache=`` a directory, else once per Loader); with, on a local dataset,
+    where each blob lies in its files (from the descriptors read for the sizes)."""
     ds = inner.dataset
     offsets = inner.row_offsets(np.arange(inner.num_rows))
-    names = _index_names(spec)
-    sizes = _blob_sizes(ds, spec.column, offsets)
+    descriptors = _blob_descriptors(ds, spec.column, offsets)
+    sizes = descriptors.field("size").to_numpy(zero_copy_only=False).astype(np.int64)
+    index = _media_index(inner, spec, offsets, sizes)
+    index.located = blob_locations(ds, spec.column, offsets, descriptors)
+    return index
+
+
+def _media_index(inner: Source, spec: Clips, offsets: np.ndarray, sizes: np.ndarray) -> MediaIndex:
+    ds, names = inner.dataset, _index_names(spec)
     if all(name in ds.schema.names for name in names):
         parts = [
             ds.take(offsets[lo : lo + INDEX_READ_ROWS].tolist(), columns=names)
@@ -581,6 +593,7 @@ class ClipSource:
                 io_bytes, io_iops = read.io_bytes, read.io_iops
                 cached, damaged = read.rows_cached, read.cache_damaged
             io = ds.io_stats_incremental()  # Lance's I/O since the last read took its count
+            local_bytes, local_reads = take_inline_io()  # ranges read past Lance (blob_files)
             done = True
         except Undecodable as bad:
             if table is None and rows is not None:  # the row's columns name it (its path)
@@ -609,8 +622,8 @@ class ClipSource:
         )
         return Read(
             out.cast(self.schema) if out.schema != self.schema else out,
-            io_bytes + io.read_bytes,
-            io_iops + io.read_iops,
+            io_bytes + io.read_bytes + local_bytes,
+            io_iops + io.read_iops + local_reads,
             cached,
             damaged,
         )
@@ -628,8 +641,12 @@ class ClipSource:
             return {}
 
         def read(wanted: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], bytes]:
-            results = ds.read_blob_ranges(self.spec.column, wanted, selector="indices")
-            return {r: data for r, (_, _, data) in zip(wanted, results, strict=True)}
+            located = self.index.located
+            found = None if located is None else located.read_ranges(wanted)
+            if found is None:
+                results = ds.read_blob_ranges(self.spec.column, wanted, selector="indices")
+                found = [data for _, _, data in results]
+            return dict(zip(wanted, found, strict=True))
 
         fetch = getattr(self.cache, "fetch_bytes", None)
         if fetch is None:

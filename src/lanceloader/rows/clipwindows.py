@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from lanceloader.ordering.order import GOLDEN, derive_key, mix64
+
 LAYOUTS = ("NFCHW", "NFHWC")
 
 
@@ -240,18 +242,30 @@ class ClipWindows:
         media = self.media(positions)
         if self.per_media is None:
             return (positions - self.first[media]) * self.step[media]
-        return np.array(
-            [
-                np.random.default_rng([seed, epoch, int(p)]).integers(0, int(last) + 1)
-                for p, last in zip(positions.tolist(), self.last_start[media].tolist(), strict=True)
-            ],
-            dtype=np.int64,
-        )
+        return draw_below(self.last_start[media] + 1, positions, seed, epoch)
 
     def clip(self, position: int, seed: int = 0, epoch: int = 0) -> tuple[int, int]:
         """``(media, start)`` of one clip."""
         p = np.array([position], dtype=np.int64)
         return int(self.media(p)[0]), int(self.starts(p, seed, epoch)[0])
+
+
+def draw_below(bounds: np.ndarray, positions: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    """One integer in ``[0, bounds[i])`` per position, drawn from (seed, epoch, position) alone:
+    the position's splitmix64 output under a key of (seed, epoch), scaled by 53 bits (a bias
+    under 2^-20 for bounds below 2^33 samples). Vectorised: a read of 32 clips draws in
+    microseconds, where a NumPy generator per clip took 30-50 µs each.
+
+    >>> draw_below(np.array([10, 10]), np.array([3, 3]), seed=0, epoch=1).tolist()[0] < 10
+    True
+    >>> bool((draw_below(np.full(4, 5), np.arange(4), 0, 0) == draw_below(np.full(4, 5), np.arange(4), 0, 0)).all())
+    True
+    """
+    bounds = np.asarray(bounds, np.int64)
+    key = np.uint64(derive_key(int(seed), "clip-start", int(epoch)))
+    z = mix64(np.asarray(positions, np.int64).astype(np.uint64) * GOLDEN + key)
+    unit = (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return np.minimum((unit * bounds).astype(np.int64), np.maximum(bounds - 1, 0))
 
 
 def clip_windows(

@@ -272,8 +272,7 @@ def read_inline(
     finally:
         for fd in handles.values():
             os.close(fd)
-    _counts.bytes = getattr(_counts, "bytes", 0) + read
-    _counts.reads = getattr(_counts, "reads", 0) + calls
+    count_io(read, calls)
     return pa.LargeBinaryArray.from_buffers(
         pa.large_binary(),
         len(plan.offsets) - 1,
@@ -306,11 +305,19 @@ def _read_fully(fd: int, pieces: list[memoryview], at: int, path: str | None) ->
     return at + want
 
 
+def count_io(read_bytes: int, reads: int) -> None:
+    """Count blob bytes read past Lance on this thread (:mod:`lanceloader.rows.blob_files`
+    reads too): what :func:`take_inline_io` hands the read that made them."""
+    _counts.bytes = getattr(_counts, "bytes", 0) + read_bytes
+    _counts.reads = getattr(_counts, "reads", 0) + reads
+
+
 def take_inline_io() -> tuple[int, int]:
     """The bytes and reads this thread's :func:`read_inline` calls made since the last call:
     what a read adds to Lance's own I/O counters (``io_stats_incremental``).
 
     Example:
+        >>> _ = take_inline_io()  # what earlier reads on this thread left
         >>> take_inline_io()
         (0, 0)
     """
