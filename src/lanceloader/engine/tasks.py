@@ -55,8 +55,11 @@ def stream_tasks(
         or not isinstance(work.order, Order)
         or work.order.shuffle
     ):
+        import os
+        first_read = {"parts": getattr(work.source, "read_parts", 1), "off": per_read}.get(os.environ.get("LL_RAMP", ""), 1)
         yield from read_tasks(
-            epoch, plan, per_read, batches, window_rows=work.order.window_rows, ramp=ramp
+            epoch, plan, per_read, batches, window_rows=work.order.window_rows, ramp=ramp,
+            first_read=first_read,
         )
         return
     first_batches = fragment_batches(plan, fragment_starts())

@@ -121,7 +121,8 @@ class ReadTask:
 
 
 def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = None,
-               window_rows: int | None = None, ramp: bool = True) -> Iterator[ReadTask]:
+               window_rows: int | None = None, ramp: bool = True,
+               first_read: int = 1) -> Iterator[ReadTask]:
     """Tasks over ``batches`` (default: all of the plan; any step) of 1, 2, 4, ... batches, up
     to ``per_read`` (a fast first batch, then big reads; with ``ramp=False`` all of
     ``per_read`` from the first), cut on the boundaries of an order's windows of
@@ -134,13 +135,13 @@ def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = No
     """
     align = window_alignment(plan, window_rows)
     for chosen in read_ranges(range(len(plan)) if batches is None else batches, per_read, align,
-                              ramp):
+                              ramp, first_read):
         samples, sizes = plan.samples(chosen)
         yield ReadTask(epoch, chosen, samples, tuple(sizes))
 
 
 def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = None,
-                ramp: bool = True) -> Iterator[range]:
+                ramp: bool = True, first_read: int = 1) -> Iterator[range]:
     """The batch numbers of each read over ``batches``: 1, 2, 4, ... of them, up to ``per_read``
     (``ramp=False``: ``per_read`` from the first).
 
@@ -161,7 +162,7 @@ def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = N
     >>> list(read_ranges(range(10), per_read=4, ramp=False))
     [range(0, 4), range(4, 8), range(8, 10)]
     """
-    first, size = 0, 1 if ramp else per_read
+    first, size = 0, min(first_read, per_read) if ramp else per_read
     while first < len(batches):
         end = first + size
         if align is not None and batches.step == 1 and align[1] <= per_read:
