@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import lanceloader as ll
 from conftest import ids_of
 from lanceloader.demo import demo_table, write_demo_dataset
+from lanceloader.rows import autocache as autocache_module
 from lanceloader.rows import cache as cache_module
 from lanceloader.rows.cache import DiskCache, MemoryCache, make_cache
 from lanceloader.rows.lance import Source
@@ -242,7 +243,7 @@ def test_the_automatic_cache_maps_its_pieces_and_reads_none_whole(uri, tmp_path,
     the default shuffle of 1M rows ran at 0.13x a scan). The automatic cache maps its files: no
     piece is read whole or copied into a process, in threads or processes, and every row is the
     one Lance has, in the same order."""
-    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)
+    monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)
     monkeypatch.setattr(cache_module, "HELD_BYTES", 1)  # room for no piece
     plain = loader_of(uri, shuffle=True, cache=None)
     loader = loader_of(uri, shuffle=True, rows_per_read=1000, num_workers=1,
@@ -455,12 +456,12 @@ def test_fetch_bytes_bad_input_names_the_fix(tmp_path):
 def auto_epoch(uri: str, shm: str, results) -> None:
     """In a fresh process: a default Loader (full shuffle) with the automatic cache's directory
     under ``shm``; reports its ids, downloads, choice and sweeper; then waits to be killed."""
-    cache_module.AUTO_SHM_DIR = Path(shm)
+    autocache_module.AUTO_SHM_DIR = Path(shm)
     cache_module.PIECE_BYTES = 1
     loader = loader_of(uri, shuffle=True)
     ids = rows_of(loader)[0]
     results.put((sorted(ids) == list(range(ROWS)), loader.source.cache.fills,
-                 loader.source.cache_choice, cache_module._sweepers[-1].pid))
+                 loader.source.cache_choice, autocache_module._sweepers[-1].pid))
     time.sleep(600)
 
 
@@ -508,14 +509,14 @@ def test_a_forked_child_does_not_keep_the_automatic_cache_alive(tmp_path, monkey
     """A fork inherits the user's lock: held by a child that outlives its parent, the
     directory would stay after every user died. The child closes it."""
     import fcntl
-    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)
-    cache_module.auto_cache(True, False, 1000.0)
-    lock = cache_module.auto_cache_root() / cache_module.USERS_LOCK
+    monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)
+    autocache_module.auto_cache(True, False, 1000.0)
+    lock = autocache_module.auto_cache_root() / autocache_module.USERS_LOCK
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # holds no lock now: report whether an exclusive one is possible after close
         os.close(read)
-        os.write(write, b"ok" if not cache_module._joined else b"kept")
+        os.write(write, b"ok" if not autocache_module._joined else b"kept")
         os._exit(0)
     os.close(write)
     assert os.read(read, 4) == b"ok"
@@ -530,11 +531,11 @@ def test_a_forked_child_does_not_keep_the_automatic_cache_alive(tmp_path, monkey
 
 
 def test_leftovers_of_dead_users_are_removed_when_the_next_joins(tmp_path, monkeypatch):
-    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)
-    root = cache_module.auto_cache_root()
+    monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)
+    root = autocache_module.auto_cache_root()
     root.mkdir()
     (root / "stale.arrow").write_bytes(b"x" * 1000)  # its users and sweepers all died
-    cache, choice = cache_module.auto_cache(True, False, 1000.0)
+    cache, choice = autocache_module.auto_cache(True, False, 1000.0)
     assert isinstance(cache, DiskCache) and cache.root == root and "a shuffle" in choice
     assert not (root / "stale.arrow").exists()
 
@@ -543,7 +544,7 @@ def test_leftovers_of_dead_users_are_removed_when_the_next_joins(tmp_path, monke
                                                ("full", True)])
 def test_the_default_caches_shuffles_that_fit_and_says_why(uri, tmp_path, monkeypatch, order,
                                                            chosen):
-    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)
+    monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)
     loader = loader_of(uri, **ORDERS[order])
     assert rows_of(loader) == rows_of(loader_of(uri, cache=None, **ORDERS[order]))
     assert isinstance(loader.source.cache, DiskCache) == chosen
@@ -554,7 +555,7 @@ def test_the_default_caches_shuffles_that_fit_and_says_why(uri, tmp_path, monkey
         assert rows_of(loader)[0] and loader.stats(epoch=-1).rows_cached == ROWS
     else:
         assert "sequential read of local data gains nothing" in stats.cache
-    monkeypatch.setattr(cache_module, "AUTO_MEMORY_SHARE", 1e-9)  # a budget nothing fits
+    monkeypatch.setattr(autocache_module, "AUTO_MEMORY_SHARE", 1e-9)  # a budget nothing fits
     small = loader_of(uri, **ORDERS[order])
     assert small.source.cache is None
     assert "exceed the budget" in small.source.cache_choice or not chosen
@@ -563,7 +564,7 @@ def test_the_default_caches_shuffles_that_fit_and_says_why(uri, tmp_path, monkey
 
 def test_a_cache_is_never_part_of_the_state(uri, tmp_path, monkeypatch):
     """A state taken with the automatic cache loads into a loader without one, and back."""
-    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)
+    monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)
     auto, off = loader_of(uri, shuffle=True), loader_of(uri, shuffle=True, cache=None)
     iterator = iter(auto)
     next(iterator)

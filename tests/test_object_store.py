@@ -21,7 +21,7 @@ import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
 from conftest import ids_of
 from lanceloader.demo import demo_table
-from lanceloader.rows import cache as cache_module
+from lanceloader.rows import autocache as autocache_module
 
 ROWS = 2_000
 ORDERS = {
@@ -252,7 +252,7 @@ def test_a_default_loader_caches_by_itself_and_cache_none_turns_it_off(
         s3, remote: str, tmp_path, monkeypatch, order: str, worker_type: str) -> None:
     """No cache argument on an object store: the second epoch asks nothing of the store (any
     order); cache=None asks again; both deliver the same batches."""
-    monkeypatch.setattr(cache_module, "AUTO_SHM_DIR", tmp_path)  # this test's own directory
+    monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)  # this test's own directory
     settings = {"batch_size": 100, "columns": ["id", "x"], "seed": 3, "num_workers": 2,
                 "worker_type": worker_type, "storage_options": s3.storage_options,
                 **ORDERS[order]}

@@ -82,8 +82,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lanceloader.batch.transforms import tensor_array
+from lanceloader.rows.autocache import auto_cache
 from lanceloader.rows.blob_files import BlobLocations, blob_locations
-from lanceloader.rows.cache import AUTO, DiskCache, auto_cache
+from lanceloader.rows.cache import AUTO, DiskCache
 from lanceloader.rows.clipfetch import (
     FETCH_CHUNKS,
     FETCH_WAIT_S,

@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from lanceloader.arguments import check_optional_str, check_storage_options
 from lanceloader.lifecycle import forksafe
+from lanceloader.rows.autocache import auto_cache
 from lanceloader.rows.blobs import (
     attach_blobs,
     check_blob_choices,
@@ -55,7 +56,6 @@ from lanceloader.rows.cache import (
     AUTO,
     DiskCache,
     MemoryCache,
-    auto_cache,
     fragment_key,
     make_cache,
     piece_rows,
@@ -118,7 +118,7 @@ class Source:
         cache_size: the cache's cap in bytes; default half the directory's free disk space,
             or half the available memory.
         random_order: whether the rows are read in a shuffled order: with ``cache="auto"``
-            (the automatic cache, :func:`lanceloader.rows.cache.auto_cache`) a shuffle or an
+            (the automatic cache, :func:`lanceloader.rows.autocache.auto_cache`) a shuffle or an
             object store gets a cache under ``/dev/shm`` when the projected columns fit its
             budget; ``cache_choice`` says what was chosen and why.
         blobs: how blob columns are read, ``{column: "bytes" | "file" | "descriptor"}``;
