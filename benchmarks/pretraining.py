@@ -8,7 +8,9 @@ the order reversed every other round; a ratio is the median of each round's pair
 (spread: min-max), so drift of a shared machine cancels. 2 shared cores: single runs move 2x.
 Next to rows/s, the mix table gives the CPU time per row (``time.process_time`` of the whole
 process over an epoch: the workers' and Lance's threads too) as a ratio ``single / mix``: the
-work a row costs, which other jobs on the machine move far less than they move rows/s.
+work a row costs, which other jobs on the machine move far less than they move rows/s; and
+the page faults an epoch (a count: a mix whose freed reads went back to the kernel faulted
+27,600-61,000 times an epoch where one source did 7,000-9,000, before ``reuse_freed_memory`` in the training process).
 
 Cases
 -----
@@ -56,6 +58,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -113,12 +116,15 @@ def token_dataset(root: Path, docs: int, seed: int = 1) -> tuple[str, np.ndarray
     return str(uri), lengths
 
 
-def epoch_cost(loader: ll.Loader) -> tuple[float, float]:
-    """Rows/s of one epoch and the CPU time of this process per row, in ns (every thread:
-    the workers' and Lance's)."""
+def epoch_cost(loader: ll.Loader) -> tuple[float, float, int]:
+    """Rows/s of one epoch, the CPU time of this process per row, in ns (every thread: the
+    workers' and Lance's), and its page faults (minor: memory the allocator gave back to the
+    kernel and took again, ~1-3 us each; a count other jobs on the machine do not move)."""
     t0, cpu = time.perf_counter(), time.process_time()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     rows = sum(len(b["id"]) for b in loader)
-    return rows / (time.perf_counter() - t0), (time.process_time() - cpu) / rows * 1e9
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return rows / (time.perf_counter() - t0), (time.process_time() - cpu) / rows * 1e9, faults
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -144,20 +150,22 @@ def alternated(cases: dict[str, Callable[[], float]], repeats: int) -> dict[str,
     return results
 
 
-def ratios(results: dict[str, list[tuple[float, float]]], base: str) -> dict[str, Any]:
+def ratios(results: dict[str, list[tuple[float, float, int]]], base: str) -> dict[str, Any]:
     """Each case against ``base``: the ratio of each round's two runs (paired in time, so
     the machine's drift cancels), as median and spread, of rows/s (``ratio``) and of CPU time
-    per row (``cpu_ratio``: base / case, so above 1 is cheaper), and the runs' figures."""
+    per row (``cpu_ratio``: base / case, so above 1 is cheaper), and the runs' figures (page
+    faults an epoch too)."""
     out = {}
     for name, runs in results.items():
-        rates, cpus = [r for r, _ in runs], [c for _, c in runs]
-        paired = [a / b for (a, _), (b, _) in zip(runs, results[base], strict=True)]
-        cpu = [b / a for (_, a), (_, b) in zip(runs, results[base], strict=True)]
+        rates, cpus = [r[0] for r in runs], [r[1] for r in runs]
+        paired = [a[0] / b[0] for a, b in zip(runs, results[base], strict=True)]
+        cpu = [b[1] / a[1] for a, b in zip(runs, results[base], strict=True)]
         out[name] = {
             "rows_per_s": spread(rates),
             "ratio": spread(paired),
             "cpu_ns_per_row": spread(cpus),
             "cpu_ratio": spread(cpu),
+            "page_faults": spread([r[2] for r in runs]),
         }
     return out
 
@@ -183,7 +191,7 @@ def mix_case(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
             run_length: int = 1,
             workers: str = workers,
             rows_per_read: int | None = None,
-        ) -> tuple[float, float]:
+        ) -> tuple[float, float, int]:
             mix = ll.Mix(
                 {f"s{k}": ll.Loader(p, cache=None, **kw) for k, p in enumerate(parts)},
                 run_length=run_length,
@@ -284,6 +292,19 @@ def mix_table(mix: dict[str, Any]) -> str:
         lines.append(
             f"| {mode.replace('_', ', ')} | {single_rate:.2f}M | " + " | ".join(cells) + " |"
         )
+    lines.append("")
+    lines.append(
+        "Page faults an epoch (medians; single / mix / one source per batch): "
+        + "; ".join(
+            f"{mode.replace('_', ', ')} "
+            + " / ".join(
+                f"{mix[mode][case]['page_faults']['median']:,.0f}"
+                for case in ("single", "mix", "one_source_per_batch")
+            )
+            for mode in ("sequential", "block")
+        )
+        + " (process workers' faults are theirs)."
+    )
     floor = mix["copy_floor"]
     lines.append("")
     lines.append(

@@ -192,10 +192,10 @@ def test_a_run_length_of_the_batch_size_gives_one_source_per_batch(sources, tmp_
     assert table["id"].num_chunks == 4 and table["id"].to_pylist() == (
         list(range(64)) + list(range(64)) + list(range(64, 128)) * 2
     )
-    views = list(ll.Loader(long, batch_size=64, num_workers=1))  # reads of 1, 2, 4 batches
+    views = list(ll.Loader(long, batch_size=64, num_workers=1))  # reads of 2, 4, 8 batches
     address = [b["x"].__array_interface__["data"][0] for b in views]
-    assert [b["id"][0] for b in views[3:7]] == [64, 128, 128, 192]  # e, d, e, d
-    assert address[6] - address[4] == 64 * 16 * 4  # d's next rows in the same buffer
+    assert [b["id"][0] for b in views[2:6]] == [64, 64, 128, 128]  # d, e, d, e
+    assert address[4] - address[2] == 64 * 16 * 4  # d's next rows in the same buffer
     ranks = [list(ll.Loader(long, batch_size=64, rank=r, world_size=2)) for r in range(2)]
     dealt = [i for pair in zip(*ranks, strict=True) for b in pair for i in b["id"].tolist()]
     assert dealt == np.concatenate([b["id"] for b in views]).tolist()  # two ranks, in turn
@@ -512,6 +512,28 @@ def test_each_source_reads_as_much_per_lance_call_as_on_its_own_loader(
     assert len(ids) == mix.samples_per_epoch  # every sample delivered once
     largest = max(n for _, n in calls)  # the largest share's source: within a run of its own
     assert own_read * max(weights) / sum(weights) * parts - 4096 <= largest <= own_read
+
+
+def test_each_source_ramps_from_a_batch_as_on_its_own_loader(tmp_path, monkeypatch) -> None:
+    """An epoch's first reads ramp up (1, 2, 4, ... batches); a mix read of one batch was 3
+    Lance calls of a third of a batch each, at a call's fixed cost (~1 ms CPU). A mix ramps
+    from ``read_parts`` batches: no source's call is under a batch, as on its own Loader."""
+    for name in "pqr":
+        lance.write_dataset(pa.table({"id": np.arange(3000)}), tmp_path / f"{name}.lance")
+    calls: list[int] = []
+    real = ll.rows.lance.Source.read_rows
+
+    def recorded(self, positions, epoch=0):
+        calls.append(len(positions))
+        return real(self, positions, epoch)
+
+    monkeypatch.setattr(ll.rows.lance.Source, "read_rows", recorded)
+    mix = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "pqr"})
+    loader = ll.Loader(mix, batch_size=100, num_workers=1)
+    ids = np.concatenate([b["id"] for b in loader])
+    assert len(ids) == mix.samples_per_epoch == 9000
+    assert calls[:6] == [100] * 3 + [200] * 3  # reads of 3, then 6 batches
+    assert min(calls) >= 100
 
 
 @pytest.fixture(scope="module")

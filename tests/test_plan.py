@@ -115,6 +115,19 @@ def test_without_the_ramp_every_read_but_the_last_is_full(n, start, per_read) ->
     assert all(len(r) == per_read for r in reads[:-1]) and all(len(r) >= 1 for r in reads)
 
 
+@given(n=st.integers(0, 300), start=st.integers(0, 50), per_read=st.integers(1, 70),
+       first_read=st.integers(1, 8))
+def test_the_ramp_doubles_from_its_first_read(n, start, per_read, first_read) -> None:
+    reads = list(read_ranges(range(start, start + n), per_read, first_read=first_read))
+    assert [b for r in reads for b in r] == list(range(start, start + n))
+    size = min(first_read, per_read)
+    for r in reads[:-1]:
+        assert len(r) == size
+        size = min(2 * size, per_read)
+    if first_read == 1:
+        assert reads == list(read_ranges(range(start, start + n), per_read))
+
+
 def test_block_shuffle_reads_fetch_whole_windows() -> None:
     order = Order(1 << 20, shuffle=True, block_size=1024, window=8, seed=0)
     plan = Plan(1 << 20, 256)

@@ -349,31 +349,52 @@ def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path
 # glibc's mallopt parameters, and what a worker sets them to (reuse_freed_memory).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks up to 32 MiB come from the heap, reused
-TRIM_THRESHOLD = 256 << 20  # free memory a heap keeps for the next reads before shrinking
+TRIM_THRESHOLD = 256 << 20  # a worker process: free memory a heap keeps for the next reads
+#: the training process (thread workers): the ceiling of glibc's own dynamic trim threshold
+#: (twice the largest mmap threshold), reached in any process that frees a 32 MiB block
+TRAINING_TRIM_THRESHOLD = 64 << 20
+_memory_kept = False
 
 
-def reuse_freed_memory() -> bool:
-    """In a worker process (ours alone; never called in the training process): let glibc's
-    malloc keep memory that a read freed for the next read. True when it was set.
+def reuse_freed_memory(trim_threshold: int = TRIM_THRESHOLD) -> bool:
+    """Let glibc's malloc keep the memory a read freed for the next read: once per process, in
+    a worker process of ours (``TRIM_THRESHOLD``) and, when thread workers read, in the
+    training process (:data:`TRAINING_TRIM_THRESHOLD`, from ``Stream``). True when set here;
+    never where the user set ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or
+    ``GLIBC_TUNABLES`` (their choice wins), a no-op without glibc (musl, macOS).
 
-    Lance allocates each read's buffers afresh, and by default glibc hands a block above its
-    mmap threshold back to the kernel when it is freed, so the next read page-faults every
-    4 KiB of its output again: a read of 512 rows of 11 KB JPEGs (5.6 MB) took 1,300-2,200
-    minor faults; with these thresholds, none after the first reads, and half the read's CPU
-    time. The cost: a worker's resident memory stays near its peak (a read and its
-    transformed batches) instead of shrinking between tasks. A no-op without glibc (musl,
-    macOS).
+    Lance allocates each read's buffers afresh, and glibc maps a block above its mmap
+    threshold from the kernel and gives a heap's free top back above its trim threshold; both
+    start at 128 KiB and rise only as far as the largest mapped block freed so far. So the next
+    read page-faults every 4 KiB of its output again: a read of 512 rows of 11 KB JPEGs
+    (5.6 MB) took 1,300-2,200 minor faults, none with these thresholds after the first reads,
+    at half the read's CPU time; a mix's read of 3 Lance calls of 8 MiB (24 MiB, above the
+    8 and 16 MiB a single source's reads raise them to) made 27,600-61,000 faults an epoch where
+    one source made 9,000 (1.2M rows of 264 B), and 30-230 with them. The values are those
+    glibc's own rule reaches after any 32 MiB block is freed (as a NumPy array of that size
+    does): a block above 32 MiB is still returned at once. The cost: resident memory stays
+    nearer its peak, by at most the trim threshold per heap.
 
-    >>> MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20  # MiB
-    (32, 256)
+    >>> MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20, TRAINING_TRIM_THRESHOLD >> 20  # MiB
+    (32, 256, 64)
     """
+    global _memory_kept
+    if _memory_kept:
+        return False
+    _memory_kept = True
+    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                                     "GLIBC_TUNABLES")):
+        return False
     try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    if not hasattr(libc, "gnu_get_libc_version"):  # glibc only, not musl or macOS
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
-        bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))
 
 
 def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix: str,

@@ -16,6 +16,9 @@ Contract of a :class:`Stream`:
   transform makes of it), whatever the dataset's size. On object storage reads start at full
   size, and a sequential read of a Lance source ends where a fragment begins on a batch
   boundary (:func:`~lanceloader.engine.tasks.stream_tasks`).
+* A stream of thread workers first keeps freed reads' memory in the process
+  (:func:`~lanceloader.engine.processes.reuse_freed_memory`: glibc's thresholds at the ceiling
+  of their own dynamic rule), so a read does not fault its pages in afresh.
 * Every task's cost and every delivered batch are recorded in the ``Recorder`` (``stats()``).
 * ``close()`` (idempotent; also on exhaustion, on error and on garbage collection) stops the pool
   at once, whatever the workers are doing: queued reads are cancelled, busy process workers are
@@ -57,7 +60,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanceloader.batch.output import Conversion, to_output
-from lanceloader.engine.processes import ProcessPool
+from lanceloader.engine.processes import (
+    TRAINING_TRIM_THRESHOLD,
+    ProcessPool,
+    reuse_freed_memory,
+)
 from lanceloader.engine.stats import Recorder, count_delivered
 from lanceloader.engine.tasks import stream_tasks
 from lanceloader.engine.threads import OrderedPrefetcher, Stalled
@@ -203,6 +210,8 @@ class Stream(Iterator[Any]):
         if self._tracing:
             work = dataclasses.replace(work, trace=True)
         tasks = stream_tasks(work, epoch, plan, reading.batches_per_read, batches)
+        if reading.worker_type == "thread":  # this process reads
+            reuse_freed_memory(TRAINING_TRIM_THRESHOLD)
         pool = ProcessPool if reading.worker_type == "process" else OrderedPrefetcher
         self._pool: OrderedPrefetcher[Any, TaskResult] | ProcessPool = pool(
             work, tasks, reading.num_workers, reading.reads_in_flight, reading.stall_timeout)

@@ -34,7 +34,8 @@ def stream_tasks(
     work: BatchWork, epoch: int, plan: Plan, per_read: int, batches: range
 ) -> Iterator[ReadTask]:
     """The read tasks of a stream over ``batches``: :func:`~lanceloader.ordering.plan.read_tasks`
-    (1, 2, 4, ... batches up to ``per_read``, cut on a block shuffle's windows), except on
+    (1, 2, 4, ... batches up to ``per_read``, cut on a block shuffle's windows; a read of
+    ``read_parts`` Lance calls, a mix's, ramps from ``read_parts`` batches), except on
     object storage, where every read costs the store's latency whatever its size: there reads
     start at full size, and a sequential read of a Lance source (no cache) is cut where a
     fragment begins on a batch boundary (:func:`fragment_batches`,
@@ -55,11 +56,11 @@ def stream_tasks(
         or not isinstance(work.order, Order)
         or work.order.shuffle
     ):
-        import os
-        first_read = {"parts": getattr(work.source, "read_parts", 1), "off": per_read}.get(os.environ.get("LL_RAMP", ""), 1)
+        # A read of several Lance calls (a mix: one per source) ramps from that many batches,
+        # so each call ramps as on its source's own Loader.
         yield from read_tasks(
             epoch, plan, per_read, batches, window_rows=work.order.window_rows, ramp=ramp,
-            first_read=first_read,
+            first_read=getattr(work.source, "read_parts", 1),
         )
         return
     first_batches = fragment_batches(plan, fragment_starts())
