@@ -600,3 +600,45 @@ def test_a_long_files_sparser_seek_points_still_give_exact_windows(
         for start in [0, info.frames - 500, *rng.integers(0, info.frames - 500, 6).tolist()]:
             window, _ = _ranged_window(encoded, info, index, int(start), 500)
             np.testing.assert_array_equal(window, whole[:, start : start + 500])
+
+
+def test_flac_runs_decoded_together_equal_each_decoded_alone() -> None:
+    """A read's FLAC windows decode in one FFmpeg call per kind of file (decode_flac_runs):
+    files of different lengths and contents (other STREAMINFO frame sizes, lengths and MD5s)
+    share a decoder, files at another rate or channel count get their own, and every window
+    equals its decode alone; a damaged run gives None for its group (decoded alone, it names
+    the error)."""
+    rng = np.random.default_rng(3)
+    files = []
+    for seconds, rate, channels in [
+        (2.0, 16000, 1),
+        (3.3, 16000, 1),
+        (1.1, 22050, 2),
+        (2.5, 16000, 1),
+    ]:
+        sink = io.BytesIO()
+        signal = rng.standard_normal((round(seconds * rate), channels)) * 0.2
+        soundfile.write(sink, signal.clip(-1, 1), rate, format="FLAC")
+        files.append(sink.getvalue())
+    runs, alone = [], []
+    for data in files:
+        info, index = audio_ranges.probe_audio_index(data)
+        for start in (0, int(rng.integers(0, info.frames - 800)), info.frames - 800):
+            (h, hn), (o, n) = audio_ranges.window_byte_ranges(index, len(data), start, 800)
+            samples = audio_ranges.flac_run_samples(index, start, 800)
+            runs.append((data[h : h + hn], data[o : o + n], samples))
+            parts = [(h, data[h : h + hn]), (o, data[o : o + n])]
+            alone.append((parts, info, index, start))
+    together = audio_ranges.decode_flac_runs(runs)
+    for (parts, info, index, start), decoded, run in zip(alone, together, runs, strict=True):
+        assert decoded is not None and decoded.shape[1] == run[2]
+        window = audio_ranges.decode_window_from_ranges(parts, info, index, start, 800)
+        given = audio_ranges.decode_window_from_ranges(
+            parts, info, index, start, 800, decoded=decoded
+        )
+        np.testing.assert_array_equal(given, window)
+    damaged = list(runs)
+    header, frames, samples = damaged[4]
+    damaged[4] = (header, frames[: len(frames) // 2], samples)  # a run cut short
+    out = audio_ranges.decode_flac_runs(damaged)
+    assert out[4] is None and out[6] is not None  # the 22,050 Hz file decodes apart

@@ -400,6 +400,7 @@ class ClipSource:
     """
 
     random_reads = False  # clips are in storage order of their media
+    decodes = True  # a read decodes its clips: sized as a transform's (engine/stream.py)
     padding_fraction = None
 
     def __init__(
@@ -795,18 +796,38 @@ class ClipSource:
                 [(offset, o, n) for o, n in ranges.window_byte_ranges(index, int(sizes[m]), *span)]
             )
         got = self._ranges(ds, [r for clip in wanted for r in clip])
+        parts = [[(o, got[(offset, o, n)]) for offset, o, n in clip] for clip in wanted]
+        # the read's FLAC windows decode in one FFmpeg call per kind of file (decode_flac_runs)
+        flac = [
+            i
+            for i, (m, _, _) in enumerate(clips)
+            if indexes[m][1].format == "flac" and indexes[m][1].ranged and len(parts[i]) == 2
+        ]
+        decoded: dict[int, np.ndarray | None] = {}
+        if flac:
+            runs = []
+            for i in flac:
+                info, index = indexes[clips[i][0]]
+                first, count = ranges.window_span(
+                    info, clips[i][2], round(spec.seconds * info.sample_rate), spec.sample_rate
+                )
+                runs.append(
+                    (parts[i][0][1], parts[i][1][1], ranges.flac_run_samples(index, first, count))
+                )
+            decoded = dict(zip(flac, ranges.decode_flac_runs(runs), strict=True))
         out = np.empty((len(media), *self._shape), np.float32)
         for i, (m, offset, start) in enumerate(clips):
             info, index = indexes[m]
             try:
                 out[i] = ranges.decode_window_from_ranges(
-                    [(o, got[(offset, o, n)]) for _, o, n in wanted[i]],
+                    parts[i],
                     info,
                     index,
                     start,
                     round(spec.seconds * info.sample_rate),
                     sample_rate=spec.sample_rate,
                     channels=spec.channels,
+                    decoded=decoded.get(i),
                 )
             except NOT_READ_FAILURES:
                 raise
