@@ -134,9 +134,8 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
     cost more per call), at most :data:`READ_BYTES` of data, and with a transform (``transform``:
     a transform, or rows whose reads decode, ``decodes``: clips) at most two batches: still in
     the CPU cache when they are transformed, and the decoding spread over the workers (audio
-    crops of 64 KB each read 4 batches a read by bytes alone, so an epoch of 7 batches was 3
-    reads, the last half of it on one worker: 0.95x a hand loop on 2 threads; 2 batches, ...).
-    Never less than one batch.
+    crops of 64 KB each would read 4 batches a read by bytes alone: an epoch of 7 batches in 3
+    reads, the last half of it on one worker). Never less than one batch.
 
     ``random``: whether the reads are random takes (a full shuffle, or a mix of shuffled
     sources: :attr:`Pipeline.random_reads <lanceloader.pipeline.Pipeline.random_reads>`).
