@@ -219,9 +219,8 @@ class Pipeline:
         random = (the_order.random_reads or source.random_reads) and source.cache is None
         per_read = (max(1, workers.rows_per_read // batching.batch_size) if workers.rows_per_read
                     else batches_per_read(random, batching.batch_size,
-                                          steps.transform is not None
-                                          or getattr(source, "decodes", False),
-                                          source.bytes_per_row, getattr(source, "read_parts", 1)))
+                                          steps.transform is not None, source.bytes_per_row,
+                                          getattr(source, "read_parts", 1)))
         pipeline = cls(source, the_order, batching, steps, output, workers,
                        workers.num_workers or os.cpu_count() or 1, per_read)
         if workers.worker_type == "process":

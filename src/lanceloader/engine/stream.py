@@ -131,11 +131,8 @@ def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
 def batches_per_read(random: bool, batch_size: int, transform: bool,
                      bytes_per_row: float = 0.0, read_parts: int = 1) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
-    cost more per call), at most :data:`READ_BYTES` of data, and with a transform (``transform``:
-    a transform, or rows whose reads decode, ``decodes``: clips) at most two batches: still in
-    the CPU cache when they are transformed, and the decoding spread over the workers (audio
-    crops of 64 KB each would read 4 batches a read by bytes alone: an epoch of 7 batches in 3
-    reads, the last half of it on one worker). Never less than one batch.
+    cost more per call), at most :data:`READ_BYTES` of data, and with a transform at most two
+    batches (still in the CPU cache when they are transformed). Never less than one batch.
 
     ``random``: whether the reads are random takes (a full shuffle, or a mix of shuffled
     sources: :attr:`Pipeline.random_reads <lanceloader.pipeline.Pipeline.random_reads>`).

@@ -174,27 +174,6 @@ def mp3_frame_length(header: bytes) -> int:
     return per_frame * _MP3_KBPS[mpeg1][bitrate] * 1000 // _MP3_RATES[version][rate] + padding
 
 
-def mp3_frames(data: bytes | memoryview) -> list[bytes]:
-    """The frames of a run of whole MP3 frames, split by their headers' lengths; raises
-    ``ValueError`` where the bytes are not such a run.
-
-    >>> frame = bytes.fromhex("fffb9064") + bytes(413)
-    >>> [len(f) for f in mp3_frames(frame * 2)]
-    [417, 417]
-    """
-    view, frames, at = memoryview(data), [], 0
-    while at < len(view):
-        length = mp3_frame_length(bytes(view[at : at + 4]))
-        if length == 0 or at + length > len(view):
-            raise ValueError(
-                f"no whole MP3 frame at byte {at} of {len(view)}: the file is damaged or its "
-                "index is stale; reconvert it with ll.convert"
-            )
-        frames.append(bytes(view[at : at + length]))
-        at += length
-    return frames
-
-
 def _mp3_frames_back(view: memoryview, offsets: list[int], sizes: list[int]) -> int:
     """The most frames any frame's exact decode must start before it. Frame j's output is
     its MDCT overlapped with frame j-1's, through a synthesis filter whose history (480

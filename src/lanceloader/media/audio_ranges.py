@@ -30,7 +30,7 @@ Per format:
 * MP3: a seek point per frame (PyAV's demuxer; samples count after the encoder's delay as every
   decoder counts them, so the first frames start before 0); no header (the LAME/Xing frame only
   says the delay, which the seek points hold); decoded by FFmpeg's MP3 decoder from the frames'
-  bytes (PyAV's parser splits them) and placed from the end of the last frame. A frame's output
+  bytes as one packet and placed from the end of the last frame. A frame's output
   needs the previous frame decoded (the overlap of the MDCT and the synthesis filter's history)
   with its main data, which the bit reservoir may keep up to 511 bytes back: ``preroll`` is the
   most samples any frame of the file needs decoded before it, from each frame's
@@ -83,7 +83,6 @@ from lanceloader.media.audio_index import (
     index_from_row,
     index_values,
     indexes_from_table,
-    mp3_frames,
     probe_audio_index,
 )
 
@@ -377,18 +376,17 @@ def _flac_frames(streaminfo: bytes, frames: bytes) -> np.ndarray | None:
 
 
 def _mp3(data: bytes, index: AudioIndex, info: AudioInfo, first: int, count: int) -> np.ndarray:
-    """FFmpeg's MP3 decoder over the frames (split by their headers), the output placed from
-    the end of the last frame (the first frames' reservoir may be missing: they are the
-    preroll, thrown away)."""
+    """FFmpeg's MP3 decoder over the frames, given as one packet (it decodes a packet's frames
+    one after the other: the same samples as a packet per frame, at 0.64x the CPU of the
+    decode, and one call's Python instead of one per frame), the output placed from the end of
+    the last frame (the first frames' reservoir may be missing: they are the preroll, thrown
+    away)."""
     import av
 
     from lanceloader.media.audio import _planar_float
 
     codec = av.CodecContext.create("mp3float", "r")
-    frames = []
-    for frame_bytes in mp3_frames(data):
-        frames += codec.decode(av.Packet(frame_bytes))
-    frames += codec.decode(None)
+    frames = codec.decode(av.Packet(data)) + codec.decode(None)
     if frames and all(f.format.name == "fltp" for f in frames):  # mp3float's own: no copy
         decoded = np.stack(
             [

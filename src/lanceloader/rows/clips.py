@@ -400,7 +400,6 @@ class ClipSource:
     """
 
     random_reads = False  # clips are in storage order of their media
-    decodes = True  # a read decodes its clips: sized as a transform's (engine/stream.py)
     padding_fraction = None
 
     def __init__(

@@ -340,9 +340,6 @@ class MixedSource:
             s.source.bytes_per_row * w for s, w in zip(self.sources, shares, strict=True)
         )
         self.random_reads = any(s.order.random_reads for s in self.sources)
-        self.decodes = any(  # a source's transform or clips run in the mix's read
-            s.transform is not None or getattr(s.source, "decodes", False) for s in self.sources
-        )
         # floor(1 / the largest share), at most MAX_READ_PARTS: no source reads more rows in a
         # mix read than in a read of its own (the engine's read bound holds per Lance call).
         quotas = mix.interleave.quotas

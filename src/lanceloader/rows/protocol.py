@@ -16,9 +16,6 @@ What each member is for:
   of shuffled sources), which sizes reads like a shuffle;
 * ``read_parts`` (optional, default 1): how many Lance calls of a full read size one read
   makes (a mix: its sources), so the engine makes the read that many times larger;
-* ``decodes`` (optional, default False): whether a read decodes what it reads (clips; a mix of
-  sources with a transform), so the engine sizes reads as a transform's: small, spreading the
-  decoding over the workers;
 * ``settings()``: JSON-safe settings that define which rows the positions are, for the state
   and its fingerprint (``state/format.py``): filter, split, packing, mix;
 * ``uri``, ``version``, ``identity``: the dataset (or ``mix:...`` and ``None`` for a mix);

@@ -281,8 +281,7 @@ class _ReadAhead:
         output: Any = ds.conversion  # BatchWork converts with to_output, which takes either
         work = BatchWork(ds.source, order, ds.transform, output, on_error=ds.on_error,
                          max_skip_fraction=ds.max_skip_fraction)
-        decodes = ds.transform is not None or getattr(ds.source, "decodes", False)
-        per_read = batches_per_read(order.random_reads, plan.batch_size, decodes,
+        per_read = batches_per_read(order.random_reads, plan.batch_size, ds.transform is not None,
                                     ds.source.bytes_per_row)
         reading = Reading(work, num_workers=1, batches_per_read=per_read, reads_in_flight=1)
         batches = range(hint.batch, len(plan), self._stride)
