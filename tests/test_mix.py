@@ -477,6 +477,19 @@ def test_mixed_reads_fetch_whole_windows_of_every_block_shuffled_source(
             assert index[0] % 32 == 0 and (index[-1] + 1) % 32 == 0  # whole windows of 32 rows
 
 
+def record_source_reads(monkeypatch) -> list[tuple[str, int]]:
+    """``(uri, rows)`` of every Lance read of the test, in order (Source.read_rows, spied)."""
+    calls: list[tuple[str, int]] = []
+    real = ll.rows.lance.Source.read_rows
+
+    def recorded(self, positions, epoch=0):
+        calls.append((self.uri, len(positions)))
+        return real(self, positions, epoch)
+
+    monkeypatch.setattr(ll.rows.lance.Source, "read_rows", recorded)
+    return calls
+
+
 @pytest.mark.parametrize(("weights", "parts"), [((1, 1, 1), 3), ((2, 1, 1), 2), ((5, 1, 0), 1)])
 def test_each_source_reads_as_much_per_lance_call_as_on_its_own_loader(
     tmp_path, monkeypatch, weights, parts
@@ -488,14 +501,7 @@ def test_each_source_reads_as_much_per_lance_call_as_on_its_own_loader(
     names = "pqr"
     for name in names:  # 8-byte rows: reads are 65,536 rows (the row cap, not the byte cap)
         lance.write_dataset(pa.table({"id": np.arange(160_000)}), tmp_path / f"{name}.lance")
-    calls: list[tuple[str, int]] = []
-    real = ll.rows.lance.Source.read_rows
-
-    def recorded(self, positions, epoch=0):
-        calls.append((self.uri, len(positions)))
-        return real(self, positions, epoch)
-
-    monkeypatch.setattr(ll.rows.lance.Source, "read_rows", recorded)
+    calls = record_source_reads(monkeypatch)
     own = ll.Loader(str(tmp_path / "p.lance"), batch_size=4096, num_workers=1)
     assert sum(len(b["id"]) for b in own) == 160_000
     own_read = max(n for _, n in calls)  # after the ramp of 1, 2, 4, ... batches
@@ -520,18 +526,12 @@ def test_each_source_ramps_from_a_batch_as_on_its_own_loader(tmp_path, monkeypat
     from ``read_parts`` batches: no source's call is under a batch, as on its own Loader."""
     for name in "pqr":
         lance.write_dataset(pa.table({"id": np.arange(3000)}), tmp_path / f"{name}.lance")
-    calls: list[int] = []
-    real = ll.rows.lance.Source.read_rows
-
-    def recorded(self, positions, epoch=0):
-        calls.append(len(positions))
-        return real(self, positions, epoch)
-
-    monkeypatch.setattr(ll.rows.lance.Source, "read_rows", recorded)
+    reads = record_source_reads(monkeypatch)
     mix = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "pqr"})
     loader = ll.Loader(mix, batch_size=100, num_workers=1)
     ids = np.concatenate([b["id"] for b in loader])
     assert len(ids) == mix.samples_per_epoch == 9000
+    calls = [n for _, n in reads]
     assert calls[:6] == [100] * 3 + [200] * 3  # reads of 3, then 6 batches
     assert min(calls) >= 100
 
@@ -565,21 +565,14 @@ def test_with_a_transform_each_source_reads_as_much_per_call_as_on_its_own_loade
     of 3 that was 3 Lance calls of under a batch each, at 3.4x the CPU per row of one source."""
     for name in "pqr":
         lance.write_dataset(pa.table({"id": np.arange(20_000)}), tmp_path / f"{name}.lance")
-    calls: list[int] = []
-    real = ll.rows.lance.Source.read_rows
-
-    def recorded(self, positions, epoch=0):
-        calls.append(len(positions))
-        return real(self, positions, epoch)
-
-    monkeypatch.setattr(ll.rows.lance.Source, "read_rows", recorded)
+    reads = record_source_reads(monkeypatch)
     own = ll.Loader(str(tmp_path / "p.lance"), batch_size=1024, transform=_keep, num_workers=1)
-    assert sum(len(b["id"]) for b in own) == 20_000 and max(calls) == 2048
-    calls.clear()
+    assert sum(len(b["id"]) for b in own) == 20_000 and max(n for _, n in reads) == 2048
+    reads.clear()
     mix = ll.Mix({n: str(tmp_path / f"{n}.lance") for n in "pqr"}, run_length=1024)
     loader = ll.Loader(mix, batch_size=1024, transform=_keep, num_workers=1)
     assert sum(len(b["id"]) for b in loader) == mix.samples_per_epoch
-    assert max(calls) == 2048
+    assert max(n for _, n in reads) == 2048
 
 
 def test_oversampled_source_repeats_in_fresh_orders(sources) -> None:
