@@ -50,7 +50,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lanceloader.rows.inline_blobs import DESCRIPTOR_FIELDS, count_io, fragment_files
+from lanceloader.rows.inline_blobs import (
+    DESCRIPTOR_FIELDS,
+    count_io,
+    descriptor_field,
+    fragment_files,
+    read_fully,
+    v2_descriptors,
+)
 
 #: descriptor kinds whose bytes this module finds: inline, packed, dedicated
 INLINE, PACKED, DEDICATED = 0, 1, 2
@@ -104,16 +111,10 @@ class BlobLocations:
                 if fd is None:
                     fd = handles[f] = os.open(self.paths[f], os.O_RDONLY)
                 data = os.pread(fd, length, start)
-                while len(data) < length:  # a short read: the rest, or the file ended
-                    more = os.pread(fd, length - len(data), start + len(data))
-                    if not more:
-                        raise OSError(
-                            f"blob bytes: {self.paths[f]} ends at byte {start + len(data)}, but "
-                            f"Lance's descriptors place bytes {start}-{start + length} there; the "
-                            "file was replaced or truncated: reopen the dataset, or check its "
-                            "storage"
-                        )
-                    data += more
+                if len(data) < length:  # a short read: the rest, or an error naming the file
+                    rest = bytearray(length - len(data))
+                    read_fully(fd, [memoryview(rest)], start + len(data), self.paths[f])
+                    data += rest
                 out.append(data)
         finally:
             for fd in handles.values():
@@ -132,20 +133,14 @@ def blob_locations(
     files = fragment_files(dataset, column)
     if files is None or not len(offsets):
         return None
-    if isinstance(descriptors, pa.ChunkedArray):
-        descriptors = pa.concat_arrays(descriptors.chunks) if descriptors.num_chunks else None
     if isinstance(descriptors, pa.ExtensionArray):
         descriptors = descriptors.storage
-    if descriptors is None or len(descriptors) != len(offsets):
-        return None
-    if not pa.types.is_struct(descriptors.type):
-        return None
-    if not {f.name for f in descriptors.type}.issuperset(DESCRIPTOR_FIELDS | {"blob_id"}):
+    descriptors = v2_descriptors(descriptors, len(offsets), DESCRIPTOR_FIELDS | {"blob_id"})
+    if descriptors is None:
         return None  # blob v1 (position and size only): Lance knows its layout
 
     def field(name: str) -> np.ndarray:
-        child = pc.fill_null(descriptors.field(name), 0)
-        return child.to_numpy(zero_copy_only=False).astype(np.int64)
+        return descriptor_field(descriptors, name).astype(np.int64)
 
     valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
     uris = pc.fill_null(descriptors.field("blob_uri"), "")

@@ -181,6 +181,27 @@ def _find_files(dataset: lance.LanceDataset, column: str) -> FragmentFiles | Non
     return FragmentFiles(starts, tuple(paths))
 
 
+def v2_descriptors(
+    descriptors: pa.Array | pa.ChunkedArray, rows: int, fields: set[str] = DESCRIPTOR_FIELDS
+) -> pa.StructArray | None:
+    """``descriptors`` (as Lance scans a blob column, maybe chunked) as one struct array, or
+    ``None`` when they are not ``rows`` structs with ``fields`` (blob v1's descriptors hold only
+    position and size)."""
+    if isinstance(descriptors, pa.ChunkedArray):
+        descriptors = pa.concat_arrays(descriptors.chunks) if descriptors.num_chunks else None
+    if descriptors is None or len(descriptors) != rows or not pa.types.is_struct(descriptors.type):
+        return None
+    if not {f.name for f in descriptors.type}.issuperset(fields):
+        return None
+    return descriptors
+
+
+def descriptor_field(descriptors: pa.StructArray, name: str) -> np.ndarray:
+    """One field of v2 descriptors as a NumPy array, nulls (null blobs) as 0."""
+    child = descriptors.field(name)
+    return (pc.fill_null(child, 0) if child.null_count else child).to_numpy(zero_copy_only=False)
+
+
 def inline_plan(
     files: FragmentFiles | None, offsets: np.ndarray, descriptors: pa.Array
 ) -> InlineRuns | None:
@@ -200,20 +221,13 @@ def inline_plan(
     """
     if files is None or not len(offsets):
         return None
-    if isinstance(descriptors, pa.ChunkedArray):
-        descriptors = pa.concat_arrays(descriptors.chunks) if descriptors.num_chunks else None
-    if descriptors is None or len(descriptors) != len(offsets):
-        return None
-    names = {f.name for f in descriptors.type} if pa.types.is_struct(descriptors.type) else set()
-    if not names.issuperset(DESCRIPTOR_FIELDS):
+    descriptors = v2_descriptors(descriptors, len(offsets))
+    if descriptors is None:
         return None  # blob v1 (position and size only): read_blobs knows its layout
     valid = descriptors.is_valid().to_numpy(zero_copy_only=False)
 
     def field(name: str) -> np.ndarray:
-        child = descriptors.field(name)
-        return (pc.fill_null(child, 0) if child.null_count else child).to_numpy(
-            zero_copy_only=False
-        )
+        return descriptor_field(descriptors, name)
 
     if (field("kind")[valid] != INLINE_KIND).any():
         return None
@@ -266,7 +280,7 @@ def read_inline(
                 pieces.append(view[starts[i] : starts[i] + sizes[i]])
             at = positions[lo]
             for k in range(0, len(pieces), IOV_MAX):
-                at = _read_fully(fd, pieces[k : k + IOV_MAX], at, files.paths[fragment])
+                at = read_fully(fd, pieces[k : k + IOV_MAX], at, files.paths[fragment])
                 calls += 1
             read += at - positions[lo]
     finally:
@@ -281,7 +295,7 @@ def read_inline(
     )
 
 
-def _read_fully(fd: int, pieces: list[memoryview], at: int, path: str | None) -> int:
+def read_fully(fd: int, pieces: list[memoryview], at: int, path: str | None) -> int:
     """Fill ``pieces`` from file offset ``at`` on (looping over short reads); returns the
     offset after them. A file that ends first raises ``OSError`` naming it."""
     want = sum(map(len, pieces))
