@@ -92,6 +92,7 @@ __all__ = [  # the index's names too, so one import serves a reader of windows
     "WHOLE",
     "AudioIndex",
     "decode_flac_runs",
+    "decode_flac_windows",
     "decode_window_from_ranges",
     "flac_run_samples",
     "index_fields",
@@ -307,6 +308,26 @@ def decode_flac_runs(runs: list[tuple[bytes, bytes, int]]) -> list[np.ndarray | 
             continue
         for k, part in zip(members, np.split(samples, np.cumsum(sizes)[:-1], axis=1), strict=True):
             out[k] = part
+    return out
+
+
+def decode_flac_windows(
+    windows: list[tuple[list[tuple[int, bytes]], AudioInfo, AudioIndex, int, int]],
+    sample_rate: int | None = None,
+) -> list[np.ndarray | None]:
+    """For windows ``(parts, info, index, start, length)`` (the arguments of
+    :func:`decode_window_from_ranges`, ``sample_rate`` too), the run of frames of each FLAC
+    window read by range, decoded together with the others (:func:`decode_flac_runs`), to pass
+    as its ``decoded``; ``None`` for other windows and for a run that did not decode."""
+    out: list[np.ndarray | None] = [None] * len(windows)
+    flac, runs = [], []
+    for k, (parts, info, index, start, length) in enumerate(windows):
+        if index.format == "flac" and index.ranged and len(parts) == 2:
+            first, count = window_span(info, start, length, sample_rate)
+            flac.append(k)
+            runs.append((parts[0][1], parts[1][1], flac_run_samples(index, first, count)))
+    for k, decoded in zip(flac, decode_flac_runs(runs) if runs else [], strict=True):
+        out[k] = decoded
     return out
 
 

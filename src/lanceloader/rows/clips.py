@@ -785,48 +785,29 @@ class ClipSource:
         indexes = dict(zip(unique.tolist(), found, strict=True))
         sizes = self.index.table.column("size").to_numpy()
         clips = list(zip(media.tolist(), offsets.tolist(), starts.tolist(), strict=True))
-        wanted = []
+        wanted, lengths = [], []
         for m, offset, start in clips:
             info, index = indexes[m]
-            span = ranges.window_span(
-                info, start, round(spec.seconds * info.sample_rate), spec.sample_rate
-            )
+            lengths.append(round(spec.seconds * info.sample_rate))
+            span = ranges.window_span(info, start, lengths[-1], spec.sample_rate)
             wanted.append(
                 [(offset, o, n) for o, n in ranges.window_byte_ranges(index, int(sizes[m]), *span)]
             )
         got = self._ranges(ds, [r for clip in wanted for r in clip])
-        parts = [[(o, got[(offset, o, n)]) for offset, o, n in clip] for clip in wanted]
-        # the read's FLAC windows decode in one FFmpeg call per kind of file (decode_flac_runs)
-        flac = [
-            i
-            for i, (m, _, _) in enumerate(clips)
-            if indexes[m][1].format == "flac" and indexes[m][1].ranged and len(parts[i]) == 2
+        windows = [  # decode_window_from_ranges's arguments: (offset, bytes) parts, info...
+            ([(r[1], got[r]) for r in asked], *indexes[m], start, length)
+            for asked, (m, _, start), length in zip(wanted, clips, lengths, strict=True)
         ]
-        decoded: dict[int, np.ndarray | None] = {}
-        if flac:
-            runs = []
-            for i in flac:
-                info, index = indexes[clips[i][0]]
-                first, count = ranges.window_span(
-                    info, clips[i][2], round(spec.seconds * info.sample_rate), spec.sample_rate
-                )
-                runs.append(
-                    (parts[i][0][1], parts[i][1][1], ranges.flac_run_samples(index, first, count))
-                )
-            decoded = dict(zip(flac, ranges.decode_flac_runs(runs), strict=True))
+        # the read's FLAC windows decode in one FFmpeg call per kind of file
+        decoded = ranges.decode_flac_windows(windows, spec.sample_rate)
         out = np.empty((len(media), *self._shape), np.float32)
         for i, (m, offset, start) in enumerate(clips):
-            info, index = indexes[m]
             try:
                 out[i] = ranges.decode_window_from_ranges(
-                    parts[i],
-                    info,
-                    index,
-                    start,
-                    round(spec.seconds * info.sample_rate),
+                    *windows[i],
                     sample_rate=spec.sample_rate,
                     channels=spec.channels,
-                    decoded=decoded.get(i),
+                    decoded=decoded[i],
                 )
             except NOT_READ_FAILURES:
                 raise
