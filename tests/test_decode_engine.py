@@ -58,19 +58,23 @@ VALUE_BYTES = 11_000  # a JPEG of 128x128 pixels
 
 def faults_per_read(uri: str) -> dict:
     """Read the same 512 rows of ``uri`` 12 times in this worker, as a worker's tasks do; the
-    minor page faults of the last 8 reads, per read."""
+    minor page faults of each of the last 8 reads. Now and then one read is served from pages
+    glibc had handed back after all (a whole read's faults, ~1 run in 10), so the test takes
+    the median read: with the defect every read faults all of its pages."""
     from lanceloader.rows.lance import Source
 
     source = Source(uri, ["image"])
     positions = np.arange(READ_ROWS)
     for _ in range(4):  # the first reads grow the heaps
         source.read_rows(positions, 0)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    faults = []
     for _ in range(8):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         rows = source.read_rows(positions, 0).rows
         assert rows.num_rows == READ_ROWS
         del rows
-    return {"faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 8}
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return {"faults": float(np.median(faults)), "each": faults}
 
 
 def test_a_process_workers_reads_reuse_freed_memory(tmp_path) -> None:
@@ -85,5 +89,5 @@ def test_a_process_workers_reads_reuse_freed_memory(tmp_path) -> None:
         (result,) = list(pool)
     pages = READ_ROWS * VALUE_BYTES / 4096
     assert result["faults"] < pages / 4, (
-        f"{result['faults']:.0f} faults per read of {pages:.0f} pages"
+        f"a median {result['faults']:.0f} faults per read of {pages:.0f} pages: {result['each']}"
     )
