@@ -28,7 +28,7 @@ Cases
     rows (what the engine did before). Targets (issue 26): block shuffle and one source per
     batch >= 0.94x a single source, sample by sample >= 0.8x or the copy floor: ``copy_floor`` times,
     on one thread, a worker's task of 65,536 rows of the single source against placing as many
-    rows of three sources in mixed order (scattered, as a mix does, and by one Arrow take), and
+    rows of three sources in mixed order (by strides of the interleave's pattern, as a mix does, and by one Arrow take), and
     states the best ratio a sample-by-sample mix can reach, ``read / (read + place)``.
 ``pack``
     Packing ``--docs`` documents of 1-2,000 tokens (mean ~700) into 2,048-token rows:
@@ -71,7 +71,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import lanceloader as ll
-from lanceloader.ordering.interleave import interleave
+from lanceloader.ordering.interleave import Interleave, locate
 from lanceloader.ordering.plan import read_tasks
 from lanceloader.rows.gather import gather_rows
 from lanceloader.rows.packed import pack_plan, pack_tokens
@@ -227,7 +227,7 @@ def copy_floor(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
     """What putting rows in mixed order costs next to reading them, one thread: a worker's
     whole task for 65,536 rows of the single source read in order (Lance read, conversion,
     batches) against placing the same number of rows, read from three sources, in mixed order
-    sample by sample: scattered (what a mix does) and by one Arrow take of the parts joined.
+    sample by sample: by strides (what a mix does) and by one Arrow take of the parts joined.
     The floor of a sample-by-sample mix is ``read / (read + place)``."""
     loader = ll.Loader(single, batch_size=BATCH, num_workers=1, cache=None)
     pipeline = loader._pipeline
@@ -235,8 +235,11 @@ def copy_floor(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
     work = pipeline.work()
     n = len(task.samples)
     tables = [lance.dataset(p).to_table(limit=n // 3 + (k < n % 3)) for k, p in enumerate(parts)]
-    source = interleave((1, 1, 1))[np.arange(n) % 3]
-    places = [np.flatnonzero(source == k) for k in range(3)]
+    # placed as a mix places a read of consecutive samples: by strides of the period's pattern
+    runs = locate(Interleave((1, 1, 1)), n, [n // 3 + (k < n % 3) for k in range(3)], [0] * 3,
+                  np.arange(n))
+    places = runs.places(3)
+    strides = [runs.slots.strides(k) for k in range(3)]
     joined = np.empty(n, np.int64)
     for k, place in enumerate(places):
         joined[place] = sum(len(t) for t in tables[:k]) + np.arange(len(place))
@@ -252,7 +255,7 @@ def copy_floor(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
 
     cases = {
         "read": timed(lambda: work(task)),
-        "scatter": timed(lambda: gather_rows(tables, [None] * 3, places, n)),
+        "scatter": timed(lambda: gather_rows(tables, [None] * 3, places, n, strides)),
         "arrow_take": timed(
             lambda: pa.concat_tables(tables).combine_chunks().take(pa.array(joined))
         ),
@@ -310,7 +313,7 @@ def mix_table(mix: dict[str, Any]) -> str:
     lines.append(
         f"Copy floor of a sample-by-sample mix (one thread, 65,536 rows): a read "
         f"{floor['read']['rows_per_s']['median'] / 1e6:.1f}M rows/s, placing rows "
-        f"{floor['scatter']['rows_per_s']['median'] / 1e6:.1f}M rows/s scattered "
+        f"{floor['scatter']['rows_per_s']['median'] / 1e6:.1f}M rows/s by strides "
         f"(floor {floor['scatter']['floor']:.2f}x), "
         f"{floor['arrow_take']['rows_per_s']['median'] / 1e6:.1f}M rows/s by one "
         f"Arrow take of the parts joined (floor {floor['arrow_take']['floor']:.2f}x)."

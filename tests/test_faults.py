@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -26,6 +27,7 @@ import lanceloader as ll
 import workerfns
 from conftest import lanceloader_threads
 from lanceloader.lifecycle.lifetime import NAMESPACE, SHM_DIR, alive, owner_of, shm_name
+from lanceloader.rows.lance import Source
 
 TESTS = str(Path(__file__).parent)
 STOP_BOUND_S = 1.0  # control is back this soon after break / an error / Ctrl-C (target 0.5 s)
@@ -407,6 +409,24 @@ def test_a_damaged_first_fragment_raises_read_error_at_construction(text_uri: st
     with pytest.raises(ll.ReadError, match="fragment 0 rows 0-255") as info:
         ll.Loader(uri, columns=["text"])  # the loader samples the first rows to size its reads
     assert info.value.batches is None and info.value.__cause__ is not None
+
+
+def test_a_read_across_fragments_names_only_the_damaged_one(tmp_path: Path) -> None:
+    """A read of 3 fragments' rows, the middle one's file cut short: the error names that
+    fragment and its rows alone (Lance's error did not say which file failed), with the
+    fragment's own error as the cause; a read of undamaged fragments still reads."""
+    uri = str(tmp_path / "three.lance")
+    lance.write_dataset(pa.table({"id": np.arange(3000), "text": [f"row {i}" for i in range(3000)]}),
+                        uri, max_rows_per_file=1000)
+    middle = lance.dataset(uri).get_fragments()[1]
+    os.truncate(os.path.join(uri, "data", middle.metadata.files[0].path), 100)
+    source = Source(uri, ["id", "text"])
+    with pytest.raises(ll.ReadError) as info:
+        source.read_rows(np.arange(500, 2500))
+    assert info.value.fragments == (1,) and info.value.rows == (1000, 1999, 1000)
+    assert "fragment 1 rows 0-999" in str(info.value) and "fragment 0" not in str(info.value)
+    assert info.value.__cause__ is not None
+    assert source.read_rows(np.arange(2000, 3000)).rows.num_rows == 1000
 
 
 # --- transforms that break the batch ------------------------------------------------------------

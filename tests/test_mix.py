@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import lanceloader as ll
 from lanceloader.ordering.interleave import Interleave, Runs, interleave, rational_weights
+from lanceloader.ordering.interleave import locate as ll_locate
 from lanceloader.ordering.plan import read_tasks
 from lanceloader.rows.gather import gather_rows
 from lanceloader.rows.placement import mixed_rows
@@ -295,6 +296,52 @@ def test_mixed_rows_puts_every_row_in_its_place(data) -> None:
     assert as_table(out)["x"].to_pylist() == expected
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    quotas=st.lists(st.integers(0, 20), min_size=1, max_size=3).filter(any),
+    first=st.integers(0, 500),
+    n=st.integers(1, 300),
+    data=st.data(),
+)
+def test_a_consecutive_read_sample_by_sample_is_placed_by_strides_as_by_index(
+    quotas, first, n, data
+) -> None:
+    """A read of consecutive samples, one a run, locates each source's samples by the period's
+    pattern (Slots) and copies its fixed-width columns by strides (sources of up to 16 slots;
+    here also of up to 20, placed by index): every row lands where the per-sample placement
+    puts it, in parts cut into record batches anywhere, a string column taken as before."""
+    il = Interleave(tuple(quotas))
+    epoch_samples = 10_000
+    per_epoch = il.counts(epoch_samples)
+    runs = ll_locate(il, epoch_samples, per_epoch, [0] * len(quotas), np.arange(first, first + n))
+    assert runs.slots is not None
+    plain = Runs(runs.source, runs.index, runs.length)  # the same runs, placed by index
+    assert [p.tolist() for p in runs.places(len(quotas))] == [
+        p.tolist() for p in plain.places(len(quotas))
+    ]
+    parts = []
+    for k in range(len(quotas)):
+        count = int(runs.spans[k][1])
+        ids = np.arange(count) + 1000 * k
+        whole = pa.table({
+            "id": ids,
+            "v": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 3).astype(np.float32)), 3),
+            "s": pa.array([f"{k}:{i}" for i in range(count)], pa.string()),
+        })
+        cuts = sorted(data.draw(st.lists(st.integers(0, count), max_size=3)))
+        parts.append(pa.Table.from_batches(
+            [b for a, z in itertools.pairwise([0, *cuts, count])
+             for b in whole.slice(a, z - a).to_batches()], schema=whole.schema))
+    got = as_table(mixed_rows(parts, [None] * len(parts), runs))
+    want = as_table(mixed_rows(parts, [None] * len(parts), plain))
+    assert got.to_pylist() == want.to_pylist()
+    source = il.source_of(np.arange(first, first + n))
+    assert got["id"].to_numpy().tolist() == [
+        1000 * k + int(i) for k, i in zip(source, runs.index - [runs.spans[k][0] for k in source],
+                                          strict=True)
+    ]
+
+
 @pytest.fixture(scope="module")
 def wide_sources(tmp_path_factory) -> dict[str, str]:
     """Three datasets of ids (1000 + row, ...), a fixed-size list and a string per row."""
@@ -504,7 +551,7 @@ def test_each_source_reads_as_much_per_lance_call_as_on_its_own_loader(
     calls = record_source_reads(monkeypatch)
     own = ll.Loader(str(tmp_path / "p.lance"), batch_size=4096, num_workers=1)
     assert sum(len(b["id"]) for b in own) == 160_000
-    own_read = max(n for _, n in calls)  # after the ramp of 1, 2, 4, ... batches
+    own_read = max(n for _, n in calls)  # after the ramp of 1, 4, 16, ... batches
     assert own_read == 65_536
     calls.clear()
     mix = ll.Mix(
@@ -521,7 +568,7 @@ def test_each_source_reads_as_much_per_lance_call_as_on_its_own_loader(
 
 
 def test_each_source_ramps_from_a_batch_as_on_its_own_loader(tmp_path, monkeypatch) -> None:
-    """An epoch's first reads ramp up (1, 2, 4, ... batches); a mix read of one batch was 3
+    """An epoch's first reads ramp up (1, 4, 16, ... batches); a mix read of one batch was 3
     Lance calls of a third of a batch each, at a call's fixed cost (~1 ms CPU). A mix ramps
     from ``read_parts`` batches: no source's call is under a batch, as on its own Loader."""
     for name in "pqr":
@@ -532,7 +579,7 @@ def test_each_source_ramps_from_a_batch_as_on_its_own_loader(tmp_path, monkeypat
     ids = np.concatenate([b["id"] for b in loader])
     assert len(ids) == mix.samples_per_epoch == 9000
     calls = [n for _, n in reads]
-    assert calls[:6] == [100] * 3 + [200] * 3  # reads of 3, then 6 batches
+    assert calls[:6] == [100] * 3 + [400] * 3  # reads of 3, then 12 batches
     assert min(calls) >= 100
 
 

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lanceloader.ordering.order import Order
-from lanceloader.ordering.plan import Plan, read_ranges, read_tasks, window_alignment
+from lanceloader.ordering.plan import RAMP_GROWTH, Plan, read_ranges, read_tasks, window_alignment
 
 settings_ = st.tuples(
     st.integers(0, 500),  # num_samples
@@ -117,13 +117,13 @@ def test_without_the_ramp_every_read_but_the_last_is_full(n, start, per_read) ->
 
 @given(n=st.integers(0, 300), start=st.integers(0, 50), per_read=st.integers(1, 70),
        first_read=st.integers(1, 8))
-def test_the_ramp_doubles_from_its_first_read(n, start, per_read, first_read) -> None:
+def test_the_ramp_grows_from_its_first_read(n, start, per_read, first_read) -> None:
     reads = list(read_ranges(range(start, start + n), per_read, first_read=first_read))
     assert [b for r in reads for b in r] == list(range(start, start + n))
     size = min(first_read, per_read)
     for r in reads[:-1]:
         assert len(r) == size
-        size = min(2 * size, per_read)
+        size = min(RAMP_GROWTH * size, per_read)
     if first_read == 1:
         assert reads == list(read_ranges(range(start, start + n), per_read))
 

@@ -1,7 +1,7 @@
 """The read tasks of a stream: which batches each Lance read fetches.
 
 :func:`stream_tasks` is what a :class:`~lanceloader.engine.stream.Stream` runs: the plan's
-:func:`~lanceloader.ordering.plan.read_tasks` (1, 2, 4, ... batches up to a read's size, cut on
+:func:`~lanceloader.ordering.plan.read_tasks` (1, 4, 16, ... batches up to a read's size, cut on
 a block shuffle's windows), except on object storage, where reads start at full size and a
 sequential read of a Lance source is cut where a fragment begins on a batch boundary. Pure
 functions of the plan and the fragments' first positions: nothing is read here, and the tasks
@@ -34,7 +34,7 @@ def stream_tasks(
     work: BatchWork, epoch: int, plan: Plan, per_read: int, batches: range
 ) -> Iterator[ReadTask]:
     """The read tasks of a stream over ``batches``: :func:`~lanceloader.ordering.plan.read_tasks`
-    (1, 2, 4, ... batches up to ``per_read``, cut on a block shuffle's windows; a read of
+    (1, 4, 16, ... batches up to ``per_read``, cut on a block shuffle's windows; a read of
     ``read_parts`` Lance calls, a mix's, ramps from ``read_parts`` batches), except on
     object storage, where every read costs the store's latency whatever its size: there reads
     start at full size, and a sequential read of a Lance source (no cache) is cut where a

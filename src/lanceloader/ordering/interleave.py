@@ -158,6 +158,7 @@ class Runs:
     index: np.ndarray
     length: np.ndarray
     spans: tuple[tuple[int, int], ...] | None = None  # (first, count) per source, if contiguous
+    slots: Slots | None = None  # runs of one sample, in a period's pattern (see Slots)
 
     def merged(self) -> Runs:
         """Adjacent runs of one source that continue each other made one."""
@@ -177,6 +178,81 @@ class Runs:
             return np.arange(first, first + count)
         at = self.source == k
         return _ranges(self.index[at], self.length[at])
+
+    def places(self, sources: int) -> list[np.ndarray]:
+        """Per source (of ``sources``), the places in the read (0 … samples - 1) of its
+        samples, in stream order: where a mixed read puts each source's rows.
+
+        >>> Runs(np.array([1, 0, 1]), np.array([0, 0, 2]), np.array([2, 1, 1])).places(2)
+        [array([2]), array([0, 1, 3])]
+        """
+        if self.slots is not None:
+            return [self.slots.places(k) for k in range(sources)]
+        n = int(self.length.sum())
+        source = self.source if len(self.source) == n else np.repeat(self.source, self.length)
+        return [np.flatnonzero(source == k) for k in range(sources)]
+
+
+# Sources with at most this many slots a period are placed by strides (one strided copy per
+# slot, sample j of the read at j % period); with more, by an index of places.
+MAX_STRIDED_SLOTS = 16
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Where the sources' samples lie in a read of ``samples`` consecutive mixed samples, one
+    sample a run: the read's pattern repeats every ``period`` samples, and source ``k``'s
+    samples are at ``offsets[k]`` (ascending) within each repeat. Its ``i``-th sample of the
+    read is at ``(i // q) * period + offsets[k][i % q]`` (``q = len(offsets[k])``), so its rows
+    can be copied into place by ``q`` strided copies instead of an index of places.
+
+    >>> s = Slots(3, ((1,), (0, 2)), 7)
+    >>> s.places(0).tolist(), s.places(1).tolist(), s.counts()
+    ([1, 4], [0, 2, 3, 5, 6], [2, 5])
+    """
+
+    period: int
+    offsets: tuple[tuple[int, ...], ...]
+    samples: int
+
+    def counts(self) -> list[int]:
+        """Samples of each source in the read."""
+        whole, rest = divmod(self.samples, self.period)
+        return [whole * len(o) + sum(x < rest for x in o) for o in self.offsets]
+
+    def places(self, k: int) -> np.ndarray:
+        """Source ``k``'s places in the read, ascending (its samples in stream order)."""
+        offsets = np.array(self.offsets[k], np.int64)
+        starts = np.arange(0, self.samples, self.period)
+        places = (starts[:, None] + offsets[None, :]).ravel()
+        return places[: self.counts()[k]]
+
+    def strides(self, k: int) -> tuple[int, int, list[tuple[int, int]]] | None:
+        """Source ``k``'s samples as strides, ``(period, q, [(first place, first row), ...])``:
+        rows ``first row, first row + q, …`` of its part go to places ``first place, first
+        place + period, …`` (:func:`~lanceloader.rows.gather.gather_rows`' ``strides``); None
+        when it has more than :data:`MAX_STRIDED_SLOTS` slots (placed by index).
+
+        >>> Slots(3, ((1,), (0, 2)), 7).strides(1)
+        (3, 2, [(0, 0), (2, 1)])
+        """
+        offsets = self.offsets[k]
+        if len(offsets) > MAX_STRIDED_SLOTS:
+            return None
+        return self.period, len(offsets), [
+            (offset, j) for j, offset in enumerate(offsets) if offset < self.samples
+        ]
+
+
+def _periodic(pattern: np.ndarray, n: int) -> np.ndarray:
+    """``pattern`` repeated to ``n`` items (``np.tile`` costs ~4x this on a short pattern)."""
+    period = len(pattern)
+    if period > MAX_STRIDED_SLOTS:
+        return np.tile(pattern, -(-n // period))[:n]
+    out = np.empty(n, pattern.dtype)
+    for j in range(min(period, n)):
+        out[j::period] = pattern[j]
+    return out
 
 
 def _ranges(first: np.ndarray, length: np.ndarray) -> np.ndarray:
@@ -234,25 +310,21 @@ def locate(il: Interleave, samples_per_epoch: int, per_epoch: list[int], offsets
             (n < 3 or bool(np.all(np.diff(stream) == 1))):
         slot = first // il.run
         table = interleave(il.quotas)  # one period, turned to begin at the first slot
+        begins = [offsets[k] + epoch * per_epoch[k] + int(il.count(k, first))
+                  for k in range(sources)]
+        if il.run == 1:  # a run per sample, in the period's pattern (see Slots)
+            return _located_samples(np.roll(table, -(first % il.period)), n, begins)
         count = (first + n - 1) // il.run + 1 - slot
         which = np.tile(np.roll(table, -(slot % il.period)), -(-count // il.period))[:count]
-        if il.run == 1:  # a run per sample (cheaper than merging samples into runs)
-            source, length = which, np.ones(n, np.int64)
-        else:
-            new = np.concatenate(([0], np.flatnonzero(which[1:] != which[:-1]) + 1))
-            source = which[new]
-            start = (slot + new) * il.run
-            start[0] = first
-            length = np.diff(start, append=first + n)
+        new = np.concatenate(([0], np.flatnonzero(which[1:] != which[:-1]) + 1))
+        source = which[new]
+        start = (slot + new) * il.run
+        start[0] = first
+        length = np.diff(start, append=first + n)
         index = np.empty(len(source), np.int64)
         spans = []
-        for k in range(sources):  # a source's runs continue each other
+        for k, begin in enumerate(begins):  # a source's runs continue each other
             at = np.flatnonzero(source == k)
-            begin = offsets[k] + epoch * per_epoch[k] + int(il.count(k, first))
-            if il.run == 1:  # runs of one sample: no sums (6x cheaper on 65,536 samples)
-                index[at] = np.arange(begin, begin + len(at))
-                spans.append((begin, len(at)))
-                continue
             given = np.cumsum(length[at])
             index[at] = begin + given - length[at]
             spans.append((begin, int(given[-1]) if len(at) else 0))
@@ -264,6 +336,27 @@ def locate(il: Interleave, samples_per_epoch: int, per_epoch: list[int], offsets
         at = source == k
         index[at] = offsets[k] + epochs[at] * per_epoch[k] + il.count(k, samples[at])
     return Runs(source, index, np.ones(n, np.int64)).merged()
+
+
+def _located_samples(pattern: np.ndarray, n: int, begins: list[int]) -> Runs:
+    """The runs of ``n`` consecutive mixed samples of one epoch, one sample each, whose sources
+    follow ``pattern`` (the interleave's period turned to begin at the first sample) and whose
+    first samples of each source are its stream's ``begins[k]``: each source's places come
+    from the pattern (:class:`Slots`), not from passes over the samples."""
+    period = len(pattern)
+    slots = Slots(period, tuple(tuple(np.flatnonzero(pattern == k).tolist())
+                                for k in range(len(begins))), n)
+    index = np.empty(n, np.int64)
+    for k, (begin, count) in enumerate(zip(begins, slots.counts(), strict=True)):
+        strides = slots.strides(k)
+        if strides is None:
+            index[slots.places(k)] = np.arange(begin, begin + count)
+            continue
+        _, q, starts = strides
+        for place, row in starts:  # samples place, place + period, ...: its rows row, row + q, ...
+            index[place::period] = np.arange(begin + row, begin + count, q)
+    return Runs(_periodic(pattern, n), index, np.ones(n, np.int64),
+                tuple(zip(begins, slots.counts(), strict=True)), slots)
 
 
 def check_weights(weights: Any, names: list[str]) -> dict[str, float]:

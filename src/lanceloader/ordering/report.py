@@ -9,7 +9,7 @@ order and a plan, from the order alone (pure functions, no I/O), so the choice o
 * **places per batch**: the dataset is cut into ``places`` equal parts; how many of them the rows
   of a batch come from, next to the same figure for a uniformly random batch (the ideal);
 * **reads per 1,000 rows**: runs of contiguous positions in what the loader's reads fetch (its
-  read tasks of 1, 2, 4, ... up to ``per_read`` batches; 20 of the epoch's first 1,000), i.e. the
+  read tasks of 1, 4, 16, ... up to ``per_read`` batches; 20 of the epoch's first 1,000), i.e. the
   ranges and single rows Lance is asked for;
 * **order correlation**: Spearman's correlation between the order rows are delivered in and their
   position in storage, over the batches measured (1 in sequential order, near 0 when shuffled).

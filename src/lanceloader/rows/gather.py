@@ -26,12 +26,24 @@ import pyarrow as pa
 
 from lanceloader.rows.protocol import inverse_permutation
 
+Strides = tuple[int, int, list[tuple[int, int]]]  # (period, q, [(first place, first row)])
+
 
 def gather_rows(
-    parts: list[pa.Table], wheres: list[np.ndarray | None], places: list[np.ndarray], n: int
+    parts: list[pa.Table],
+    wheres: list[np.ndarray | None],
+    places: list[np.ndarray],
+    n: int,
+    strides: list[Strides | None] | None = None,
 ) -> pa.Table:
     """A table of ``n`` rows in which row ``places[k][i]`` is row ``wheres[k][i]`` of
     ``parts[k]`` (row ``i`` of it when ``wheres[k]`` is ``None``).
+
+    ``strides[k]``, where given, is ``places[k]`` as a pattern, ``(period, q, [(first
+    place, first row), ...])``: rows ``first row + i q`` of part ``k`` are at places ``first
+    place + i period`` (a mix read sample by sample, :class:`~lanceloader.ordering.interleave.
+    Slots`). A fixed-width column of a part in order (``wheres[k]`` is ``None``) is then copied
+    by strided slices, not by an index (1.3x faster on 264-byte rows, 2.8x on 8-byte ones).
 
     Contract: the places of all parts together are each of ``0 … n-1`` exactly once (a
     partition of the rows, as a read grouped by piece makes), and the parts have the schema of
@@ -65,10 +77,13 @@ def gather_rows(
     views = [column_views(part) for part in parts]
     # A part whose rows each have exactly one place is scattered in its own order (one pass
     # over its rows: a mix's parts); others are gathered (a cache's pieces: a few rows each).
-    scatter = [
+    scatter: list[np.ndarray | Strides | None] = [
         place if where is None else scatter_targets(where, place, len(part))
         for part, where, place in zip(parts, wheres, places, strict=True)
     ]
+    for k, stride in enumerate(strides or ()):
+        if stride is not None and wheres[k] is None:
+            scatter[k] = stride
     columns: list[pa.Array | pa.ChunkedArray] = []
     inverse: pa.Array | None = None
     for i, field in enumerate(schema):
@@ -165,13 +180,21 @@ def row_width(kind: pa.DataType) -> int:
 def has_nulls(column: pa.ChunkedArray) -> bool:
     """Whether a column has nulls, in a fixed-size list's values too."""
     if pa.types.is_fixed_size_list(column.type):
-        return any(c.null_count or c.flatten().null_count for c in column.chunks)
+        return any(c.null_count or list_values(c).null_count for c in column.chunks)
     return column.null_count > 0
+
+
+def list_values(chunk: pa.FixedSizeListArray) -> pa.Array:
+    """The values of a fixed-size list array's rows (of its slice only). ``chunk.flatten()``
+    gives the same through a compute kernel at ~10 us a call (0.5 ms of a mix's read of 3
+    parts); this slices the child array (~1 us)."""
+    size = chunk.type.list_size
+    return chunk.values.slice(chunk.offset * size, len(chunk) * size)
 
 
 def rows_view(chunk: pa.Array, kind: pa.DataType, width: int) -> np.ndarray:
     """The rows of one array of a fixed-width type as ``width``-byte NumPy items (no copy)."""
-    values = chunk.flatten() if pa.types.is_fixed_size_list(kind) else chunk
+    values = list_values(chunk) if pa.types.is_fixed_size_list(kind) else chunk
     item = width // (kind.list_size if pa.types.is_fixed_size_list(kind) else 1)
     return np.frombuffer(
         values.buffers()[1], np.uint8, count=len(chunk) * width, offset=values.offset * item
@@ -200,20 +223,23 @@ def gather_fixed(
     wheres: list[np.ndarray | None],
     places: list[np.ndarray],
     n: int,
-    scatter: list[np.ndarray | None] | None = None,
+    scatter: list[np.ndarray | Strides | None] | None = None,
 ) -> pa.Array:
     """One array of ``n`` rows of a fixed-width column without nulls, given as each part's
     chunks of ``width``-byte items (:func:`column_views`): row ``wheres[k][i]`` of part ``k``
     at ``places[k][i]``, copied into a new buffer of Arrow's pool (memory it reuses: no page
     faults afresh on every read). ``scatter[k]``, where given (:func:`scatter_targets`), is
     the place of each row of part ``k`` in its own order: those rows are scattered, chunk by
-    chunk, one pass (a gather then a scatter costs about twice as much on 264-byte rows)."""
+    chunk, one pass (a gather then a scatter costs about twice as much on 264-byte rows); or
+    its places as :data:`Strides` (see :func:`gather_rows`), copied by strided slices."""
     width = row_width(kind)
     buffer = pa.allocate_buffer(n * width)
     out = np.frombuffer(buffer, np.uint8).view(f"V{width}")
     targets = scatter or [None] * len(columns)
     for chunks, where, place, target in zip(columns, wheres, places, targets, strict=True):
-        if target is not None or where is None:  # every row of the part: chunk by chunk
+        if isinstance(target, tuple):  # every row of the part, in order, by strides
+            _scatter_strided(out, chunks, *target)
+        elif target is not None or where is None:  # every row of the part: chunk by chunk
             target = place if target is None else target
             first = 0
             for chunk in chunks:
@@ -233,3 +259,21 @@ def gather_fixed(
         values = pa.Array.from_buffers(kind.value_type, n * kind.list_size, [None, buffer])
         return pa.FixedSizeListArray.from_arrays(values, type=kind)
     return pa.Array.from_buffers(kind, n, [None, buffer])
+
+
+def _scatter_strided(out: np.ndarray, chunks: list[np.ndarray], period: int, q: int,
+                     starts: list[tuple[int, int]]) -> None:
+    """Copy a part's rows (``chunks``, in order) to their places in ``out``: rows ``row + i q``
+    to places ``place + i period``, for each ``(place, row)`` of ``starts``; one strided copy
+    per start and chunk."""
+    first = 0  # the part's row at which this chunk begins
+    for chunk in chunks:
+        end = first + len(chunk)
+        for place, row in starts:
+            r = first + (row - first) % q  # this start's first row in the chunk
+            if r >= end:
+                continue
+            rows = chunk[r - first :: q]
+            at = place + (r - row) // q * period
+            out[at : at + (len(rows) - 1) * period + 1 : period] = rows
+        first = end

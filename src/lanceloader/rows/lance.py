@@ -381,7 +381,34 @@ class Source:
         except (ReadError, *NOT_READ_FAILURES):
             raise
         except BaseException as exc:
+            narrowed = self._damaged_fragment(positions) if isinstance(exc, Exception) else None
+            if narrowed is not None:
+                cause, offsets = narrowed
+                raise self.read_error(cause, offsets=offsets) from cause
             raise self.read_error(exc, positions) from exc
+
+    def _damaged_fragment(self, positions: np.ndarray) -> tuple[Exception, np.ndarray] | None:
+        """After a failed read of a local dataset across several fragments: the first
+        fragment whose share of the read fails again on its own (its error and its offsets),
+        so the error names the damaged file, not every fragment the read touched; None when
+        each share reads (a passing fault) or on an object store (each retry could wait out
+        the store's timeouts). Costs nothing unless a read failed."""
+        if is_object_store(self.uri):
+            return None
+        offsets = self.row_offsets(positions)
+        fragment_of = self._fragment_of(offsets)
+        fragments = np.unique(fragment_of)
+        if len(fragments) < 2:
+            return None
+        for index in fragments.tolist():
+            share = offsets[fragment_of == index]
+            try:
+                self._read_offsets(share)
+            except NOT_READ_FAILURES:
+                raise
+            except Exception as exc:
+                return exc, share
+        return None
 
     def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
                 ) -> tuple[Source, int]:

@@ -52,10 +52,11 @@ def mixed_rows(
     n = int(runs.length.sum())
     if all(w is None for w in wheres) and n >= MIN_SLICE_ROWS * len(runs.source):
         return _pieces(parts, runs)
-    # Each sample's source; source k's samples, in stream order, are its part's rows wheres[k].
-    source = runs.source if len(runs.source) == n else np.repeat(runs.source, runs.length)
-    places = [np.flatnonzero(source == k) for k in range(len(parts))]
-    return gather_rows(parts, wheres, places, n)
+    # Source k's samples, in stream order, are its part's rows wheres[k]; in a read of
+    # consecutive samples one a run, its rows in order are copied by strides.
+    slots = runs.slots
+    strides = None if slots is None else [slots.strides(k) for k in range(len(parts))]
+    return gather_rows(parts, wheres, runs.places(len(parts)), n, strides)
 
 
 def _pieces(parts: list[pa.Table], runs: Runs) -> Pieces:

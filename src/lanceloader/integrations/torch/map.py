@@ -230,7 +230,7 @@ class _ReadAhead:
 
     torch hands batch ``i`` of an epoch to DataLoader worker ``i mod W``, so a worker asked for
     batch ``b`` is next asked for ``b + W``: the stream reads ``b, b + W, b + 2W, ...`` in reads
-    of 1, 2, 4, ... batches (one Lance call each) on one thread, one read ahead. A request
+    of 1, 4, 16, ... batches (one Lance call each) on one thread, one read ahead. A request
     for another batch restarts it there. The stream computes batch ``b`` with the same pure
     functions as the sampler did, so it serves a request only if its indices are still the ones
     the sampler made; anything else, and a read that fails, is read directly instead (which then
