@@ -24,7 +24,10 @@ from conftest import ids_of
 from lanceloader.demo import demo_table, write_demo_dataset
 from lanceloader.rows import autocache as autocache_module
 from lanceloader.rows import cache as cache_module
-from lanceloader.rows.cache import DiskCache, MemoryCache, make_cache
+from lanceloader.rows import disk_cache as disk_cache_module
+from lanceloader.rows.cache import MemoryCache, make_cache
+from lanceloader.rows.cache_files import TEMPORARY
+from lanceloader.rows.disk_cache import DiskCache
 from lanceloader.rows.lance import Source
 
 COLUMNS = ["id", "label", "x"]
@@ -227,7 +230,7 @@ def test_a_shuffle_over_more_pieces_than_are_held_keeps_the_held_ones(uri, tmp_p
     rows_of(loader)
     cache = loader.source.cache
     piece = max(table.nbytes for _, table, _ in cache._held.values())
-    monkeypatch.setattr(cache_module, "HELD_BYTES", 3 * piece + piece // 2)
+    monkeypatch.setattr(disk_cache_module, "HELD_BYTES", 3 * piece + piece // 2)
     cache._held.clear()
     cache._held_bytes, cache.reads_whole = 0, 0
     assert sorted(rows_of(loader)[0]) == list(range(ROWS))
@@ -244,7 +247,7 @@ def test_the_automatic_cache_maps_its_pieces_and_reads_none_whole(uri, tmp_path,
     piece is read whole or copied into a process, in threads or processes, and every row is the
     one Lance has, in the same order."""
     monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)
-    monkeypatch.setattr(cache_module, "HELD_BYTES", 1)  # room for no piece
+    monkeypatch.setattr(disk_cache_module, "HELD_BYTES", 1)  # room for no piece
     plain = loader_of(uri, shuffle=True, cache=None)
     loader = loader_of(uri, shuffle=True, rows_per_read=1000, num_workers=1,
                        worker_type=worker_type)
@@ -327,7 +330,7 @@ def test_a_stuck_holder_makes_waiters_fail_with_a_bound(tmp_path, monkeypatch):
             ready.clear()
             holder.start()
             assert ready.wait(60)
-        monkeypatch.setattr(cache_module, "LOCK_WAIT_S", 0.3)
+        monkeypatch.setattr(disk_cache_module, "LOCK_WAIT_S", 0.3)
         cache = DiskCache(root, 1 << 20)
         started = time.monotonic()
         with pytest.raises(TimeoutError, match=r"\.piece\.lock.*seems stuck.*fuser"):
@@ -357,7 +360,7 @@ def test_a_damaged_piece_is_filled_again_and_a_half_written_one_never_read(uri, 
 
 def test_stale_temporary_files_are_removed_by_the_next_eviction(tmp_path):
     cache = DiskCache(tmp_path, 1 << 20)
-    stale = tmp_path / f"{cache_module.TEMPORARY}old"
+    stale = tmp_path / f"{TEMPORARY}old"
     stale.write_bytes(b"x" * 100)
     os.utime(stale, (0, 0))
     cache.put("a", pa.table({"x": [1, 2]}))

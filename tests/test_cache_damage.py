@@ -29,6 +29,8 @@ import pytest
 import lanceloader as ll
 from lanceloader.demo import write_demo_dataset
 from lanceloader.rows import cache as cache_module
+from lanceloader.rows import disk_cache as disk_cache_module
+from lanceloader.rows.cache_files import CacheError
 from lanceloader.rows.lance import Source
 
 COLUMNS = ["id", "label", "x"]
@@ -103,7 +105,7 @@ def test_damaged_pieces_are_counted_in_the_loaders_stats(uri, tmp_path, worker_t
 
 def mapped(source: Source) -> Source:
     """``source`` reading its directory as the automatic cache does: pieces mapped."""
-    source.cache = cache_module.DiskCache(source.cache.root, source.cache.size, mapped=True)
+    source.cache = disk_cache_module.DiskCache(source.cache.root, source.cache.size, mapped=True)
     return source
 
 
@@ -406,7 +408,7 @@ def test_a_cache_failure_names_the_cache_directory_never_the_dataset(uri, tmp_pa
     holder.start()
     try:
         assert ready.wait(60)
-        monkeypatch.setattr(cache_module, "LOCK_WAIT_S", 0.2)
+        monkeypatch.setattr(disk_cache_module, "LOCK_WAIT_S", 0.2)
         loader = ll.Loader(source.uri, batch_size=100, columns=COLUMNS, cache=str(cache),
                            cache_size=1 << 30, num_workers=1)
         with pytest.raises(ll.ReadError) as info:
@@ -415,7 +417,6 @@ def test_a_cache_failure_names_the_cache_directory_never_the_dataset(uri, tmp_pa
         holder.kill()
         holder.join(10)
     text = str(info.value)
-    assert isinstance(info.value, cache_module.CacheError) and isinstance(info.value,
-                                                                          TimeoutError)
+    assert isinstance(info.value, CacheError) and isinstance(info.value, TimeoutError)
     assert str(cache) in text and "fuser" in text
     assert "dataset may be" not in text and "restore" not in text

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from lanceloader.lifecycle import lifetime
-from lanceloader.rows.cache import ESTIMATE_MARGIN, LOCK_WAIT_S, CacheLockTimeout, DiskCache
+from lanceloader.rows.cache_files import CacheLockTimeout
+from lanceloader.rows.disk_cache import ESTIMATE_MARGIN, LOCK_WAIT_S, DiskCache
 
 # The automatic cache's budget: at most these shares of the free space of /dev/shm and of the
 # memory available (MemAvailable): /dev/shm's pages are memory that the kernel cannot reclaim,

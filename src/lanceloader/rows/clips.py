@@ -84,7 +84,7 @@ import pyarrow.compute as pc
 from lanceloader.batch.transforms import tensor_array
 from lanceloader.rows.autocache import auto_cache
 from lanceloader.rows.blob_files import BlobLocations, blob_locations
-from lanceloader.rows.cache import AUTO, DiskCache
+from lanceloader.rows.cache import AUTO
 from lanceloader.rows.clipfetch import (
     FETCH_CHUNKS,
     FETCH_WAIT_S,
@@ -112,6 +112,7 @@ from lanceloader.rows.dataset import (
     is_object_store,
     open_dataset,
 )
+from lanceloader.rows.disk_cache import DiskCache
 from lanceloader.rows.inline_blobs import take_inline_io
 from lanceloader.rows.lance import Source
 from lanceloader.rows.protocol import Read, as_table, empty_table

@@ -54,7 +54,6 @@ from lanceloader.rows.blobs import (
 )
 from lanceloader.rows.cache import (
     AUTO,
-    DiskCache,
     MemoryCache,
     fragment_key,
     make_cache,
@@ -74,6 +73,7 @@ from lanceloader.rows.dataset import (
     reaching_store,
     redact_exception,
 )
+from lanceloader.rows.disk_cache import DiskCache
 from lanceloader.rows.first_reads import FirstReads
 from lanceloader.rows.inline_blobs import take_inline_io
 from lanceloader.rows.protocol import (

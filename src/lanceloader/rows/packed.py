@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lanceloader.batch.transforms import tensor_array
-from lanceloader.rows.cache import DiskCache
+from lanceloader.rows.disk_cache import DiskCache
 from lanceloader.rows.lance import Source
 from lanceloader.rows.protocol import Read, RowSource, as_table, empty_table, read_table
 

@@ -1,0 +1,277 @@
+"""Cache files: the cache directory's files (names, on-disk format, integrity checks), errors.
+
+Every cache file (a piece, a plan, a byte range) is its payload followed by a trailer
+(:data:`TRAILER`: the payload's length, an ``extra`` number, a CRC-32 of the file's name,
+payload and ``extra``, and :data:`MAGIC`). :func:`seal` makes the trailer; :func:`check_sealed`
+reads a file with ``pread`` and checks it, raising :class:`DamagedFile`; :func:`read_trailer`
+reads the trailer alone of a version checked before; :func:`mark_checked` and
+:func:`was_checked` record and look up a checked version on the file itself
+(:data:`CHECKED_XATTR`). A piece file is Arrow IPC in record batches of about
+:data:`BATCH_BYTES` (:func:`batch_rows_of`), read batch by batch through :class:`PieceFile`.
+Also here: the names of the directory's files (:data:`SUFFIX`, :data:`BYTES_SUFFIX`,
+:data:`LOCK`, :data:`TEMPORARY`); :func:`bytes_name` and :func:`made_bytes`, the name and
+content of a byte range kept by ``fetch_bytes`` (both caches); and what a failed directory
+reports: :class:`CacheError`, :class:`CacheLockTimeout` and the message :func:`cache_failure`.
+
+Contract: functions of a file descriptor, a name or a table; they run in whichever thread or
+process calls them, take no lock, keep no state and never remove a file: a
+:class:`DamagedFile` is the caller's to drop and count (``DiskCache.drop``). A
+:class:`PieceFile` holds its open file until it is garbage-collected. Nothing here imports
+the caches (:mod:`lanceloader.rows.disk_cache`, :mod:`lanceloader.rows.cache`), which build
+on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lanceloader.lifecycle.lifetime import picklable_error
+from lanceloader.rows.dataset import ReadError
+
+SUFFIX = ".arrow"
+BYTES_SUFFIX = ".bin"  # byte ranges that are not rows (fetch_bytes)
+LOCK = ".lock"  # empty files whose flock guards a piece (and the directory): never counted
+TEMPORARY = ".tmp-"
+# Every cache file ends with this trailer: payload length, extra (a piece's rows per record
+# batch), CRC-32 of the name, payload and extra, and the magic.
+TRAILER = struct.Struct("<QQI8s")
+MAGIC = b"LLCACHE1"
+CHECK_CHUNK = 1 << 20  # bytes read per pread while checking a file
+# The extended attribute that records a file version checked on this machine (name, inode, size,
+# mtime): another process opening the same version reads the trailer only.
+CHECKED_XATTR = "user.lanceloader.checked"
+# Record batches of a piece file: a read of a few rows reads their batches only.
+BATCH_BYTES = 256 << 10
+
+
+class CacheError(ReadError):
+    """The cache directory failed, not the dataset: the message names the directory, what
+    failed and the fix. A :class:`~lanceloader.rows.dataset.ReadError`, so code that catches
+    read failures catches it too; ``root`` is the directory."""
+
+    def __init__(self, detail: str, root: str = "") -> None:
+        super().__init__(detail)
+        self.root = root
+
+    def __reduce__(self) -> Any:
+        cause = self.__cause__
+        return (type(self), (self.detail, self.root),
+                {**self.__dict__, "__cause__": None if cause is None else picklable_error(cause)})
+
+
+class CacheLockTimeout(CacheError, TimeoutError):
+    """A lock of the cache directory was held longer than
+    :data:`~lanceloader.rows.disk_cache.LOCK_WAIT_S` by a live holder."""
+
+
+class DamagedFile(Exception):
+    """A cache file failed its check (checksum, name, length, Arrow structure): drop it."""
+
+
+def checksum(name: str, data: Any, value: int | None = None) -> int:
+    """CRC-32 of ``data`` continuing ``value``, which starts from the file's ``name``: a file's
+    checksum binds its content to its name, so a piece renamed or copied over another fails.
+
+    >>> checksum("a", b"xyz") == checksum("a", b"xyz") != checksum("b", b"xyz")
+    True
+    """
+    start = zlib.crc32(name.encode()) if value is None else value
+    return zlib.crc32(data, start)
+
+
+def seal(name: str, length: int, crc: int, extra: int = 0) -> bytes:
+    """The trailer that ends every cache file: the payload's ``length``, an ``extra`` number
+    (a piece's rows per record batch) and the checksum of name, payload and ``extra``.
+
+    >>> len(seal("a", 3, checksum("a", b"xyz"))) == TRAILER.size
+    True
+    """
+    crc = checksum(name, extra.to_bytes(8, "little"), crc)
+    return TRAILER.pack(length, extra, crc, MAGIC)
+
+
+def check_sealed(fd: int, size: int, name: str) -> tuple[int, int]:
+    """Read the file ``fd`` (``size`` bytes) with ``pread`` (never mapped: a file truncated
+    meanwhile is an error, not SIGBUS) and check its trailer against its name and content.
+    Returns the payload's length and the trailer's ``extra``; raises :class:`DamagedFile`."""
+    if size < TRAILER.size:
+        raise DamagedFile(f"{size} bytes, shorter than its trailer")
+    trailer = os.pread(fd, TRAILER.size, size - TRAILER.size)
+    if len(trailer) != TRAILER.size:
+        raise DamagedFile("truncated while read")
+    length, extra, want, magic = TRAILER.unpack(trailer)
+    if magic != MAGIC or length != size - TRAILER.size:
+        raise DamagedFile("no lanceloader trailer (damaged, or written by an older version)")
+    crc, done, buffer = zlib.crc32(name.encode()), 0, bytearray(CHECK_CHUNK)
+    view = memoryview(buffer)
+    while done < length:
+        got = os.preadv(fd, [view[:min(CHECK_CHUNK, length - done)]], done)
+        if got <= 0:
+            raise DamagedFile("truncated while read")
+        crc = zlib.crc32(view[:got], crc)
+        done += got
+    if checksum(name, extra.to_bytes(8, "little"), crc) != want:
+        raise DamagedFile("checksum mismatch: its bytes changed, or it is another piece's file")
+    return length, extra
+
+
+def checked_record(name: str, stat: os.stat_result) -> bytes:
+    """What :data:`CHECKED_XATTR` holds for a checked file version: its name, inode, size and
+    mtime. Any write changes the mtime, a rename over another name changes the name."""
+    return f"{name}:{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+
+
+def read_trailer(fd: int, size: int) -> tuple[int, int]:
+    """The payload length and ``extra`` of a file whose content was checked before."""
+    trailer = os.pread(fd, TRAILER.size, size - TRAILER.size) if size >= TRAILER.size else b""
+    if len(trailer) != TRAILER.size:
+        raise DamagedFile("truncated while read")
+    length, extra, _, magic = TRAILER.unpack(trailer)
+    if magic != MAGIC or length != size - TRAILER.size:
+        raise DamagedFile("no lanceloader trailer (damaged, or written by an older version)")
+    return length, extra
+
+
+def mark_checked(fd: int, name: str, stat: os.stat_result) -> None:
+    """Record on the file (an extended attribute; skipped where the filesystem or a read-only
+    directory refuses it) that this version of it was checked."""
+    with contextlib.suppress(OSError):
+        os.setxattr(fd, CHECKED_XATTR, checked_record(name, stat))
+
+
+def was_checked(fd: int, name: str, stat: os.stat_result) -> bool:
+    """Whether this very version of the file was checked on this machine before."""
+    try:
+        return os.getxattr(fd, CHECKED_XATTR) == checked_record(name, stat)
+    except OSError:
+        return False
+
+
+class PieceFile:
+    """A checked piece in the cache directory, open: rows are read on demand, with ``pread``,
+    from the record batches that hold them (never mapped, so a file truncated or overwritten
+    under a reader raises :class:`DamagedFile`, never SIGBUS). Holds one file descriptor until
+    it is garbage-collected."""
+
+    def __init__(self, file: pa.NativeFile, length: int, batch_rows: int,
+                 on_read_whole: Callable[[pa.Table], pa.Table | None] | None = None) -> None:
+        self._file, self._length = file, length
+        self._reader = pa.ipc.open_file(file, footer_offset=length)
+        self.batch_rows = max(1, batch_rows)
+        # given the whole piece when a read copied it all; returns it held (one chunk) or None
+        self._on_read_whole = on_read_whole
+
+    @property
+    def num_rows(self) -> int:
+        count = self._reader.num_record_batches
+        return 0 if not count else ((count - 1) * self.batch_rows
+                                    + self._reader.get_batch(count - 1).num_rows)
+
+    def take(self, rows: np.ndarray) -> pa.Table:
+        """The piece's ``rows`` (row numbers in the piece, any order), reading only their
+        record batches (all of them with one ``pread`` when most are needed)."""
+        table, where = self.locate(rows)
+        return rows_at(table, where).combine_chunks()
+
+    def locate(self, rows: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        """The record batches that hold the piece's ``rows`` (read as :meth:`take` reads them,
+        no copy made of them), and each row's row number in them: a gather takes the rows
+        straight from there (:func:`~lanceloader.rows.gather.gather_rows`)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        try:
+            batch = rows // self.batch_rows
+            needed = np.unique(batch)
+            source = self._reader
+            if len(needed) * 2 > source.num_record_batches:  # most of it: one pread
+                whole = pa.ipc.open_file(pa.py_buffer(self._file.read_at(self._length, 0)))
+                if self._on_read_whole is not None:
+                    held = self._on_read_whole(whole.read_all())
+                    if held is not None:  # held now: one chunk, the rows are its row numbers
+                        if len(rows) and int(rows.max()) >= held.num_rows:
+                            raise DamagedFile(f"has {held.num_rows} rows where row "
+                                              f"{int(rows.max())} is read")
+                        return held, rows
+                source = whole
+            table = pa.Table.from_batches([source.get_batch(int(b)) for b in needed],
+                                          self._reader.schema)
+        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            raise DamagedFile(f"unreadable ({exc})") from exc
+        where = np.searchsorted(needed, batch) * self.batch_rows + rows % self.batch_rows
+        if len(where) and int(where.max()) >= table.num_rows:
+            raise DamagedFile(f"has {table.num_rows} rows where row {int(rows.max())} is read")
+        return table, where
+
+    def read_all(self) -> pa.Table:
+        """Every row of the piece."""
+        return self.take(np.arange(self.num_rows))
+
+
+def rows_at(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table``'s ``rows``: a slice (no copy) when they are consecutive, else one ``take``."""
+    if not len(rows):
+        return table.slice(0, 0)
+    first = int(rows[0])
+    if int(rows[-1]) - first + 1 == len(rows) and bool(np.all(np.diff(rows) == 1)):
+        return table.slice(first, len(rows))
+    return table.take(pa.array(rows))
+
+
+def batch_rows_of(table: pa.Table) -> int:
+    """Rows per record batch of a piece's file: about :data:`BATCH_BYTES` each, so a read of a
+    few rows of a piece reads a few hundred KiB of it, not the whole file."""
+    per_row = table.nbytes / max(1, table.num_rows)
+    return int(max(64, BATCH_BYTES // max(1.0, per_row)))
+
+
+def bytes_name(key: str) -> str:
+    """The cache name of the byte range kept under ``key`` (any string): a hash, so a key
+    holds any characters and never names another cache file.
+
+    >>> bytes_name("s3://b/v.lance#3:0-4096")
+    'bytes-695deffaf550302708a8e191841b37f6'
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"fetch_bytes needs a str key naming the bytes (e.g. "
+                        f"f'{{uri}}#{{row}}:{{start}}-{{end}}'), got the {type(key).__name__} "
+                        f"{key!r}")
+    return "bytes-" + hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+
+
+def made_bytes(key: str, make: Callable[[], bytes]) -> bytes:
+    """``make()``'s result as ``bytes``; anything else is a TypeError naming the key."""
+    data = make()
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    if not isinstance(data, bytes):
+        raise TypeError(f"fetch_bytes({key!r}, make): make() must return bytes (the range's "
+                        f"content), it returned a {type(data).__name__}")
+    return data
+
+
+def cache_failure(root: Path, what: str, exc: OSError, reading: bool = False) -> str:
+    """The message for a failed operation on the cache directory ``root``: the directory, what
+    failed, why, and the fix; never the dataset."""
+    why = exc.strerror or str(exc)
+    code = exc.errno
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        fix = ("free space there, or pass a smaller cache_size= (the cap must fit the free "
+               "space)")
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        fix = ("it is read-only: pieces already there are read, others come from the dataset; "
+               "give a writable directory to fill it")
+    else:
+        fix = "check the disk, or give another cache directory"
+    then = ("that file is read from the dataset" if reading else
+            "reads go on without keeping new pieces (as without a cache)")
+    return (f"cache directory {os.fspath(root)!r}: {what} failed ({why}); {then}. Fix: {fix}")
