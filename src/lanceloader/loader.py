@@ -113,7 +113,9 @@ class Loader:
             output, a ``jax.Device`` or ``Sharding`` (:mod:`lanceloader.engine.device`).
         device_prefetch, device_prefetch_bytes: batches ahead on the device, at most that many
             and bytes; default 2 and 1 GiB (``prefetch`` counts batches made on the host).
-        num_workers: worker threads; default the number of cores.
+        num_workers: worker threads; default the number of cores, twice that for plain
+            Lance rows read in order with no transform and no cache (those threads wait
+            on Lance's own; see ``engine/stream.default_workers``).
         worker_type: ``"thread"`` (Lance, Arrow and most decoders release the GIL) or
             ``"process"`` (pure-Python transforms; a clean forkserver, shared memory).
         prefetch: batches prepared ahead; default ``2 * num_workers`` (two reads per worker

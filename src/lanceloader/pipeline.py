@@ -46,6 +46,7 @@ from lanceloader.engine.stream import (
     Reading,
     batches_per_read,
     default_prefetch,
+    default_workers,
     reads_in_flight,
 )
 from lanceloader.engine.verdict import usable_cores
@@ -221,8 +222,12 @@ class Pipeline:
                     else batches_per_read(random, batching.batch_size,
                                           steps.transform is not None, source.bytes_per_row,
                                           getattr(source, "read_parts", 1)))
+        reads_wait = (isinstance(source, Source) and not random and source.cache is None
+                      and steps.transform is None)
         pipeline = cls(source, the_order, batching, steps, output, workers,
-                       workers.num_workers or os.cpu_count() or 1, per_read)
+                       workers.num_workers or default_workers(usable_cores(),
+                                                              workers.worker_type, reads_wait),
+                       per_read)
         if workers.worker_type == "process":
             check_picklable(pipeline.work(), f"transform {transform_name(steps.transform)}")
             start_forkserver()
