@@ -166,8 +166,8 @@ def default_workers(cores: int, worker_type: str, reads_wait: bool) -> int:
 
     Such a worker holds no core: it waits in Lance's range read while Lance's own threads read
     and decode. One per core kept 2 reads of 8 MiB in flight where Lance's scan keeps its
-    read-ahead, so 11 KB blobs arrived at 0.70-0.86x the raw scan; two per core: 0.96-1.07x
-    (benchmarks/engine.py). Random takes, cache gathers, placements and transforms are the
+    read-ahead: 11 KB blobs to Arrow arrived at 0.82x the raw scan, two per core at 0.94x
+    (benchmarks/engine.py --parts bytes, medians of 5; 1.17-1.24x the rows/s). Random takes, cache gathers, placements and transforms are the
     workers' own CPU: a second thread per core only takes turns (a full shuffle ran 0.8-0.9x).
 
     >>> default_workers(2, "thread", reads_wait=True), default_workers(2, "thread", False)
