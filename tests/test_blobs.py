@@ -18,7 +18,7 @@ from PIL import Image
 
 import lanceloader as ll
 from lanceloader.cli.inspect import inspect_lines
-from lanceloader.engine.stream import READ_BYTES
+from lanceloader.engine.stream import READ_BYTES_MOST
 from lanceloader.rows.blob_files import blob_locations, sidecar_name
 from lanceloader.rows.blobs import blob_columns, blob_files, is_blob_field, read_blob_payloads
 from lanceloader.rows.inline_blobs import (
@@ -227,8 +227,8 @@ def test_bytes_per_row_counts_payloads_so_reads_stay_within_the_bound(tmp_path) 
     assert 200_000 <= source.bytes_per_row < 201_000
     loader = ll.Loader(uri, batch_size=4, output="arrow")
     rows_per_read = loader._pipeline.batches_per_read * 4
-    assert rows_per_read * 200_000 <= READ_BYTES
-    assert rows_per_read >= READ_BYTES // 200_000 - 4  # still big reads: not one batch at a time
+    assert rows_per_read * 200_000 <= READ_BYTES_MOST
+    assert rows_per_read >= READ_BYTES_MOST // 200_000 - 4  # still big reads: not one at a time
     assert as_bytes(next(iter(loader)).column("image")) == big[:4]
 
 

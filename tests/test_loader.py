@@ -279,11 +279,12 @@ def test_converting_whole_reads_equals_converting_each_batch(small_uri: str, mod
 
 
 def test_reads_of_large_rows_stay_under_the_byte_cap(tmp_path) -> None:
-    """Reads are sized in bytes as well as rows: 100 KB rows give reads of at most READ_BYTES (8 MiB), so
-    the memory in flight stays bounded whatever the row size."""
+    """Reads are sized in bytes as well as rows: 100 KB rows give reads of at most READ_BYTES_MOST
+    (16 MiB, as they are fewer than READ_ROWS_LEAST), so the memory in flight stays bounded
+    whatever the row size."""
     import lance
 
-    from lanceloader.engine.stream import READ_BYTES
+    from lanceloader.engine.stream import READ_BYTES, READ_BYTES_MOST, READ_ROWS_LEAST
 
     blobs = [bytes([i % 256]) * 100_000 for i in range(600)]
     uri = str(tmp_path / "blobs.lance")
@@ -292,9 +293,10 @@ def test_reads_of_large_rows_stay_under_the_byte_cap(tmp_path) -> None:
     loader = ll.Loader(uri, batch_size=16, num_workers=2)
     assert 95_000 < loader.source.bytes_per_row < 110_000
     rows_per_read = loader.batches_per_read * loader.batch_size
-    assert rows_per_read * loader.source.bytes_per_row <= READ_BYTES
-    # as many batches as fit (one more would not), not 65,536 rows' worth
-    assert (rows_per_read + loader.batch_size) * loader.source.bytes_per_row > READ_BYTES
+    assert rows_per_read * loader.source.bytes_per_row <= READ_BYTES_MOST
+    # as many batches as fit (one more would not), not 65,536 rows' worth nor 8 MiB's 83
+    assert (rows_per_read + loader.batch_size) * loader.source.bytes_per_row > READ_BYTES_MOST
+    assert READ_BYTES // loader.source.bytes_per_row < rows_per_read < READ_ROWS_LEAST
     assert ids_of(loader) == list(range(600))
 
 

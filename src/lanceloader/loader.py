@@ -124,7 +124,8 @@ class Loader:
         rank, world_size: this process's slice of each global batch, and the number of ranks;
             default detected (torch.distributed, Ray Train, RANK/WORLD_SIZE).
         rows_per_read: rows per Lance call; default 65,536 (16,384 shuffled without a cache),
-            at most 8 MiB, 2 batches with a transform.
+            at most 8 MiB (rows of over 8 KB: 1,024 rows within 16 MiB), 2 batches with a
+            transform.
         log_every: log a one-line summary (logger ``lanceloader``) every N batches.
         stall_timeout: seconds the loop may wait for one batch before
             :class:`~lanceloader.StallError` names the stuck worker and its stack; ``None``

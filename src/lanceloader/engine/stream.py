@@ -10,9 +10,10 @@ Contract of a :class:`Stream`:
   by :class:`~lanceloader.engine.work.BatchWork` in a worker (a thread, or a forkserver process),
   finished in the consumer (tensors from a process worker's NumPy, device placement).
 * Reads group consecutive batches (:func:`batches_per_read`: up to 65,536 rows and
-  :data:`READ_BYTES` bytes per Lance call, two batches with a transform); at most
-  ``reads_in_flight`` reads are submitted and not yet consumed, plus the one being consumed. The
-  memory bound is therefore ``(reads_in_flight + 1) × READ_BYTES`` of Arrow data (and what the
+  :data:`READ_BYTES` bytes per Lance call, or 1,024 rows of big rows within
+  :data:`READ_BYTES_MOST`, two batches with a transform); at most ``reads_in_flight`` reads are
+  submitted and not yet consumed, plus the one being consumed. The memory bound is therefore
+  ``(reads_in_flight + 1) × READ_BYTES_MOST`` of Arrow data (and what the
   transform makes of it), whatever the dataset's size. On object storage reads start at full
   size, and a sequential read of a Lance source ends where a fragment begins on a batch
   boundary (:func:`~lanceloader.engine.tasks.stream_tasks`).
@@ -85,8 +86,16 @@ ROWS_PER_READ_RANDOM = 16_384
 # stay in the cache-friendly range and the memory in flight stays small.
 # Larger reads page-fault their buffers in afresh every time (glibc maps blocks of 32 MiB and
 # more from the kernel) and Lance reads big binary batches slower per row: 8 MiB reads ran at
-# 1.15-1.5x the rows/s of 32 MiB ones on 11 KB blobs, and alike on tabular rows.
+# 1.15-1.5x the rows/s of 32 MiB ones on 11 KB blobs, and alike on tabular rows; 16 MiB reads
+# of tabular rows made 13x the page faults and block-shuffle mixes ran 0.8x, not 0.96x, a
+# single source.
 READ_BYTES = 8 << 20
+# But a read of few large rows pays a Lance call's fixed cost (~0.75 ms) and the engine's per
+# read over few rows: reads of big rows hold at least READ_ROWS_LEAST rows within
+# READ_BYTES_MOST. 11 KB blobs in order ran at 0.69-0.90x the raw scan in reads of 512 rows
+# (2 batches, what 8 MiB allows), 0.94-0.98x in reads of 1,024 (benchmarks/engine.py bytes).
+READ_ROWS_LEAST = 1024
+READ_BYTES_MOST = 16 << 20
 # Seconds without a batch before StallError. Healthy reads take milliseconds to seconds, and
 # Lance's object-store requests give up well before this (source.OBJECT_STORE_TIMEOUTS), so it
 # only fires for a stuck worker: a transform waiting forever, a stopped process.
@@ -131,7 +140,8 @@ def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
 def batches_per_read(random: bool, batch_size: int, transform: bool,
                      bytes_per_row: float = 0.0, read_parts: int = 1) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
-    cost more per call), at most :data:`READ_BYTES` of data, and with a transform at most two
+    cost more per call), at most :data:`READ_BYTES` of data (or :data:`READ_ROWS_LEAST` rows
+    within :data:`READ_BYTES_MOST` where that is more), and with a transform at most two
     batches (still in the CPU cache when they are transformed). Never less than one batch.
 
     ``random``: whether the reads are random takes (a full shuffle, or a mix of shuffled
@@ -139,8 +149,12 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
 
     >>> batches_per_read(False, 256, transform=False)
     256
-    >>> batches_per_read(False, 256, transform=False, bytes_per_row=11_000)  # 8 MiB: 762 rows
-    2
+    >>> batches_per_read(False, 256, transform=False, bytes_per_row=264)  # 8 MiB: 31,775 rows
+    124
+    >>> batches_per_read(False, 256, transform=False, bytes_per_row=11_000)  # 1,024 rows: 11 MB
+    4
+    >>> batches_per_read(False, 256, transform=False, bytes_per_row=100_000)  # 16 MiB: 167 rows
+    1
 
     ``read_parts``: the reads one read makes underneath, each sized as a read of its own (a mix
     of 3 equal sources: 3, :attr:`MixedSource.read_parts
@@ -155,7 +169,8 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
     """
     rows = (ROWS_PER_READ_RANDOM if random else ROWS_PER_READ_SEQUENTIAL) * read_parts
     if bytes_per_row > 0:
-        rows = min(rows, int(READ_BYTES * read_parts // bytes_per_row))
+        least = min(READ_ROWS_LEAST * read_parts, int(READ_BYTES_MOST // bytes_per_row))
+        rows = min(rows, max(int(READ_BYTES * read_parts // bytes_per_row), least))
     per_read = max(1, rows // batch_size)
     return min(per_read, TRANSFORM_BATCHES_PER_READ * read_parts) if transform else per_read
 
