@@ -128,7 +128,7 @@ from lanceloader.rows.cache_files import (
 )
 from lanceloader.rows.dataset import reaching_store
 from lanceloader.rows.disk_cache import DiskCache
-from lanceloader.rows.gather import gather_rows
+from lanceloader.rows.gather import gather_rows, group_order
 from lanceloader.rows.protocol import is_identity
 
 __all__ = [
@@ -364,7 +364,7 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
     number = local // size
     piece = source._piece_base[fragment] + number
     order = (np.arange(len(piece)) if bool(np.all(piece[1:] >= piece[:-1]))
-             else np.argsort(piece, kind="stable"))
+             else group_order(piece))
     grouped = piece[order]
     breaks = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
     parts: list[pa.Table] = []  # per part: a piece (or rows of one), rows in it, their places

