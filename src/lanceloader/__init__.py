@@ -21,7 +21,8 @@ from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan
 from lanceloader.rows.blobs import blob_files
-from lanceloader.rows.clips import ClipError, audio_clips, video_clips
+from lanceloader.rows.clipindex import ClipError
+from lanceloader.rows.clips import audio_clips, video_clips
 from lanceloader.rows.dataset import ReadError
 from lanceloader.rows.lance import Source
 from lanceloader.rows.mixed import Mix

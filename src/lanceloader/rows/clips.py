@@ -1,11 +1,17 @@
 """Clips: a sample is a video clip or an audio window, not a row.
 
 ``Loader(uri, clips=ll.video_clips("video", frames=16))`` reads *clips* instead of the dataset's
-rows. The windows are defined once, at construction, from each media row's length (the
-``{column}_frames`` index columns ``ll.convert`` writes, or a probe of every file once, cached
-beside the filter's plan with ``cache=`` a directory, else kept in this process's memory), so
-they are the same in every epoch, on every rank and in every process. Positions are clips: the
-order, plan, splits, filter, resume, N→M ranks and mixing are the usual machinery.
+rows. The windows are defined once, at construction, from each media row's length (the media
+index, :mod:`lanceloader.rows.clipindex`: the ``{column}_frames`` index columns ``ll.convert``
+writes, or a probe of every file once, cached beside the filter's plan with ``cache=`` a
+directory, else kept in this process's memory), so they are the same in every epoch, on every
+rank and in every process. Positions are clips: the order, plan, splits, filter, resume, N→M
+ranks and mixing are the usual machinery.
+
+This module is the stage: :func:`clip_source` and :class:`ClipSource` (construction, in the
+Loader's process) and its reads (in the workers). Its helpers: ``rows/clipwindows.py`` (which
+clips are the samples), ``rows/clipindex.py`` (the media index a ``ClipSource`` builds at
+construction) and ``rows/clipfetch.py`` (an object store's fetches); none imports this module.
 
 What a clip is (:func:`clip_windows`, pure NumPy):
 
@@ -73,8 +79,6 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
-import io
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -83,7 +87,6 @@ import pyarrow.compute as pc
 
 from lanceloader.batch.transforms import tensor_array
 from lanceloader.rows.autocache import auto_cache
-from lanceloader.rows.blob_files import BlobLocations, blob_locations
 from lanceloader.rows.cache import AUTO
 from lanceloader.rows.clipfetch import (
     FETCH_CHUNKS,
@@ -94,6 +97,13 @@ from lanceloader.rows.clipfetch import (
     fetch_chunks,
     fetch_threads,
     wait_fetched,
+)
+from lanceloader.rows.clipindex import (
+    ClipError,
+    build_index,
+    import_audio_ranges,
+    import_video,
+    index_names,
 )
 from lanceloader.rows.clipwindows import (
     LAYOUTS,
@@ -112,24 +122,22 @@ from lanceloader.rows.dataset import (
     is_object_store,
     open_dataset,
 )
-from lanceloader.rows.disk_cache import DiskCache
 from lanceloader.rows.inline_blobs import take_inline_io
 from lanceloader.rows.lance import Source
 from lanceloader.rows.protocol import Read, as_table, empty_table
 
-__all__ = [  # the stage's names, with those of its two helper modules (importable here too)
+# the stage's names, with those of two of its helper modules (importable here too); the media
+# index's (MediaIndex, build_index, ClipError) are rows/clipindex.py's
+__all__ = [
     "FETCH_CHUNKS",
     "FETCH_WAIT_S",
     "LAYOUTS",
     "AudioClips",
-    "ClipError",
     "ClipSource",
     "ClipWindows",
     "Clips",
-    "MediaIndex",
     "VideoClips",
     "audio_clips",
-    "build_index",
     "clip_source",
     "clip_windows",
     "close_fetch_threads",
@@ -138,43 +146,7 @@ __all__ = [  # the stage's names, with those of its two helper modules (importab
     "video_clips",
 ]
 
-INDEX_READ_ROWS = 4096  # rows per read while building the index at construction
-PROBE_READ_BYTES = 64 << 20  # bytes of media read per call while probing files without an index
-VIDEO_INDEX = (
-    "frames",
-    "fps",
-    "duration",
-    "codec",
-    "width",
-    "height",
-    "keyframes",
-    "keyframe_offsets",
-    "header_offset",
-    "header_length",
-)
-AUDIO_INDEX = (  # media/audio_ranges.py index_fields: the info and the byte index
-    "sample_rate",
-    "channels",
-    "frames",
-    "duration",
-    "codec",
-    "seek_samples",
-    "seek_offsets",
-    "header_offset",
-    "header_length",
-    "preroll",
-)
 MAX_EXTRA_READS = 4  # ranged reads a clip may add when the decoder asks for more bytes
-
-
-class ClipError(ReadError):
-    """A clip could not be decoded (a corrupt or truncated file): names the clip, the Lance row,
-    its position and the row's text columns (its path...); the decoder's error is
-    ``__cause__``. A :class:`~lanceloader.ReadError`, so ``except ll.ReadError`` catches it.
-
-    >>> issubclass(ClipError, ReadError), issubclass(ClipError, OSError)
-    (True, True)
-    """
 
 
 class Undecodable(Exception):
@@ -190,143 +162,6 @@ class Undecodable(Exception):
             offset,
             start,
         )
-
-
-# --- the media: what is specific to video or audio ----------------------------------------
-
-
-def _video() -> Any:
-    """``lanceloader.media.video``, imported when clips are first used: it imports PyAV, which
-    a loader of other rows never needs (and which costs ~100 ms at import)."""
-    from lanceloader.media import video
-
-    return video
-
-
-def _audio() -> Any:
-    """``lanceloader.media.audio_ranges``, imported when audio clips are first used (as
-    above)."""
-    from lanceloader.media import audio_ranges
-
-    return audio_ranges
-
-
-@dataclass
-class MediaIndex:
-    """Per media (inner position): its blob's ``size`` in bytes and its index columns
-    (``{column}_frames``...), as one Arrow table; where it came from (``"columns"``, ``"probe"``
-    or ``"cache"``) and, when probed, the bytes read to probe."""
-
-    table: pa.Table
-    origin: str
-    probed_bytes: int = 0
-    #: where each media's blob lies in a local dataset's files (``rows/blob_files.py``; None:
-    #: ranges come from Lance's ``read_blob_ranges``); made from the descriptors, never cached
-    located: BlobLocations | None = None
-
-    def to_bytes(self) -> np.ndarray:
-        sink = io.BytesIO()
-        with pa.ipc.new_stream(sink, self.table.schema) as writer:
-            writer.write_table(self.table)
-        return np.frombuffer(sink.getvalue(), dtype=np.uint8)
-
-    @classmethod
-    def from_bytes(cls, data: np.ndarray) -> MediaIndex:
-        return cls(pa.ipc.open_stream(pa.py_buffer(data.tobytes())).read_all(), "cache")
-
-
-def _index_names(spec: Clips) -> list[str]:
-    names = VIDEO_INDEX if isinstance(spec, VideoClips) else AUDIO_INDEX
-    return [f"{spec.column}_{name}" for name in names]
-
-
-def _blob_descriptors(ds: Any, column: str, offsets: np.ndarray) -> pa.StructArray:
-    """The descriptors of the blobs at Lance row ``offsets`` (kind, position, size...), as
-    Lance scans a blob column."""
-    parts = []
-    for lo in range(0, len(offsets), INDEX_READ_ROWS):
-        part = offsets[lo : lo + INDEX_READ_ROWS]
-        col = ds.take(part.tolist(), columns=[column]).column(column).combine_chunks()
-        parts.append(col.storage if isinstance(col, pa.ExtensionArray) else col)
-    if not parts:
-        return pa.array([], pa.struct([("size", pa.uint64())]))
-    return pa.concat_arrays(parts)
-
-
-def _whole_blobs(ds: Any, column: str, offsets: np.ndarray, sizes: np.ndarray):
-    """``(i, bytes)`` of each blob, read in calls of about :data:`PROBE_READ_BYTES`."""
-    lo = 0
-    while lo < len(offsets):
-        hi, total = lo, 0
-        while hi < len(offsets) and (hi == lo or total + sizes[hi] <= PROBE_READ_BYTES):
-            total += int(sizes[hi])
-            hi += 1
-        requests = [(int(o), 0, int(n)) for o, n in zip(offsets[lo:hi], sizes[lo:hi], strict=True)]
-        for i, (_, _, data) in enumerate(ds.read_blob_ranges(column, requests, selector="indices")):
-            yield lo + i, data
-        lo = hi
-
-
-def build_index(inner: Source, spec: Clips) -> MediaIndex:
-    """The index of every media of ``inner`` (its positions, in order): read from the index
-    columns when the dataset has them (``ll.convert`` writes them), else made by probing each
-    file once (reading it whole: what a dataset without the columns costs, once per cache
-    directory with ``cache=`` a directory, else once per Loader); with, on a local dataset,
-    where each blob lies in its files (from the descriptors read for the sizes)."""
-    ds = inner.dataset
-    offsets = inner.row_offsets(np.arange(inner.num_rows))
-    descriptors = _blob_descriptors(ds, spec.column, offsets)
-    sizes = descriptors.field("size").to_numpy(zero_copy_only=False).astype(np.int64)
-    index = _media_index(inner, spec, offsets, sizes)
-    index.located = blob_locations(ds, spec.column, offsets, descriptors)
-    return index
-
-
-def _media_index(inner: Source, spec: Clips, offsets: np.ndarray, sizes: np.ndarray) -> MediaIndex:
-    ds, names = inner.dataset, _index_names(spec)
-    if all(name in ds.schema.names for name in names):
-        parts = [
-            ds.take(offsets[lo : lo + INDEX_READ_ROWS].tolist(), columns=names)
-            for lo in range(0, len(offsets), INDEX_READ_ROWS)
-        ]
-        table = pa.concat_tables(parts) if parts else empty_table(ds.schema).select(names)
-        return MediaIndex(table.append_column("size", pa.array(sizes, pa.int64())), "columns")
-
-    def probe_all() -> MediaIndex:
-        rows, probed = [], 0
-        for i, data in _whole_blobs(ds, spec.column, offsets, sizes):
-            probed += len(data)
-            rows.append(_probe(spec, data, inner, int(offsets[i])))
-        table = pa.Table.from_pylist(rows) if rows else pa.table({})
-        return MediaIndex(table.append_column("size", pa.array(sizes, pa.int64())), "probe", probed)
-
-    if not isinstance(inner.cache, DiskCache):
-        return probe_all()
-    made: list[MediaIndex] = []
-    data, _ = inner.cache.load_or_make(
-        inner.cache_key("clip-index", spec.kind, spec.column, *_index_names(spec)),
-        lambda: (made.append(probe_all()) or made[0]).to_bytes(),
-    )
-    return made[0] if made else MediaIndex.from_bytes(data)
-
-
-def _probe(spec: Clips, data: bytes, inner: Source, offset: int) -> dict[str, Any]:
-    """The index values of one file (``{column}_frames``...), probed from its bytes."""
-    try:
-        if isinstance(spec, VideoClips):
-            media = _video()
-            return media.index_values(media.probe_video(data), spec.column)
-        media = _audio()
-        return media.index_values(*media.probe_audio_index(data), spec.column)
-    except NOT_READ_FAILURES:
-        raise
-    except Exception as exc:
-        raise ClipError(
-            f"{spec.kind} at Lance row {offset} "
-            f"({inner.describe_offsets(np.array([offset]))}) could not be probed: "
-            f"{type(exc).__name__}: {exc}; remove the row (filter=) or reconvert "
-            "the files with ll.convert, which lists and skips bad files"
-        ) from exc
 
 
 def clip_source(
@@ -349,7 +184,7 @@ def clip_source(
         )
     ds = open_dataset(dataset, version, storage_options)
     wanted = check_columns(columns, ds.schema)
-    skip = {spec.column, *_index_names(spec)}
+    skip = {spec.column, *index_names(spec)}
     row_columns = [c for c in wanted if c not in skip]
     light = (
         [f"{spec.column}_frames"]
@@ -391,13 +226,14 @@ class ClipSource:
     position *p* is clip *p*; the dataset, version, filter, split and cache are the inner
     source's (whose positions are the media rows).
 
-    Built once per Loader: the index (:func:`build_index`) and the windows
-    (:func:`clip_windows`). Picklable (the index travels to process workers as Arrow; the
-    decoder and the pinned dataset are opened in each process).
+    Built once per Loader: the index (:func:`~lanceloader.rows.clipindex.build_index`) and the
+    windows (:func:`clip_windows`). Picklable (the index travels to process workers as Arrow;
+    the decoder and the pinned dataset are opened in each process).
 
-    Attributes: ``spec``, ``index`` (:class:`MediaIndex`), ``windows``, ``short_media`` (media
-    too short for one clip: they have none), ``extra_reads`` (ranged reads made after a
-    decoder asked for bytes outside a clip's ranges, in this process).
+    Attributes: ``spec``, ``index`` (:class:`~lanceloader.rows.clipindex.MediaIndex`),
+    ``windows``, ``short_media`` (media too short for one clip: they have none),
+    ``extra_reads`` (ranged reads made after a decoder asked for bytes outside a clip's ranges,
+    in this process).
     """
 
     random_reads = False  # clips are in storage order of their media
@@ -437,7 +273,7 @@ class ClipSource:
         self.uri, self.version, self.identity = inner.uri, inner.version, inner.identity
         self.cache, self.plan_origin = inner.cache, inner.plan_origin
         self.cache_choice: str | None = getattr(inner, "cache_choice", None)
-        skip = {spec.column, *_index_names(spec)}
+        skip = {spec.column, *index_names(spec)}
         self.row_columns = [
             c for c in (inner.columns if row_columns is None else row_columns) if c not in skip
         ]
@@ -671,7 +507,7 @@ class ClipSource:
     def _infos(self, media: np.ndarray) -> dict[int, Any]:
         """The ``VideoInfo`` of each distinct media of a read, made from the index's Arrow rows
         (per read: nothing per video is kept in Python objects)."""
-        video, unique = _video(), np.unique(media)
+        video, unique = import_video(), np.unique(media)
         rows = self.index.table.take(pa.array(unique)).to_pylist()
         return {
             int(m): video.info_from_row(row, self.spec.column)
@@ -692,7 +528,7 @@ class ClipSource:
         clips, so the first clips decode while the later ones' bytes arrive."""
         spec = self.spec
         assert isinstance(spec, VideoClips)
-        video, infos = _video(), self._infos(media)
+        video, infos = import_video(), self._infos(media)
         sizes = self.index.table.column("size").to_numpy()
         clips = []
         for i, (m, offset, start) in enumerate(
@@ -724,7 +560,7 @@ class ClipSource:
     def _decode_fetched(self, ds: Any, fetches: VideoFetches) -> np.ndarray:
         """Decode each clip of ``fetches`` into its place in the read's output (in the spec's
         layout) as soon as its chunk's bytes are there."""
-        video, out = _video(), np.empty((len(fetches.clips), *self._shape), np.uint8)
+        video, out = import_video(), np.empty((len(fetches.clips), *self._shape), np.uint8)
         got: dict[tuple[int, int, int], bytes] = {}
         for chunk, future in zip(fetches.chunks, fetches.futures, strict=True):
             got.update(fetches.wait(future))
@@ -781,7 +617,7 @@ class ClipSource:
         of frames it spans; a file without a byte index whole), all in one ranged read."""
         spec = self.spec
         assert isinstance(spec, AudioClips)
-        ranges, unique = _audio(), np.unique(media)
+        ranges, unique = import_audio_ranges(), np.unique(media)
         found = ranges.indexes_from_table(self.index.table.take(pa.array(unique)), spec.column)
         indexes = dict(zip(unique.tolist(), found, strict=True))
         sizes = self.index.table.column("size").to_numpy()
