@@ -453,6 +453,23 @@ def test_a_corrupt_video_is_a_clip_error_naming_its_row(tmp_path, videos, where,
     assert lanceloader_threads() == []
 
 
+def test_a_corrupt_video_is_a_clip_error_from_a_process_worker_too(tmp_path, videos) -> None:
+    """A process worker's error crosses the pipe as its own type: ``except ll.ClipError``
+    catches it as with thread workers (it used to arrive as a plain ReadError)."""
+    broken = bytearray(videos[2])
+    at = int(media_video.probe_video(videos[2]).keyframe_offsets[1])
+    broken[at : at + 400] = bytes(400)
+    table = video_table([videos[0], bytes(broken)])
+    table = table.set_column(table.schema.get_field_index("video_frames"), "video_frames",
+                             pa.array([FRAMES[0], FRAMES[2]], pa.int64()))
+    out = str(tmp_path / "broken.lance")
+    lance.write_dataset(table, out, data_storage_version="2.2")
+    loader = ll.Loader(out, batch_size=2, clips=ll.video_clips(frames=4, stride=1, step=6),
+                       cache=None, num_workers=1, worker_type="process")
+    with pytest.raises(ll.ClipError, match=r"frame 6 of Lance row 1 .*path=.v1.mp4"):
+        list(loader)
+
+
 def test_bad_clip_settings_are_refused_by_name(uri) -> None:
     with pytest.raises(ValueError, match="frames must be an int >= 1"):
         ll.video_clips(frames=0)

@@ -593,6 +593,15 @@ def test_review_cases_numpy_values_metadata_and_opt_out(small_uri: str) -> None:
     stall = pickle.loads(pickle.dumps(ll.StallError("m", batch=3, epoch=1, stage="read",
                                                     worker="w", stack="s")))
     assert (stall.batch, stall.stage, str(stall)) == (3, "read", "m")
+    # a ReadError's kinds cross a process as themselves (a process worker's error)
+    from lanceloader.rows.cache_files import CacheLockTimeout
+
+    for kind in (ll.ReadError, ll.ClipError):
+        error = pickle.loads(pickle.dumps(kind("bad bytes", uri="u", version=2, where="w")))
+        assert type(error) is kind and (error.uri, error.version) == ("u", 2)
+        assert "bad bytes" in str(error)
+    held = pickle.loads(pickle.dumps(CacheLockTimeout("held", root="/d")))
+    assert type(held) is CacheLockTimeout and held.root == "/d"
 
 
 def test_a_stuck_process_worker_with_a_big_task_queued_still_stalls_in_time(

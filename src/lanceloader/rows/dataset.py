@@ -82,8 +82,10 @@ class ReadError(OSError):
     def __reduce__(self) -> Any:
         # The attributes (and notes) travel in __dict__; the cause, which pickling drops, with
         # them: itself, or a RuntimeError naming it. Its message was redacted when it was caught.
+        # Its own type (ClipError, CacheError), so `except ll.ClipError` catches it from a
+        # process worker as from a thread.
         cause = self.__cause__
-        return (ReadError, (self.detail,),
+        return (type(self), (self.detail,),
                 {**self.__dict__, "__cause__": None if cause is None else picklable_error(cause)})
 
 
