@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 from lanceloader.lifecycle import lifetime
+from lanceloader.rows.cache_budget import ESTIMATE_MARGIN, used_bytes
 from lanceloader.rows.cache_files import CacheLockTimeout
-from lanceloader.rows.disk_cache import ESTIMATE_MARGIN, LOCK_WAIT_S, DiskCache
+from lanceloader.rows.disk_cache import LOCK_WAIT_S, DiskCache
 
 # The automatic cache's budget: at most these shares of the free space of /dev/shm and of the
 # memory available (MemAvailable): /dev/shm's pages are memory that the kernel cannot reclaim,
@@ -209,7 +210,7 @@ def auto_cache(random_order: bool, object_store: bool, data_bytes: float,
     root = auto_cache_root()
     used = 0
     with contextlib.suppress(OSError):
-        used = DiskCache(root, 1).used_bytes() if root.is_dir() else 0
+        used = used_bytes(root) if root.is_dir() else 0
     try:
         shm_free = shutil.disk_usage(auto_parent()).free
     except OSError:

@@ -85,8 +85,10 @@ ranges that are not rows (``fetch_bytes(key, make)``, e.g. the bytes of a video 
 
 Where the code is: this module holds :func:`make_cache`, the pieces' sizes and names,
 ``MemoryCache`` and a Source's reads through its cache (:func:`read_cached`); ``DiskCache``
-and its limits are :mod:`lanceloader.rows.disk_cache`; the files' names, format and checks,
-and the errors, are :mod:`lanceloader.rows.cache_files`.
+(its get/fill/map path) and the limits it reads are :mod:`lanceloader.rows.disk_cache`; the
+directory's cap (reservation, eviction, bytes used, dead writers' temporaries) is
+:mod:`lanceloader.rows.cache_budget`; the files' names, format and checks, and the errors,
+are :mod:`lanceloader.rows.cache_files`.
 
 >>> import pyarrow as pa, tempfile
 >>> cache = DiskCache(tempfile.mkdtemp(), size=1 << 20)

@@ -3,19 +3,24 @@ directory, shared by every worker, loader and process of the machine that uses i
 does and guarantees (one download per piece, checked files, the cap at every instant, mapped
 pieces, degrading on a failed directory) is told in :mod:`lanceloader.rows.cache`.
 
-Also here: its limits (:data:`HELD_BYTES`, :data:`LOCK_WAIT_S`, :data:`ESTIMATE_MARGIN` and
-the rest: a test that changes one patches it here, where it is read) and the warning, once per
-process, of a failed directory (:func:`warn_once`). The files' names, format, checks and
+Here: the get/fill/map path (open and check a file, hold or map a piece, drop a damaged file,
+one fill per name under its lock, write and publish a file), the limits it reads
+(:data:`HELD_BYTES`, :data:`LOCK_WAIT_S` and the rest: a test that changes one patches it
+here) and the warning, once per process, of a failed directory (:func:`warn_once`). Keeping
+the directory within its cap (reserving room, evicting, counting bytes, dead writers'
+temporaries) is :mod:`lanceloader.rows.cache_budget`; the files' names, format, checks and
 errors are :mod:`lanceloader.rows.cache_files`.
 
 Contract: a ``DiskCache`` runs in any thread or process that holds it (it pickles as its
 directory, size and ``mapped``); what it keeps in memory (checked versions, held and mapped
-pieces, counters) is per object, in its process. It cleans up its own files: eviction under
-the cap (least recently used first), a damaged file dropped when found, temporary files of
-dead writers removed by the next eviction or :meth:`DiskCache.remove_dead_temporaries`; its
-locks are ``flock``s, released by the kernel when a holder dies. The directory is its owner's:
-a ``DiskCache`` never removes it (the automatic cache's sweeper does,
-:mod:`lanceloader.rows.autocache`).
+pieces, counters) is per object, in its process (pieces and counters change under its
+``threading.Lock``). Across processes it locks with ``flock``s, released by the kernel when a
+holder dies: a name's while one process makes it, the directory's around every reservation
+and rename (the budget's functions run under it). It cleans up its own files: a damaged file
+dropped when found, its own reservation when a write fails, least recently used files and
+dead writers' temporaries by the next eviction or :meth:`DiskCache.remove_dead_temporaries`.
+The directory is its owner's: a ``DiskCache`` never removes it (the automatic cache's sweeper
+does, :mod:`lanceloader.rows.autocache`).
 """
 
 from __future__ import annotations
@@ -38,13 +43,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.lifecycle import lifetime
+from lanceloader.rows.cache_budget import (
+    fits_whole,
+    remove_dead_temporaries,
+    reserve,
+    temporary_path,
+    used_bytes,
+)
 from lanceloader.rows.cache_files import (
     BYTES_SUFFIX,
     CHECK_CHUNK,
     LOCK,
     SUFFIX,
-    TEMPORARY,
     TRAILER,
     CacheLockTimeout,
     DamagedFile,
@@ -62,12 +72,6 @@ from lanceloader.rows.cache_files import (
 
 _logger = logging.getLogger("lanceloader")
 
-# Temporary files of a writer in another PID namespace are removed by an eviction once this old
-# (those of a dead writer of this namespace at once).
-STALE_TEMPORARY_S = 3600.0
-# A piece's estimated bytes (rows x the source's bytes per row) times this must fit the cap
-# for the piece to be downloaded whole: IPC framing, and rows wider than the estimate.
-ESTIMATE_MARGIN = 1.25
 # Pieces a process read whole (a read wanted most of their record batches) stay in its memory,
 # least recently used out first, within this many bytes per process: a full shuffle wants a few
 # rows of every piece in every batch, and reading them again with pread would copy each piece
@@ -87,22 +91,6 @@ TOUCH_EVERY_S = 30.0
 # The longest wait for a lock that another thread or process holds (a piece being filled, the
 # directory, a plan being made): far longer than any fill, so only a stuck holder reaches it.
 LOCK_WAIT_S = 600.0
-
-
-def _writer_alive(entry: str) -> bool:
-    """Whether the writer of the temporary file ``entry`` may still be writing it: its process
-    (named in the file's name, in this PID namespace) is alive. Files of another namespace count
-    as alive until :data:`STALE_TEMPORARY_S`."""
-    parts = entry[len(TEMPORARY):].split("-")
-    if len(parts) < 3 or parts[0] != lifetime.NAMESPACE or not parts[1].isdigit():
-        return True
-    try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _WARNED: set[tuple[str, str]] = set()
@@ -408,8 +396,7 @@ class DiskCache:
     def keeps(self, name: str, estimate: float) -> bool:
         """Whether a piece ``name`` of about ``estimate`` bytes could be kept: worth
         downloading whole (else its rows are read as without a cache)."""
-        return (self.writable and name not in self._too_big
-                and estimate * ESTIMATE_MARGIN <= self.size)
+        return self.writable and name not in self._too_big and fits_whole(estimate, self.size)
 
     def fill(self, name: str, load: Callable[[], pa.Table], block: bool
              ) -> pa.Table | PieceFile | None:
@@ -569,30 +556,21 @@ class DiskCache:
     def _publish(self, path: Path, name: str, length: int, write: Callable[[Any], None],
                  extra: int = 0) -> bool:
         """Make room for the file (``length`` bytes of payload and the trailer) and reserve it
-        (a temporary file of exactly that size, so every other writer's eviction counts it),
-        under the directory's lock; then, without the lock (writers in parallel), ``write(file)``
-        the payload, seal it (checksum trailer) and rename it into place (atomic: readers see
-        the whole file or none). Never more than the cap in the directory, temporary files
-        included. Returns whether the file was published; a failed write (full disk, read-only
-        directory) stops this object's writes with one warning, never raises."""
+        (a temporary file of exactly that size, so every other writer's eviction counts it:
+        :func:`~lanceloader.rows.cache_budget.reserve`), under the directory's lock; then,
+        without the lock (writers in parallel), ``write(file)`` the payload, seal it (checksum
+        trailer) and rename it into place (atomic: readers see the whole file or none). Never
+        more than the cap in the directory, temporary files included. Returns whether the file
+        was published; a failed write (full disk, read-only directory) stops this object's
+        writes with one warning, never raises."""
         size = length + TRAILER.size
         if size > self.size or not self.writable:
             return False
-        temporary = path.with_name(f"{TEMPORARY}{lifetime.NAMESPACE}-{os.getpid()}-"
-                                   f"{threading.get_ident()}-{path.name}")
+        temporary = temporary_path(path)
         try:
             with self._lock("directory", block=True):
-                if not self._make_room(size):
+                if not reserve(self.root, self.size, temporary, size):
                     return False
-                fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                except OSError as exc:
-                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                        raise
-                    os.ftruncate(fd, size)  # no fallocate here: its size still counts
-                finally:
-                    os.close(fd)
             with open(temporary, "r+b") as file:
                 write(file)
                 if file.tell() != length:
@@ -632,47 +610,11 @@ class DiskCache:
                 os.unlink(temporary)
             raise
 
-    def _make_room(self, size: int) -> bool:
-        """Remove least recently used files (and temporary files of dead writers) until
-        ``size`` more bytes fit under the cap; False when they cannot (live writers'
-        reservations hold the room)."""
-        files, used, now = [], 0, time.time()
-        for entry in os.scandir(self.root):
-            if entry.name.endswith(LOCK):
-                continue
-            try:
-                stat = entry.stat()
-            except FileNotFoundError:
-                continue
-            if not entry.name.startswith(TEMPORARY):
-                files.append((stat.st_atime, stat.st_size, entry.path))
-            elif not _writer_alive(entry.name) or now - stat.st_mtime > STALE_TEMPORARY_S:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                continue
-            used += stat.st_size
-        for _, file_size, path in sorted(files):
-            if used + size <= self.size:
-                break
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            used -= file_size
-        return used + size <= self.size
-
     def remove_dead_temporaries(self) -> None:
-        """Remove the temporary files of writers that died (a SIGKILLed worker's): they hold
-        room under the cap until removed. Silent when the directory cannot be written."""
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(self.root):
-                if entry.name.startswith(TEMPORARY) and not _writer_alive(entry.name):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
+        """Remove the temporary files of writers that died: they hold room under the cap
+        until removed (:func:`~lanceloader.rows.cache_budget.remove_dead_temporaries`)."""
+        remove_dead_temporaries(self.root)
 
     def used_bytes(self) -> int:
         """Bytes the cache's files take now (temporary reservations included)."""
-        used = 0
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self.root):
-                with contextlib.suppress(FileNotFoundError):  # evicted meanwhile
-                    used += 0 if entry.name.endswith(LOCK) else entry.stat().st_size
-        return used
+        return used_bytes(self.root)
