@@ -432,17 +432,18 @@ class DiskCache:
         """Publish ``table`` as ``name`` (after evicting what the cap needs); returns whether it
         was kept (a table bigger than the cap, or a failed write, is not)."""
         batch_rows = max(1, table.num_rows) if self.mapped else batch_rows_of(table)
-        sink = pa.MockOutputStream()  # the file's exact size, before reserving it
+        # Serialized once, in memory (its exact size before reserving the file), then written
+        # in one call: through a Python file object Arrow's writer made a bytes copy and a
+        # Python call per buffer, and counting the size first serialized the table twice (a
+        # piece of 16 MiB per ~50 ms; filling 272 MB cost 1.9 s of CPU, 7x an uncached read).
+        sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table, max_chunksize=batch_rows)
-        length = sink.size()
-
-        def write(file: Any) -> None:
-            with pa.ipc.new_file(pa.PythonFile(file, mode="w"), table.schema) as writer:
-                writer.write_table(table, max_chunksize=batch_rows)
-        kept = self._publish(self._path(name), name, length, write, batch_rows)
+        data = sink.getvalue()
+        kept = self._publish(self._path(name), name, data.size, lambda file: file.write(data),
+                             batch_rows)
         if not kept:
-            if length + TRAILER.size > self.size:
+            if data.size + TRAILER.size > self.size:
                 self._too_big.add(name)  # the estimate was low: never downloaded whole again
             self._counted("not_kept")
         return kept
