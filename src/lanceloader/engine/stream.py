@@ -13,8 +13,9 @@ Contract of a :class:`Stream`:
   :data:`READ_BYTES` bytes per Lance call, or 1,024 rows of big rows within
   :data:`READ_BYTES_MOST`, two batches with a transform); at most ``reads_in_flight`` reads are
   submitted and not yet consumed, plus the one being consumed. The memory bound is therefore
-  ``(reads_in_flight + 1) × READ_BYTES_MOST`` of Arrow data (and what the
-  transform makes of it), whatever the dataset's size. On object storage reads start at full
+  ``(reads_in_flight + 1) × READ_BYTES_MOST`` of Arrow data (a mix's read: up to 4 ×
+  ``READ_BYTES``, one Lance call per source; and what the transform makes of it), whatever
+  the dataset's size. On object storage reads start at full
   size, and a sequential read of a Lance source ends where a fragment begins on a batch
   boundary (:func:`~lanceloader.engine.tasks.stream_tasks`).
 * A stream of thread workers first keeps freed reads' memory in the process
