@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanceloader.rows.gather import column_views, gather_rows
+from lanceloader.rows.gather import column_views, gather_rows, group_order
 
 SCHEMA = pa.schema(
     [
@@ -129,3 +129,12 @@ def test_parts_of_another_projection_are_refused():
             [np.array([0]), np.array([1])],
             2,
         )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 70_000), max_size=300), st.sampled_from([np.int64, np.int32]))
+def test_group_order_is_the_stable_argsort(keys, dtype):
+    """The radix sort of small keys (uint16) orders like NumPy's stable argsort, and keys at
+    or above 65,536 (which must not wrap) too."""
+    keys = np.array(keys, dtype=dtype)
+    assert group_order(keys).tolist() == np.argsort(keys, kind="stable").tolist()
