@@ -83,8 +83,9 @@ TRANSFORM_BATCHES_PER_READ = 2
 # takes are slower per call, so fewer rows keep the time to the first batch low.
 ROWS_PER_READ_SEQUENTIAL = 65_536
 ROWS_PER_READ_RANDOM = 16_384
-# Bytes read by one Lance call at most (rows of 11 KB images: ~760 rows, not 65,536): reads
-# stay in the cache-friendly range and the memory in flight stays small.
+# Bytes read by one Lance call at most (rows of 264 B: ~31,800 rows, not 65,536; rows over 8 KB
+# get READ_ROWS_LEAST, below): reads stay in the cache-friendly range and the memory in flight
+# stays small.
 # Larger reads page-fault their buffers in afresh every time (glibc maps blocks of 32 MiB and
 # more from the kernel) and Lance reads big binary batches slower per row: 8 MiB reads ran at
 # 1.15-1.5x the rows/s of 32 MiB ones on 11 KB blobs, and alike on tabular rows; 16 MiB reads
@@ -183,8 +184,9 @@ def default_workers(cores: int, worker_type: str, reads_wait: bool) -> int:
     Such a worker holds no core: it waits in Lance's range read while Lance's own threads read
     and decode. One per core kept 2 reads of 8 MiB in flight where Lance's scan keeps its
     read-ahead: 11 KB blobs to Arrow arrived at 0.82x the raw scan, two per core at 0.94x
-    (benchmarks/engine.py --parts bytes, medians of 5; 1.17-1.24x the rows/s). Random takes, cache gathers, placements and transforms are the
-    workers' own CPU: a second thread per core only takes turns (a full shuffle ran 0.8-0.9x).
+    (benchmarks/engine.py --parts bytes, medians of 5; 1.17-1.24x the rows/s). Random takes,
+    cache gathers, placements and transforms are the workers' own CPU: a second thread per core
+    only takes turns (a full shuffle ran 0.8-0.9x).
 
     >>> default_workers(2, "thread", reads_wait=True), default_workers(2, "thread", False)
     (4, 2)

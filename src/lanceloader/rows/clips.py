@@ -57,10 +57,11 @@ ranges are all cached makes no request.
 
 Memory: a read holds its clips' encoded bytes (about 2 GOPs per clip, fetched or in flight)
 and their decoded frames (``bytes_per_row`` = ``F × H × W × 3``, which sizes reads within the
-engine's read bytes: 8 MiB, or up to 1,024 rows within 16 MiB); one decode holds one decoder (PyAV: a few reference frames of the video's
-size, nothing kept between clips) and writes the frames into the read's output (no copy after
-the colour conversion); the index is an Arrow table of about ``videos × (2 × keyframes + 12) × 8`` bytes per
-process. Nothing grows with the number of videos read.
+engine's read bytes: 8 MiB, or up to 1,024 rows within 16 MiB); one decode holds one decoder
+(PyAV: a few reference frames of the video's size, nothing kept between clips) and writes the
+frames into the read's output (no copy after the colour conversion); the index is an Arrow
+table of about ``videos × (2 × keyframes + 12) × 8`` bytes per process. Nothing grows with
+the number of videos read.
 
 Errors: a clip that fails to decode (a corrupt file) is a :class:`ClipError`, a ``ReadError``
 naming the clip, the Lance row, its fragment, the row's text columns (its path) and the
