@@ -18,7 +18,7 @@ from PIL import Image
 
 import lanceloader as ll
 from lanceloader.cli.inspect import inspect_lines
-from lanceloader.engine.stream import READ_BYTES_MOST
+from lanceloader.engine.sizing import READ_BYTES_MOST
 from lanceloader.rows.blob_files import blob_locations, sidecar_name
 from lanceloader.rows.blobs import blob_columns, blob_files, is_blob_field, read_blob_payloads
 from lanceloader.rows.inline_blobs import (

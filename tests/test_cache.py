@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import lanceloader as ll
 from conftest import ids_of
 from lanceloader.demo import demo_table, write_demo_dataset
-from lanceloader.engine.stream import READ_BYTES
+from lanceloader.engine.sizing import READ_BYTES
 from lanceloader.rows import autocache as autocache_module
 from lanceloader.rows import cache as cache_module
 from lanceloader.rows import disk_cache as disk_cache_module

@@ -284,7 +284,7 @@ def test_reads_of_large_rows_stay_under_the_byte_cap(tmp_path) -> None:
     whatever the row size."""
     import lance
 
-    from lanceloader.engine.stream import READ_BYTES, READ_BYTES_MOST, READ_ROWS_LEAST
+    from lanceloader.engine.sizing import READ_BYTES, READ_BYTES_MOST, READ_ROWS_LEAST
 
     blobs = [bytes([i % 256]) * 100_000 for i in range(600)]
     uri = str(tmp_path / "blobs.lance")

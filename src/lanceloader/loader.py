@@ -115,7 +115,7 @@ class Loader:
             and bytes; default 2 and 1 GiB (``prefetch`` counts batches made on the host).
         num_workers: worker threads; default the number of cores, twice that for plain
             Lance rows read in order with no transform and no cache (those threads wait
-            on Lance's own; see ``engine/stream.default_workers``).
+            on Lance's own; see ``engine/sizing.default_workers``).
         worker_type: ``"thread"`` (Lance, Arrow and most decoders release the GIL) or
             ``"process"`` (pure-Python transforms; a clean forkserver, shared memory).
         prefetch: batches prepared ahead; default ``2 * num_workers`` (two reads per worker

@@ -40,15 +40,14 @@ from lanceloader.batch.transforms import (
 )
 from lanceloader.engine.device import Placement, check_placement
 from lanceloader.engine.processes import check_picklable, start_forkserver
-from lanceloader.engine.stats import Recorder
-from lanceloader.engine.stream import (
-    DEFAULT_STALL_TIMEOUT,
-    Reading,
+from lanceloader.engine.sizing import (
     batches_per_read,
     default_prefetch,
     default_workers,
     reads_in_flight,
 )
+from lanceloader.engine.stats import Recorder
+from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, Reading
 from lanceloader.engine.verdict import usable_cores
 from lanceloader.engine.work import BatchWork
 from lanceloader.lifecycle import forksafe

@@ -9,9 +9,8 @@ Contract of a :class:`Stream`:
 * It yields the batches of ``batches`` (numbers in the plan; any step) in that order, each made
   by :class:`~lanceloader.engine.work.BatchWork` in a worker (a thread, or a forkserver process),
   finished in the consumer (tensors from a process worker's NumPy, device placement).
-* Reads group consecutive batches (:func:`batches_per_read`: up to 65,536 rows and
-  :data:`READ_BYTES` bytes per Lance call, or 1,024 rows of big rows within
-  :data:`READ_BYTES_MOST`, two batches with a transform); at most ``reads_in_flight`` reads are
+* Reads group consecutive batches (sized by :mod:`lanceloader.engine.sizing`:
+  :func:`~lanceloader.engine.sizing.batches_per_read`); at most ``reads_in_flight`` reads are
   submitted and not yet consumed, plus the one being consumed. The memory bound is therefore
   ``(reads_in_flight + 1) × READ_BYTES_MOST`` of Arrow data (a mix's read: up to 4 ×
   ``READ_BYTES``, one Lance call per source; and what the transform makes of it), whatever
@@ -51,7 +50,6 @@ from __future__ import annotations
 import dataclasses
 import dis
 import logging
-import math
 import pickle
 import sys
 import time
@@ -76,28 +74,6 @@ from lanceloader.state.cursor import Cursor
 
 _logger = logging.getLogger("lanceloader")
 
-# With a transform, a read of two batches is still in the CPU cache when the worker transforms
-# it: decoding 10 KB JPEGs ran 0.84x raw decode at 8 batches, 0.94x at 2 (benchmarks/transforms.py).
-TRANSFORM_BATCHES_PER_READ = 2
-# Rows read by one Lance call. Range reads keep getting cheaper per row up to ~64k rows; random
-# takes are slower per call, so fewer rows keep the time to the first batch low.
-ROWS_PER_READ_SEQUENTIAL = 65_536
-ROWS_PER_READ_RANDOM = 16_384
-# Bytes read by one Lance call at most (rows of 264 B: ~31,800 rows, not 65,536; rows over 8 KB
-# get READ_ROWS_LEAST, below): reads stay in the cache-friendly range and the memory in flight
-# stays small.
-# Larger reads page-fault their buffers in afresh every time (glibc maps blocks of 32 MiB and
-# more from the kernel) and Lance reads big binary batches slower per row: 8 MiB reads ran at
-# 1.15-1.5x the rows/s of 32 MiB ones on 11 KB blobs, and alike on tabular rows; 16 MiB reads
-# of tabular rows made 13x the page faults and block-shuffle mixes ran 0.8x, not 0.96x, a
-# single source.
-READ_BYTES = 8 << 20
-# But a read of few large rows pays a Lance call's fixed cost (~0.75 ms) and the engine's per
-# read over few rows: reads of big rows hold at least READ_ROWS_LEAST rows within
-# READ_BYTES_MOST. 11 KB blobs in order ran at 0.69-0.90x the raw scan in reads of 512 rows
-# (2 batches, what 8 MiB allows), 0.94-0.98x in reads of 1,024 (benchmarks/engine.py bytes).
-READ_ROWS_LEAST = 1024
-READ_BYTES_MOST = 16 << 20
 # Seconds without a batch before StallError. Healthy reads take milliseconds to seconds, and
 # Lance's object-store requests give up well before this (source.OBJECT_STORE_TIMEOUTS), so it
 # only fires for a stuck worker: a transform waiting forever, a stopped process.
@@ -137,75 +113,6 @@ def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
     )
     return StallError(message, batch=batch, epoch=epoch, stage=stage, worker=stalled.worker,
                       stack=stalled.stack)
-
-
-def batches_per_read(random: bool, batch_size: int, transform: bool,
-                     bytes_per_row: float = 0.0, read_parts: int = 1) -> int:
-    """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
-    cost more per call), at most :data:`READ_BYTES` of data (or :data:`READ_ROWS_LEAST` rows
-    within :data:`READ_BYTES_MOST` where that is more), and with a transform at most two
-    batches (still in the CPU cache when they are transformed). Never less than one batch.
-
-    ``random``: whether the reads are random takes (a full shuffle, or a mix of shuffled
-    sources: :attr:`Pipeline.random_reads <lanceloader.pipeline.Pipeline.random_reads>`).
-
-    >>> batches_per_read(False, 256, transform=False)
-    256
-    >>> batches_per_read(False, 256, transform=False, bytes_per_row=264)  # 8 MiB: 31,775 rows
-    124
-    >>> batches_per_read(False, 256, transform=False, bytes_per_row=11_000)  # 1,024 rows: 11 MB
-    4
-    >>> batches_per_read(False, 256, transform=False, bytes_per_row=100_000)  # 16 MiB: 167 rows
-    1
-
-    ``read_parts``: the reads one read makes underneath, each sized as a read of its own (a mix
-    of 3 equal sources: 3, :attr:`MixedSource.read_parts
-    <lanceloader.rows.mixed.MixedSource.read_parts>`), so each Lance call is as large as one
-    source's would be (with a transform too: a mix of 3 with a transform read 2 batches as 3
-    Lance calls, at 3.4x the CPU per row of a single source; 6 batches, 1.2x):
-
-    >>> batches_per_read(False, 256, transform=False, bytes_per_row=264, read_parts=3)
-    372
-    >>> batches_per_read(False, 256, transform=True, read_parts=3)
-    6
-    """
-    rows = (ROWS_PER_READ_RANDOM if random else ROWS_PER_READ_SEQUENTIAL) * read_parts
-    if bytes_per_row > 0:
-        least = min(READ_ROWS_LEAST * read_parts, int(READ_BYTES_MOST // bytes_per_row))
-        rows = min(rows, max(int(READ_BYTES * read_parts // bytes_per_row), least))
-    per_read = max(1, rows // batch_size)
-    return min(per_read, TRANSFORM_BATCHES_PER_READ * read_parts) if transform else per_read
-
-
-def default_workers(cores: int, worker_type: str, reads_wait: bool) -> int:
-    """Workers by default: one per core, and two per core for thread workers whose reads wait
-    on Lance (``reads_wait``: plain Lance rows read in order, with no transform and no cache).
-
-    Such a worker holds no core: it waits in Lance's range read while Lance's own threads read
-    and decode. One per core kept 2 reads of 8 MiB in flight where Lance's scan keeps its
-    read-ahead: 11 KB blobs to Arrow arrived at 0.82x the raw scan, two per core at 0.94x
-    (benchmarks/engine.py --parts bytes, medians of 5; 1.17-1.24x the rows/s). Random takes,
-    cache gathers, placements and transforms are the workers' own CPU: a second thread per core
-    only takes turns (a full shuffle ran 0.8-0.9x).
-
-    >>> default_workers(2, "thread", reads_wait=True), default_workers(2, "thread", False)
-    (4, 2)
-    >>> default_workers(2, "process", reads_wait=True)
-    2
-    """
-    return 2 * cores if worker_type == "thread" and reads_wait else cores
-
-
-def default_prefetch(workers: int, per_read: int, transform: bool) -> int:
-    """Batches in flight by default: two per worker, and with a transform two reads per worker
-    (a worker that finishes early starts its next read instead of waiting)."""
-    return 2 * workers * (per_read if transform else 1)
-
-
-def reads_in_flight(prefetch: int, per_read: int, workers: int) -> int:
-    """Reads that ``workers`` workers keep in flight for ``prefetch`` batches: whole reads, at
-    least one per worker."""
-    return max(workers, math.ceil(prefetch / per_read))
 
 
 @dataclass(frozen=True)

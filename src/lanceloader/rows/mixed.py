@@ -308,7 +308,7 @@ class MixedSource:
     puts the rows in mixed order (:func:`mixed_rows`).
 
     ``read_parts`` (a rows-protocol member, 1 for other rows): the engine sizes a mix's reads
-    as that many reads of one source (``engine/stream.py`` ``batches_per_read``), so each
+    as that many reads of one source (``engine/sizing.py`` ``batches_per_read``), so each
     source's Lance call is as large as on its own Loader: ``1 / the largest share``, rounded
     down, at most :data:`MAX_READ_PARTS`. A read of the mix then holds up to ``read_parts``
     times the engine's read bytes (8 MiB), and twice that while a sample-by-sample mix places
