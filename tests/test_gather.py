@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lanceloader.rows.gather import column_views, gather_rows, group_order
+from lanceloader.rows.protocol import Intervals
 
 SCHEMA = pa.schema(
     [
@@ -138,3 +139,27 @@ def test_group_order_is_the_stable_argsort(keys, dtype):
     or above 65,536 (which must not wrap) too."""
     keys = np.array(keys, dtype=dtype)
     assert group_order(keys).tolist() == np.argsort(keys, kind="stable").tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=12),  # interval widths (0: empty)
+       st.integers(0, 2**40), st.data())
+def test_intervals_agree_with_searchsorted(widths, first, data):
+    """The bucket table finds each offset's interval as a binary search does, for empty,
+    uneven and offset intervals (the piece table of a fragment with a 1-row tail)."""
+    starts = first + np.concatenate(([0], np.cumsum(widths)))
+    if starts[-1] == starts[0]:
+        return  # no offsets to place
+    offsets = np.array(data.draw(st.lists(st.integers(int(starts[0]), int(starts[-1]) - 1),
+                                          min_size=1, max_size=200)), dtype=np.int64)
+    want = np.searchsorted(starts, offsets, side="right") - 1
+    assert Intervals(starts).of(offsets).tolist() == want.tolist()
+
+
+def test_intervals_of_many_fragments_take_the_bucket_table():
+    """60,000 fragments of 2-7 rows still get a table (not the binary-search fallback)."""
+    starts = np.concatenate(([0], np.cumsum(np.random.default_rng(0).integers(2, 8, 60_000))))
+    index = Intervals(starts)
+    offsets = np.random.default_rng(1).integers(0, int(starts[-1]), 10_000)
+    assert index._steps is not None
+    assert index.of(offsets).tolist() == (np.searchsorted(starts, offsets, "right") - 1).tolist()

@@ -324,16 +324,9 @@ def fill_plan(source: Any) -> tuple[np.ndarray, np.ndarray, bool]:
     all the pieces worth keeping (that share >= FILL_FRACTION) fit in the cache together."""
     if source._piece_fill is None:
         assert source.cache is not None
-        sizes = np.concatenate([
-            np.diff(np.minimum(np.arange(0, int(n) + source._piece_rows, source._piece_rows), n))
-            for n in np.diff(source._fragment_starts)] or [np.zeros(0, np.int64)])
-        if source._rows is None:
-            selected = sizes
-        else:
-            fragment = source._fragment_of(source._rows)
-            local = source._rows - source._fragment_starts[fragment]
-            selected = np.bincount(source._piece_base[fragment] + local // source._piece_rows,
-                                   minlength=len(sizes))
+        sizes = np.diff(source.pieces_at.starts)
+        selected = (sizes if source._rows is None else
+                    np.bincount(source.pieces_at.of(source._rows), minlength=len(sizes)))
         share = selected / np.maximum(sizes, 1)
         kept = sizes[share >= FILL_FRACTION].sum() * source.bytes_per_row
         source._piece_fill = sizes, share, bool(kept <= source.cache.size)
@@ -361,26 +354,30 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
         return source.schema_table().slice(0, 0), 0
     sizes, share, fits = fill_plan(source)
     size = source._piece_rows
-    fragment = source._fragment_of(offsets)
-    local = offsets - source._fragment_starts[fragment]  # row in its fragment
-    number = local // size
-    piece = source._piece_base[fragment] + number
+    piece = source.pieces_at.of(offsets)
+    row = offsets - source.pieces_at.starts[piece]  # row in its piece
     order = (np.arange(len(piece)) if bool(np.all(piece[1:] >= piece[:-1]))
              else group_order(piece))
     grouped = piece[order]
     breaks = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+    grouped_rows = row[order]  # each group's rows in its piece: slices, no NumPy call a group
     parts: list[pa.Table] = []  # per part: a piece (or rows of one), rows in it, their places
     wheres: list[np.ndarray | None] = []
     placed: list[np.ndarray] = []
     direct: list[np.ndarray] = []
-    waiting: list[np.ndarray] = []
+    waiting: list[tuple[np.ndarray, np.ndarray]] = []
     cached = 0
 
     def name_of(i: int) -> str:
-        return piece_name(source._fragment_keys[int(fragment[i])], size, int(number[i]))
+        p = int(piece[i])
+        fragment = int(source.piece_fragment[p])
+        return piece_name(source._fragment_keys[fragment], size,
+                          p - int(source._piece_base[fragment]))
 
     def load(i: int) -> Any:
-        frag, start = int(fragment[i]), int(number[i]) * size
+        p = int(piece[i])
+        frag = int(source.piece_fragment[p])
+        start = (p - int(source._piece_base[frag])) * size
 
         def piece_table() -> pa.Table:
             _ = source.dataset  # opened in this process (a worker opens it at its first miss)
@@ -389,10 +386,11 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
                 source.uri, source.storage_options)
         return piece_table
 
-    def take(found: pa.Table | PieceFile, request: np.ndarray, kept: bool) -> bool:
-        """Place the request's rows of a piece; False when its file proved damaged."""
+    def take(found: pa.Table | PieceFile, request: np.ndarray, rows: np.ndarray,
+             kept: bool) -> bool:
+        """Place the request's rows (``rows`` in the piece) of a piece; False when its file
+        proved damaged."""
         nonlocal cached
-        rows = local[request] - int(number[request[0]]) * size  # rows in the piece
         if isinstance(found, PieceFile):  # the record batches holding the rows
             try:
                 found, rows = found.locate(rows)
@@ -406,22 +404,23 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
         cached += len(request) if kept else 0
         return True
 
-    def fill(group: np.ndarray, block: bool) -> bool:
+    def fill(group: np.ndarray, rows: np.ndarray, block: bool) -> bool:
         """Fill the group's piece and place its rows (a damaged file: once more); False when
         another is filling it and ``block`` is False."""
         for _ in range(2):
             found, kept = cache.fill_piece(name_of(int(group[0])), load(int(group[0])), block)
             if found is None:
                 return False
-            if take(found, group, kept):
+            if take(found, group, rows, kept):
                 return True
         direct.append(group)
         return True
 
-    for group in np.split(order, breaks):
+    for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), len(order)], strict=True):
+        group, rows = order[a:b], grouped_rows[a:b]
         i = int(group[0])
         found = cache.get(name_of(i))
-        if found is not None and take(found, group, True):
+        if found is not None and take(found, group, rows, True):
             continue
         p = int(piece[i])
         if share[p] < FILL_FRACTION or not cache.keeps(name_of(i), sizes[p] * source.bytes_per_row
@@ -429,10 +428,10 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
                 fits or len(np.unique(offsets[group])) >= FILL_FRACTION * sizes[p]):
             direct.append(group)
             continue
-        if not fill(group, block=False):  # another worker is filling it: first do the rest
-            waiting.append(group)
-    for group in waiting:
-        fill(group, block=True)
+        if not fill(group, rows, block=False):  # another worker is filling it: first the rest
+            waiting.append((group, rows))
+    for group, rows in waiting:
+        fill(group, rows, block=True)
     if direct:
         request = np.concatenate(direct)
         parts.append(reaching_store(lambda: source._read_offsets(offsets[request]),

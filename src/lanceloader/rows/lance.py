@@ -33,6 +33,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import numbers
@@ -77,6 +78,7 @@ from lanceloader.rows.disk_cache import DiskCache
 from lanceloader.rows.first_reads import FirstReads
 from lanceloader.rows.inline_blobs import take_inline_io
 from lanceloader.rows.protocol import (
+    Intervals,
     Read,
     empty_table,
     inverse_permutation,
@@ -199,6 +201,13 @@ class Source:
         self._piece_base = np.cumsum(
             [0] + [-(-int(n) // self._piece_rows) for n in np.diff(self._fragment_starts)],
             dtype=np.int64)
+        # where offsets lie: fragments, and cache pieces (numbered as _piece_base counts them)
+        starts = self._fragment_starts
+        self._fragments_at = Intervals(starts)
+        self.pieces_at = Intervals(np.concatenate(
+            [np.arange(a, b, self._piece_rows) for a, b in itertools.pairwise(starts)]
+            + [starts[-1:]]))
+        self.piece_fragment = np.repeat(np.arange(len(self._fragments)), np.diff(self._piece_base))
         self._piece_fill: tuple[np.ndarray, np.ndarray, bool] | None = None  # when first read
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
         if self.num_rows == 0:
@@ -438,7 +447,7 @@ class Source:
 
     def _fragment_of(self, offsets: np.ndarray) -> np.ndarray:
         """The index (in the pinned version's fragment list) of the fragment of each offset."""
-        return np.searchsorted(self._fragment_starts, offsets, side="right") - 1
+        return self._fragments_at.of(offsets)
 
     def describe_rows(self, positions: np.ndarray) -> str:
         """Where ``positions`` lie in the pinned version: fragments and their rows, e.g.

@@ -126,6 +126,54 @@ def inverse_permutation(placed: np.ndarray) -> np.ndarray:
     return where
 
 
+class Intervals:
+    """Which of consecutive intervals each offset lies in: the fragment of a Lance row offset,
+    or the cache piece. ``starts`` are the intervals' first offsets, non-decreasing, the last
+    one the end (a fragment's cumulative row counts; empty intervals allowed); ``of(offsets)``
+    equals ``np.searchsorted(starts, offsets, side="right") - 1`` for offsets in ``[starts[0],
+    end)``.
+
+    Why not ``searchsorted``: a read's 30,720 offsets took 0.56 ms of binary search (6.5% of a
+    cached full shuffle's worker time, its branches unpredictable); a table of buckets no wider
+    than the narrowest interval, then a step over any start inside the bucket, takes 0.18 ms.
+    Where the intervals are too uneven for that (a bucket would hold over :data:`MAX_STEPS`
+    starts within a table of 65,536 buckets), it binary-searches as before.
+
+    >>> fragments = Intervals(np.array([0, 5, 5, 12]))   # 5 rows, none, 7 rows: 12 in all
+    >>> fragments.of(np.array([11, 0, 4, 5])).tolist()
+    [2, 0, 0, 2]
+    """
+
+    MAX_STEPS = 4
+
+    def __init__(self, starts: np.ndarray) -> None:
+        self.starts = np.asarray(starts, dtype=np.int64)
+        first, end = int(self.starts[0]), int(self.starts[-1])
+        widths = np.diff(self.starts)
+        narrowest = int(widths[widths > 0].min()) if bool((widths > 0).any()) else 1
+        span = max(1, end - first)
+        self._first = first
+        self._shift = max(narrowest.bit_length() - 1, (span - 1).bit_length() - 16, 0)
+        firsts = first + (np.arange(((span - 1) >> self._shift) + 1, dtype=np.int64)
+                          << self._shift)
+        table = np.searchsorted(self.starts, firsts, side="right") - 1
+        lasts = np.minimum(firsts + (1 << self._shift) - 1, end - 1)
+        steps = max(0, int((np.searchsorted(self.starts, lasts, side="right") - 1 - table).max()))
+        self._table = table.astype(np.intp)
+        self._steps = steps if steps <= self.MAX_STEPS else None
+        self._next = np.append(self.starts[1:], np.iinfo(np.int64).max)
+
+    def of(self, offsets: np.ndarray) -> np.ndarray:
+        """The interval of each offset (intp), as ``searchsorted`` gives it."""
+        if self._steps is None or not len(offsets):
+            return np.searchsorted(self.starts, offsets, side="right") - 1
+        where = self._table[(offsets - self._first) >> self._shift if self._first else
+                            offsets >> self._shift]
+        for _ in range(self._steps):
+            where += offsets >= self._next[where]
+        return where
+
+
 def is_identity(order: np.ndarray) -> bool:
     return bool(len(order) == 0 or (order[0] == 0 and np.all(np.diff(order) == 1)))
 
