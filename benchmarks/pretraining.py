@@ -55,6 +55,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -75,6 +76,7 @@ from lanceloader.ordering.interleave import Interleave, locate
 from lanceloader.ordering.plan import read_tasks
 from lanceloader.rows.gather import gather_rows
 from lanceloader.rows.packed import pack_plan, pack_tokens
+from lanceloader.rows.protocol import Read, as_table
 
 BATCH = 256
 SEQ_LEN = 2048
@@ -170,6 +172,28 @@ def ratios(results: dict[str, list[tuple[float, float, int]]], base: str) -> dic
     return out
 
 
+def copy_every_row(loader: ll.Loader) -> ll.Loader:
+    """``loader`` (thread workers, one source) with every row of every read copied once into
+    new buffers, by the copy a mix places its rows with (:func:`gather_rows`, by strides; here
+    the cheapest stride, one). What a single source costs when each row moves once more: the
+    floor of a sample-by-sample mix in the same process, on the same cores, with the same
+    workers and reads (the one-thread ``copy_floor`` times the copy alone, its tables hot in
+    the CPU's caches). A benchmark instrument: it replaces the source's ``read_rows`` on this
+    loader's own source object, which its thread workers share."""
+    source = loader.source
+    read_rows = source.read_rows
+
+    def copied(positions: np.ndarray, epoch: int = 0) -> Read:
+        read = read_rows(positions, epoch)
+        rows = as_table(read.rows)
+        n = rows.num_rows
+        again = gather_rows([rows], [None], [np.arange(n)], n, [(1, 1, [(0, 0)])])
+        return dataclasses.replace(read, rows=again)
+
+    source.read_rows = copied
+    return loader
+
+
 def mix_case(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
     """Three equal sources mixed vs one source of as many rows, per mode (see the module's
     text). ``cache=None`` on both sides: the mix's cost alone, not a cache's choice."""
@@ -218,6 +242,7 @@ def mix_case(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
             cases["one_source_per_batch_unsized_reads"] = lambda kw=kw, w=workers, n=unsized: (
                 run_mix(kw, BATCH, w, n)
             )
+            cases["single_copied"] = lambda f=single_loader: epoch_cost(copy_every_row(f()))
         out[mode] = ratios(alternated(cases, repeats), "single")
     out["copy_floor"] = copy_floor(single, parts, repeats)
     return out
@@ -318,6 +343,20 @@ def mix_table(mix: dict[str, Any]) -> str:
         f"{floor['arrow_take']['rows_per_s']['median'] / 1e6:.1f}M rows/s by one "
         f"Arrow take of the parts joined (floor {floor['arrow_take']['floor']:.2f}x)."
     )
+    seq = mix["sequential"]
+    if "single_copied" in seq:
+        copied, mixed = seq["single_copied"], seq["mix"]
+        against = spread([a / b for a, b in zip(mixed["rows_per_s"]["runs"],
+                                                copied["rows_per_s"]["runs"], strict=True)])
+        lines.append("")
+        lines.append(
+            "End-to-end copy floor (sequential, 2 thread workers, same rounds): one source "
+            "with every row copied once "
+            f"{copied['ratio']['median']:.2f}x ({copied['ratio']['min']:.2f}-"
+            f"{copied['ratio']['max']:.2f}) of itself, CPU per row "
+            f"{copied['cpu_ratio']['median']:.2f}x; sample by sample against it: "
+            f"{against['median']:.2f}x ({against['min']:.2f}-{against['max']:.2f})."
+        )
     return "\n".join(lines)
 
 
