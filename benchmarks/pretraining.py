@@ -29,7 +29,11 @@ Cases
     batch >= 0.94x a single source, sample by sample >= 0.8x or the copy floor: ``copy_floor`` times,
     on one thread, a worker's task of 65,536 rows of the single source against placing as many
     rows of three sources in mixed order (by strides of the interleave's pattern, as a mix does, and by one Arrow take), and
-    states the best ratio a sample-by-sample mix can reach, ``read / (read + place)``.
+    states the best ratio a sample-by-sample mix can reach, ``read / (read + place)``. The
+    *end-to-end* copy floor runs in the sequential rounds themselves: the single source with
+    every row of every read copied once more (``single_copied``, :func:`copy_every_row`), so
+    its ratio is what one copy per row costs a whole pipeline (2 workers, Lance's threads,
+    the caches shared), and the table gives sample by sample against it.
 ``pack``
     Packing ``--docs`` documents of 1-2,000 tokens (mean ~700) into 2,048-token rows:
     (a) ``pack_tokens`` alone (the per-batch work, one core) in tokens/s, target >= 5M;

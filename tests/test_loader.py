@@ -390,3 +390,23 @@ def test_lightning_trains_two_whole_epochs_on_a_plain_loader(tmp_path) -> None:
               default_root_dir=str(tmp_path)).fit(Model(), train_dataloaders=loader)
     assert len(seen) == 1000 and sorted(seen[:500]) == sorted(seen[500:]) == list(range(500))
     assert seen[:500] != seen[500:]  # two epochs, two orders
+
+
+def test_batches_sliced_in_one_pass_are_the_rows_batch_by_batch_slicing_gives() -> None:
+    """The one-pass slicing of a read's converted chunks (``work._slice_all``) hands out what
+    slicing batch by batch does, and declines (appending nothing) a batch across two chunks."""
+    from lanceloader.engine.work import TaskResult, _slice_all, _slice_of, _slice_rows
+
+    ids = np.arange(100)
+    chunks = [(0, 40, {"id": ids[:50]}, 10), (40, 100, {"id": ids[50:]}, 0)]  # base 10: rows 10..
+    sizes = [16, 24, 30, 30]
+    result = TaskResult([], [], [], {})
+    assert _slice_all(result, chunks, sizes, 8.0)
+    offsets = np.cumsum([0, *sizes[:-1]])
+    by_batch = [_slice_rows(*(lambda c, b: (c, b, b + n))(*_slice_of(chunks, int(o), n)))
+                for o, n in zip(offsets, sizes, strict=True)]
+    assert [b["id"].tolist() for b in result.batches] == [b["id"].tolist() for b in by_batch]
+    assert result.rows == sizes and result.nbytes == [128, 192, 240, 240]
+    spanning = TaskResult([], [], [], {})
+    assert not _slice_all(spanning, chunks, [32, 32, 36], 8.0)  # rows 32-63 cross row 40
+    assert spanning.batches == [] and spanning.rows == []

@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,6 +163,13 @@ class BatchWork:
         conv = self.conversion
         table: pa.Table | None = None  # the rows as one table, made once a batch needs Arrow
         offset = 0
+        if conv.output == "numpy" and chunks and _flat(chunks[0][2]):
+            # batches of flat columns, each within one converted chunk: slices, found in one
+            # pass (no search, no recursion per batch)
+            t0 = clock()
+            if _slice_all(result, chunks, sizes, bytes_per_row):
+                seconds["convert"] += clock() - t0
+                return result
         for i, size in enumerate(sizes):
             result.rows.append(size)  # a read gives a row per position
             result.nbytes.append(round(bytes_per_row * size))
@@ -253,6 +260,39 @@ def _slice_of(chunks: list[tuple[int, int, Any, int]] | None, offset: int, size:
     if start <= offset and offset + size <= stop:
         return converted, base + offset - start
     return None  # the batch spans two chunks
+
+
+def _flat(converted: Any) -> bool:
+    """Whether a converted chunk is a dict of arrays (no nested columns)."""
+    return isinstance(converted, dict) and not any(isinstance(v, dict)
+                                                   for v in converted.values())
+
+
+def _slice_all(result: TaskResult, chunks: list[tuple[int, int, Any, int]],
+               sizes: Sequence[int], bytes_per_row: float) -> bool:
+    """Append each batch of ``sizes`` to ``result`` as slices of the converted chunk holding
+    it (chunks of flat columns, :func:`_flat`, in row order); False, with nothing appended,
+    when a batch spans two chunks (the caller then goes batch by batch)."""
+    where: list[tuple[list[tuple[str, Any]], int, int]] = []
+    j, offset = 0, 0
+    for size in sizes:
+        while j < len(chunks) and chunks[j][1] <= offset:
+            j += 1
+        if j == len(chunks) or offset + size > chunks[j][1] or offset < chunks[j][0]:
+            return False
+        start, _, converted, base = chunks[j]
+        lo = base + offset - start
+        where.append((converted, lo, lo + size))
+        offset += size
+    items: dict[int, list[tuple[str, Any]]] = {}
+    for converted, lo, hi in where:
+        columns = items.get(id(converted))
+        if columns is None:
+            columns = items[id(converted)] = list(converted.items())
+        result.batches.append({k: v[lo:hi] for k, v in columns})
+    result.rows.extend(sizes)
+    result.nbytes.extend(round(bytes_per_row * size) for size in sizes)
+    return True
 
 
 def _slice_rows(value: Any, lo: int, hi: int) -> Any:

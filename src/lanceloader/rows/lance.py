@@ -185,6 +185,7 @@ class Source:
         self._fragment_starts = np.cumsum(
             [0] + [f.count_rows() for f in self._fragments], dtype=np.int64
         )
+        self._fragments_at = Intervals(self._fragment_starts)  # before any read (its errors)
         self.plan_origin = "none"
         self.random_reads = False  # positions are storage order: consecutive ones are ranges
         self.padding_fraction: float | None = None
@@ -201,9 +202,8 @@ class Source:
         self._piece_base = np.cumsum(
             [0] + [-(-int(n) // self._piece_rows) for n in np.diff(self._fragment_starts)],
             dtype=np.int64)
-        # where offsets lie: fragments, and cache pieces (numbered as _piece_base counts them)
+        # where offsets lie among the cache pieces (numbered as _piece_base counts them)
         starts = self._fragment_starts
-        self._fragments_at = Intervals(starts)
         self.pieces_at = Intervals(np.concatenate(
             [np.arange(a, b, self._piece_rows) for a, b in itertools.pairwise(starts)]
             + [starts[-1:]]))
