@@ -410,3 +410,25 @@ def test_batches_sliced_in_one_pass_are_the_rows_batch_by_batch_slicing_gives() 
     spanning = TaskResult([], [], [], {})
     assert not _slice_all(spanning, chunks, [32, 32, 36], 8.0)  # rows 32-63 cross row 40
     assert spanning.batches == [] and spanning.rows == []
+
+
+def test_torch_batches_sliced_from_tensors_made_once_per_chunk_equal_per_batch_tensors(
+        small_uri: str) -> None:
+    """With torch output, a read's chunks become tensors once and batches are slices of them:
+    the same values, dtypes and shapes as converting batch by batch (a transform converts
+    per batch), in order and in a full shuffle through the cache."""
+    torch = pytest.importorskip("torch")
+    for kw in ({}, {"shuffle": True, "cache": "memory"}):
+        per_chunk = list(ll.Loader(small_uri, batch_size=48, output="torch", **kw))
+        per_batch = list(ll.Loader(small_uri, batch_size=48, output="torch",
+                                   transform=lambda b: b, **kw))
+        assert len(per_chunk) == len(per_batch)
+        for a, b in zip(per_chunk, per_batch, strict=True):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert type(a[k]) is type(b[k])
+                if isinstance(a[k], torch.Tensor):
+                    assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])
+                else:  # text stays NumPy or a list
+                    assert np.asarray(a[k]).tolist() == np.asarray(b[k]).tolist()
+            assert any(isinstance(v, torch.Tensor) for v in a.values())

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from lanceloader.batch.output import Conversion, as_conversion, to_output
+from lanceloader.batch.tensors import to_framework
 from lanceloader.batch.transforms import (
     DEFAULT_MAX_SKIP_FRACTION,
     OnError,
@@ -163,11 +164,11 @@ class BatchWork:
         conv = self.conversion
         table: pa.Table | None = None  # the rows as one table, made once a batch needs Arrow
         offset = 0
-        if conv.output == "numpy" and chunks and _flat(chunks[0][2]):
+        if conv.output in ("numpy", "torch") and chunks and _flat(chunks[0][2]):
             # batches of flat columns, each within one converted chunk: slices, found in one
-            # pass (no search, no recursion per batch)
+            # pass (no search, no recursion per batch); torch tensors made once per chunk
             t0 = clock()
-            if _slice_all(result, chunks, sizes, bytes_per_row):
+            if _slice_all(result, chunks, sizes, bytes_per_row, conv.output):
                 seconds["convert"] += clock() - t0
                 return result
         for i, size in enumerate(sizes):
@@ -269,10 +270,12 @@ def _flat(converted: Any) -> bool:
 
 
 def _slice_all(result: TaskResult, chunks: list[tuple[int, int, Any, int]],
-               sizes: Sequence[int], bytes_per_row: float) -> bool:
+               sizes: Sequence[int], bytes_per_row: float, output: str = "numpy") -> bool:
     """Append each batch of ``sizes`` to ``result`` as slices of the converted chunk holding
     it (chunks of flat columns, :func:`_flat`, in row order); False, with nothing appended,
-    when a batch spans two chunks (the caller then goes batch by batch)."""
+    when a batch spans two chunks (the caller then goes batch by batch). ``output="torch"``:
+    each chunk's arrays become tensors once (``torch.from_numpy``, no copy) and batches are
+    slices of them, the same tensors as converting each batch's slices (~10 us a batch less)."""
     where: list[tuple[list[tuple[str, Any]], int, int]] = []
     j, offset = 0, 0
     for size in sizes:
@@ -288,7 +291,8 @@ def _slice_all(result: TaskResult, chunks: list[tuple[int, int, Any, int]],
     for converted, lo, hi in where:
         columns = items.get(id(converted))
         if columns is None:
-            columns = items[id(converted)] = list(converted.items())
+            framed = converted if output == "numpy" else to_framework(converted, "", output)
+            columns = items[id(converted)] = list(framed.items())
         result.batches.append({k: v[lo:hi] for k, v in columns})
     result.rows.extend(sizes)
     result.nbytes.extend(round(bytes_per_row * size) for size in sizes)
