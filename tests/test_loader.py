@@ -5,6 +5,7 @@ import itertools
 import os
 import pickle
 
+import lance
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -432,3 +433,17 @@ def test_torch_batches_sliced_from_tensors_made_once_per_chunk_equal_per_batch_t
                 else:  # text stays NumPy or a list
                     assert np.asarray(a[k]).tolist() == np.asarray(b[k]).tolist()
             assert any(isinstance(v, torch.Tensor) for v in a.values())
+
+
+def test_a_column_torch_refuses_still_raises_with_its_fix_when_reads_slice_in_one_pass(
+        tmp_path) -> None:
+    """A uint64 column with torch output: the one-pass conversion declines, and the batch by
+    batch path raises the ConversionError naming the column and the cast that fixes it."""
+    pytest.importorskip("torch")
+    uri = str(tmp_path / "u64.lance")
+    lance.write_dataset(pa.table({"id": pa.array(np.arange(100), pa.uint64())}), uri)
+    with pytest.raises(ll.ConversionError, match=r"column 'id' is uint64.*casts=\{'id'"):
+        next(iter(ll.Loader(uri, batch_size=10, output="torch", cache=None)))
+    batch = next(iter(ll.Loader(uri, batch_size=10, cache=None,
+                                output=ll.Conversion(output="torch", casts={"id": "int64"}))))
+    assert batch["id"].tolist() == list(range(10))

@@ -273,10 +273,11 @@ def _slice_all(result: TaskResult, chunks: list[tuple[int, int, Any, int]],
                sizes: Sequence[int], bytes_per_row: float, output: str = "numpy") -> bool:
     """Append each batch of ``sizes`` to ``result`` as slices of the converted chunk holding
     it (chunks of flat columns, :func:`_flat`, in row order); False, with nothing appended,
-    when a batch spans two chunks (the caller then goes batch by batch). ``output="torch"``:
-    each chunk's arrays become tensors once (``torch.from_numpy``, no copy) and batches are
-    slices of them, the same tensors as converting each batch's slices (~10 us a batch less)."""
-    where: list[tuple[list[tuple[str, Any]], int, int]] = []
+    when a batch spans two chunks or a chunk does not convert (the caller then goes batch by
+    batch, and its errors name the batch). ``output="torch"``: each chunk's arrays become
+    tensors once (``torch.from_numpy``, no copy) and batches are slices of them, the same
+    tensors as converting each batch's slices (~10 us a batch less)."""
+    where: list[tuple[Any, int, int]] = []
     j, offset = 0, 0
     for size in sizes:
         while j < len(chunks) and chunks[j][1] <= offset:
@@ -288,12 +289,15 @@ def _slice_all(result: TaskResult, chunks: list[tuple[int, int, Any, int]],
         where.append((converted, lo, lo + size))
         offset += size
     items: dict[int, list[tuple[str, Any]]] = {}
+    try:
+        for converted, _, _ in where:
+            if id(converted) not in items:
+                framed = converted if output == "numpy" else to_framework(converted, "", output)
+                items[id(converted)] = list(framed.items())
+    except Exception:
+        return False
     for converted, lo, hi in where:
-        columns = items.get(id(converted))
-        if columns is None:
-            framed = converted if output == "numpy" else to_framework(converted, "", output)
-            columns = items[id(converted)] = list(framed.items())
-        result.batches.append({k: v[lo:hi] for k, v in columns})
+        result.batches.append({k: v[lo:hi] for k, v in items[id(converted)]})
     result.rows.extend(sizes)
     result.nbytes.extend(round(bytes_per_row * size) for size in sizes)
     return True
