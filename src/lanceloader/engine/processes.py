@@ -50,6 +50,7 @@ import faulthandler
 import functools
 import io
 import itertools
+import math
 import mmap
 import multiprocessing as mp
 import os
@@ -339,7 +340,7 @@ def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path
         buf = take_mapping(path)
         for offset, dtype, shape in layout:
             dt = np.dtype(dtype)
-            count = int(np.prod(shape, dtype=np.int64))
+            count = math.prod(shape)  # np.prod of a small tuple costs ~4.6 us, 3 a batch
             arrays.append(np.frombuffer(buf, dt, count, offset).reshape(shape))
     return _join(pickle.loads(skeleton), arrays)
 
