@@ -164,9 +164,9 @@ class BatchWork:
         conv = self.conversion
         table: pa.Table | None = None  # the rows as one table, made once a batch needs Arrow
         offset = 0
-        if conv.output in ("numpy", "torch") and chunks and _flat(chunks[0][2]):
-            # batches of flat columns, each within one converted chunk: slices, found in one
-            # pass (no search, no recursion per batch); torch tensors made once per chunk
+        if conv.output in ("numpy", "torch") and chunks:
+            # batches each within one converted chunk: slices, found in one pass (no search
+            # per batch); torch tensors made once per chunk
             t0 = clock()
             if _slice_all(result, chunks, sizes, bytes_per_row, conv.output):
                 seconds["convert"] += clock() - t0
@@ -263,16 +263,10 @@ def _slice_of(chunks: list[tuple[int, int, Any, int]] | None, offset: int, size:
     return None  # the batch spans two chunks
 
 
-def _flat(converted: Any) -> bool:
-    """Whether a converted chunk is a dict of arrays (no nested columns)."""
-    return isinstance(converted, dict) and not any(isinstance(v, dict)
-                                                   for v in converted.values())
-
-
 def _slice_all(result: TaskResult, chunks: list[tuple[int, int, Any, int]],
                sizes: Sequence[int], bytes_per_row: float, output: str = "numpy") -> bool:
-    """Append each batch of ``sizes`` to ``result`` as slices of the converted chunk holding
-    it (chunks of flat columns, :func:`_flat`, in row order); False, with nothing appended,
+    """Append each batch of ``sizes`` to ``result`` as slices (:func:`_slice_rows`) of the
+    converted chunk holding it (chunks in row order); False, with nothing appended,
     when a batch spans two chunks or a chunk does not convert (the caller then goes batch by
     batch, and its errors name the batch). ``output="torch"``: each chunk's arrays become
     tensors once (``torch.from_numpy``, no copy) and batches are slices of them, the same
@@ -288,24 +282,27 @@ def _slice_all(result: TaskResult, chunks: list[tuple[int, int, Any, int]],
         lo = base + offset - start
         where.append((converted, lo, lo + size))
         offset += size
-    items: dict[int, list[tuple[str, Any]]] = {}
+    framed: dict[int, Any] = {}  # per converted chunk (runs of Pieces may share one)
     try:
         for converted, _, _ in where:
-            if id(converted) not in items:
-                framed = converted if output == "numpy" else to_framework(converted, "", output)
-                items[id(converted)] = list(framed.items())
+            if id(converted) not in framed:
+                framed[id(converted)] = (converted if output == "numpy" else
+                                         to_framework(converted, "", output))
     except Exception:
         return False
     for converted, lo, hi in where:
-        result.batches.append({k: v[lo:hi] for k, v in items[id(converted)]})
+        result.batches.append(_slice_rows(framed[id(converted)], lo, hi))
     result.rows.extend(sizes)
     result.nbytes.extend(round(bytes_per_row * size) for size in sizes)
     return True
 
 
 def _slice_rows(value: Any, lo: int, hi: int) -> Any:
+    """Rows ``[lo, hi)`` of a converted batch (nested dicts of arrays): views, no copy. Once
+    per batch, so a column is sliced in place, not through a call."""
     if isinstance(value, dict):
-        return {k: _slice_rows(v, lo, hi) for k, v in value.items()}
+        return {k: _slice_rows(v, lo, hi) if isinstance(v, dict) else v[lo:hi]
+                for k, v in value.items()}
     return value[lo:hi]
 
 

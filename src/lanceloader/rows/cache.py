@@ -368,16 +368,19 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
     waiting: list[tuple[np.ndarray, np.ndarray]] = []
     cached = 0
 
-    def name_of(i: int) -> str:
+    def fragment_and_number(i: int) -> tuple[int, int]:
+        """Row ``i``'s piece as its fragment and its number in that fragment."""
         p = int(piece[i])
         fragment = int(source.piece_fragment[p])
-        return piece_name(source._fragment_keys[fragment], size,
-                          p - int(source._piece_base[fragment]))
+        return fragment, p - int(source._piece_base[fragment])
+
+    def name_of(i: int) -> str:
+        fragment, number = fragment_and_number(i)
+        return piece_name(source._fragment_keys[fragment], size, number)
 
     def load(i: int) -> Any:
-        p = int(piece[i])
-        frag = int(source.piece_fragment[p])
-        start = (p - int(source._piece_base[frag])) * size
+        frag, number = fragment_and_number(i)
+        start = number * size
 
         def piece_table() -> pa.Table:
             _ = source.dataset  # opened in this process (a worker opens it at its first miss)
