@@ -27,7 +27,7 @@ raw ``to_batches`` scan of the local copy. ``--rss`` also measures, in fresh pro
 RSS and the largest size of a cache directory capped below the data, for two dataset sizes.
 
 Every "without a cache" loader passes ``cache=None`` (the default is ``"auto"``). With no cache
-argument (the automatic cache, a fresh directory under ``/dev/shm`` per run): the first and
+argument (the automatic cache, one directory under ``/dev/shm``, emptied before each run): the first and
 second epochs of a sequential read and of a full shuffle (whole epochs), against the same order's
 rows/s with ``cache=None`` (the table above: a full shuffle's first ``--shuffle-rows`` rows) and
 against raw ``to_batches`` on the store.
@@ -37,9 +37,10 @@ requests at once). The ratios, loader vs raw on the same server, and the request
 are what carry over.
 
 ``--sequential`` runs only issue 26's target: a sequential epoch of the loader with
-``cache=None`` and with the default ``cache="auto"`` (epoch 1, a fresh ``/dev/shm`` directory per
-run) against raw ``to_batches`` on the same store, the three alternated in each repeat (their
-order rotating), and prints a Markdown table: median rows/s with the spread (min-max), the ratio
+``cache=None`` and with the default ``cache="auto"`` (epoch 1, the cache emptied before) against raw ``to_batches`` on the same store, the three alternated in each repeat (their
+order rotating; the automatic cache is one directory under ``/dev/shm`` for the whole
+benchmark, joined once as a training process joins it, and emptied outside the clock before
+each run), and prints a Markdown table: median rows/s with the spread (min-max), the ratio
 to the raw scan, the requests each epoch made (the server's count) and this process's CPU
 seconds per epoch (all threads; under load the CPU and the requests are the steadier evidence).
 
@@ -54,6 +55,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
 import multiprocessing
 import os
 import resource
@@ -73,6 +75,7 @@ import lanceloader as ll  # noqa: E402
 from conftest import S3  # noqa: E402
 from faultproxy import ProxyProcess  # noqa: E402
 from lanceloader.demo import demo_table, write_demo_dataset  # noqa: E402
+from lanceloader.rows import autocache  # noqa: E402
 from lanceloader.rows import cache as cache_module  # noqa: E402
 
 COLUMNS = ["id", "label", "x"]
@@ -130,6 +133,15 @@ def cache_footprint(uri: str, cap: int, queue) -> None:
         queue.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, largest))
 
 
+def empty_auto_cache() -> None:
+    """Remove what the automatic cache holds (outside the clock), keeping its directory and its
+    users' lock: the next epoch fills it as a first one does, in a process that joined it
+    already (as a training process has by its second loader)."""
+    for entry in Path(os.environ[autocache.AUTO_DIR_VARIABLE]).rglob("*"):
+        if entry.is_file() and entry.name != autocache.USERS_LOCK:
+            entry.unlink()
+
+
 def checksum_seconds(directory: str) -> float:
     """Seconds to check every piece file of a filled cache ``directory`` (the check a process
     makes when it first opens a piece), the files in the page cache as in an epoch."""
@@ -160,6 +172,7 @@ def sequential_table(s3: S3, cases: dict, repeats: int) -> None:
             clock = [0.0, 0.0]
 
             def start(clock: list[float] = clock) -> None:
+                gc.collect()  # the runs before: their loaders freed outside every clock
                 s3.requests(reset=True)
                 clock[:] = time.perf_counter(), time.process_time()
 
@@ -196,6 +209,10 @@ def main() -> None:
     s3 = S3()
     proxy = ProxyProcess(s3.endpoint)
     scratch = tempfile.TemporaryDirectory()
+    # The automatic cache in a directory of this run's own, joined once (one sweeper process,
+    # as in a training process) and emptied before each run that measures it
+    shm = tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-")
+    os.environ[autocache.AUTO_DIR_VARIABLE] = shm.name
     local = write_demo_dataset(Path(scratch.name) / "local.lance", rows=args.rows, fragments=4)
     results: dict[str, dict[str, float]] = {}
     cached: dict[str, dict[str, float]] = {}
@@ -240,12 +257,8 @@ def main() -> None:
                 "full shuffle": raw_takes}
         if args.sequential:
             def auto_epoch(start) -> int:
-                with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
-                    os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
-                    try:
-                        return epochs(lambda: loader(cache="auto"), 1)(start)
-                    finally:
-                        del os.environ["LANCELOADER_AUTO_CACHE_DIR"]
+                empty_auto_cache()  # outside the clock: epoch 1 fills it
+                return epochs(lambda: loader(cache="auto"), 1)(start)
 
             sequential_table(s3, {"raw `to_batches`": raw_sequential,
                                   "loader, `cache=None`": epochs(loader, 1),
@@ -292,14 +305,10 @@ def main() -> None:
 
         def default_epoch(epoch: int, order: dict) -> tuple[float, float]:
             """Epoch ``epoch`` of a loader with no cache argument (the automatic cache, in a
-            fresh directory under /dev/shm per run)."""
+            directory under /dev/shm, emptied first)."""
             def run(start) -> int:
-                with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
-                    os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
-                    try:
-                        return epochs(lambda: loader(cache="auto", **order), epoch)(start)
-                    finally:
-                        del os.environ["LANCELOADER_AUTO_CACHE_DIR"]
+                empty_auto_cache()
+                return epochs(lambda: loader(cache="auto", **order), epoch)(start)
             return median_run(s3, run, args.repeats)
 
         automatic: dict[str, tuple[float, float, float, float]] = {}
@@ -323,6 +332,7 @@ def main() -> None:
     finally:
         proxy.stop()
         s3.stop()
+        del os.environ[autocache.AUTO_DIR_VARIABLE]
 
     print(f"{args.rows:,} rows, {args.latency_ms:g} ms per request, loader "
           f"{args.workers} threads, medians of {args.repeats}")
@@ -388,6 +398,7 @@ def main() -> None:
             print(f"  {rows:>9,} rows: peak RSS {rss / 2**20:,.0f} MiB; cache at most "
                   f"{largest / 2**20:,.1f} MiB of a {cap / 2**20:,.0f} MiB cap")
     scratch.cleanup()
+    shm.cleanup()
 
 
 if __name__ == "__main__":

@@ -412,6 +412,32 @@ def test_a_sequential_epoch_asks_no_more_of_the_store_than_lances_own_scan(s3) -
     assert 0 < ours <= scan
 
 
+def test_fragments_that_begin_inside_a_batch_cost_no_request_of_their_own(s3) -> None:
+    """Fragments of 15,000 rows, batches of 256: each fragment start lies inside a batch. The
+    read before it fetches the few rows to its fragment's end along and leaves them for the
+    read after it (one worker: reads one after another, so every sliver is handed over), so
+    the epoch asks no more of the store than Lance's own scan (reads that fetched those rows
+    themselves made 2 more requests per fragment); with four workers and with a filter every
+    row still comes once, in order."""
+    rows = 60_000
+    uri = s3.write(demo_table(rows), max_rows_per_file=rows // 4)
+    columns = ["id", "x"]
+    dataset = lance.dataset(uri, storage_options=s3.storage_options)
+    scan = requests_of(s3, lambda: sum(b.num_rows for b in dataset.to_batches(columns=columns)))
+
+    def epoch(workers: int, **kw) -> tuple[list[int], int]:
+        loader = ll.Loader(uri, batch_size=256, columns=columns, num_workers=workers,
+                           cache=None, storage_options=s3.storage_options, **kw)
+        delivered: list[int] = []
+        return delivered, requests_of(s3, lambda: delivered.extend(ids_of(loader)))
+
+    delivered, ours = epoch(1)
+    assert delivered == list(range(rows))
+    assert 0 < ours <= scan
+    assert epoch(4)[0] == list(range(rows))
+    assert epoch(4, filter="id % 3 != 1")[0] == [i for i in range(rows) if i % 3 != 1]
+
+
 def test_reads_in_flight_together_ask_no_more_than_one_after_another(s3, remote: str) -> None:
     """Reads that start together on a file nobody read yet each fetched its footer and column
     metadata (42 requests an epoch where one read at a time made 34): the first read of a
@@ -430,13 +456,16 @@ def test_reads_in_flight_together_ask_no_more_than_one_after_another(s3, remote:
 @settings(max_examples=200, deadline=None)
 @given(sizes=st.lists(st.integers(0, 700), min_size=1, max_size=6),
        batch_size=st.integers(1, 300), world_size=st.integers(1, 3), data=st.data())
-def test_sequential_reads_on_a_store_cut_exactly_where_fragments_begin_on_a_batch(
+def test_sequential_reads_on_a_store_cut_at_the_batch_holding_each_fragment_start(
         sizes: list[int], batch_size: int, world_size: int, data) -> None:
     """The pure plan of those reads: every batch once, in order, in reads of at most
-    ``per_read``; a read begins at every fragment start that is a batch start (and crosses
-    none), and between two such starts the fewest reads, of sizes within one of each other."""
+    ``per_read``; a read begins at the batch that holds each fragment start which begins a
+    batch or follows a fragment large enough to leave a sliver (no read holds such a start
+    past its first batch), and between two such cuts the fewest reads, of sizes within one of
+    each other."""
     from lanceloader.engine.tasks import fragment_batches, fragment_read_ranges
     from lanceloader.ordering.plan import Plan
+    from lanceloader.rows.fragment_tails import SLIVER_FRACTION
 
     starts = np.cumsum([0, *sizes])
     rows = int(starts[-1])
@@ -450,10 +479,14 @@ def test_sequential_reads_on_a_store_cut_exactly_where_fragments_begin_on_a_batc
     reads = list(fragment_read_ranges(batches, per_read, cuts))
     assert [b for r in reads for b in r] == list(batches)
     assert all(1 <= len(r) <= per_read for r in reads)
-    aligned = {(p - plan.start) // plan.global_batch_size for p in starts.tolist()
-               if p > plan.start and (p - plan.start) % plan.global_batch_size == 0}
-    assert set(cuts.tolist()) == {b for b in aligned if b <= len(plan)}
-    edges = sorted({first, len(plan), *(b for b in aligned if first < b < len(plan))})
+    global_batch = plan.global_batch_size
+    holding = {(p - plan.start) // global_batch for i, p in enumerate(starts.tolist())
+               if 0 < i < len(sizes) and p > plan.start
+               and ((p - plan.start) % global_batch == 0
+                    or sizes[i - 1] * SLIVER_FRACTION >= global_batch)}
+    for read in reads:  # such a start lies in no read past its first batch
+        assert not any(read.start < b < read.stop for b in holding)
+    edges = sorted({first, len(plan), *(b for b in cuts.tolist() if first < b < len(plan))})
     for lo, hi in itertools.pairwise(edges):
         segment = [r for r in reads if lo <= r.start < hi]
         assert segment[0].start == lo and segment[-1].stop == hi

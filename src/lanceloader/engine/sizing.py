@@ -39,7 +39,8 @@ READ_BYTES_MOST = 16 << 20
 
 
 def batches_per_read(random: bool, batch_size: int, transform: bool,
-                     bytes_per_row: float = 0.0, read_parts: int = 1) -> int:
+                     bytes_per_row: float = 0.0, read_parts: int = 1,
+                     store_ranges: bool = False) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
     cost more per call), at most :data:`READ_BYTES` of data (or :data:`READ_ROWS_LEAST` rows
     within :data:`READ_BYTES_MOST` where that is more), and with a transform at most two
@@ -67,11 +68,22 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
     372
     >>> batches_per_read(False, 256, transform=True, read_parts=3)
     6
+
+    ``store_ranges``: the reads are a Lance source's sequential ranges on an object store (no
+    cache, no transform), where each read costs a round trip whatever its size and a fragment
+    read in two reads costs a request per column more: they hold up to
+    :data:`READ_BYTES_MOST` (1M rows of 264 B in 20 fragments of 13 MB on S3 emulated with
+    20 ms per request: 99 requests an epoch, 0.89x Lance's scan, against 139 and 0.64x in
+    reads of 8 MiB; Lance's scan made 102):
+
+    >>> batches_per_read(False, 256, transform=False, bytes_per_row=264, store_ranges=True)
+    248
     """
     rows = (ROWS_PER_READ_RANDOM if random else ROWS_PER_READ_SEQUENTIAL) * read_parts
     if bytes_per_row > 0:
         least = min(READ_ROWS_LEAST * read_parts, int(READ_BYTES_MOST // bytes_per_row))
-        rows = min(rows, max(int(READ_BYTES * read_parts // bytes_per_row), least))
+        most = READ_BYTES_MOST if store_ranges else READ_BYTES * read_parts
+        rows = min(rows, max(int(most // bytes_per_row), least))
     per_read = max(1, rows // batch_size)
     return min(per_read, TRANSFORM_BATCHES_PER_READ * read_parts) if transform else per_read
 

@@ -3,7 +3,7 @@
 :func:`stream_tasks` is what a :class:`~lanceloader.engine.stream.Stream` runs: the plan's
 :func:`~lanceloader.ordering.plan.read_tasks` (1, 4, 16, ... batches up to a read's size, cut on
 a block shuffle's windows), except on object storage, where reads start at full size and a
-sequential read of a Lance source is cut where a fragment begins on a batch boundary. Pure
+sequential read of a Lance source is cut at the batch that holds a fragment's first row. Pure
 functions of the plan and the fragments' first positions: nothing is read here, and the tasks
 never change which rows a batch holds, only how batches are grouped into reads.
 
@@ -12,9 +12,11 @@ Example::
     >>> import numpy as np
     >>> from lanceloader.ordering.plan import Plan
     >>> plan = Plan(num_samples=1000, batch_size=100)
-    >>> cuts = fragment_batches(plan, np.array([0, 300, 450, 1000]))  # 450: inside batch 4
+    >>> cuts = fragment_batches(plan, np.array([0, 300, 450, 1000]))  # 450: after 150 rows
     >>> cuts.tolist(), list(fragment_read_ranges(range(len(plan)), 4, cuts))
-    ([3, 10], [range(0, 3), range(3, 7), range(7, 10)])
+    ([3], [range(0, 3), range(3, 7), range(7, 10)])
+    >>> fragment_batches(plan, np.array([0, 850, 1000])).tolist()  # batch 8 holds row 850
+    [8]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from lanceloader.engine.work import BatchWork
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, ReadTask, read_tasks
 from lanceloader.rows.dataset import is_object_store
+from lanceloader.rows.fragment_tails import SLIVER_FRACTION
 
 
 def stream_tasks(
@@ -52,7 +55,6 @@ def stream_tasks(
         ramp
         or batches.step != 1
         or fragment_starts is None
-        or work.source.cache is not None
         or not isinstance(work.order, Order)
         or work.order.shuffle
     ):
@@ -70,17 +72,27 @@ def stream_tasks(
 
 
 def fragment_batches(plan: Plan, starts: np.ndarray) -> np.ndarray:
-    """The batches of ``plan`` (a sequential order: sample = position) that begin exactly where
-    a fragment's rows begin (``starts``, positions): reads cut there read one data file each. A
-    fragment start inside a batch is no cut: that batch reads two files whichever read holds
-    it, and a cut next to it would only add a read (3 more requests per such fragment on S3).
+    """The batches of ``plan`` (a sequential order: sample = position) at which reads are cut so
+    each reads one data file: the batch that holds a fragment's first row (``starts``,
+    positions, then the number of rows). Where that batch begins a few rows before the
+    fragment, those rows are a *sliver* of the fragment before, which the read before the cut
+    fetches along and hands over (:mod:`lanceloader.rows.fragment_tails`), so no read asks a
+    file for them alone. Only a fragment of at least a batch per :data:`SLIVER_FRACTION
+    <lanceloader.rows.fragment_tails.SLIVER_FRACTION>` leaves slivers: after a smaller one the
+    next start is cut only where it begins a batch exactly (else reads would shrink to the
+    fragments' size, each a store round trip).
 
     >>> fragment_batches(Plan(1000, 100, start=50), np.array([0, 250, 450, 1000])).tolist()
     [2, 4]
+    >>> fragment_batches(Plan(4000, 100), np.array([0, 850, 1950, 4000])).tolist()
+    [8, 19]
     """
-    offsets = np.asarray(starts, dtype=np.int64) - plan.start
-    aligned = offsets[(offsets > 0) & (offsets % plan.global_batch_size == 0)]
-    return np.unique(np.minimum(aligned // plan.global_batch_size, len(plan)))
+    starts = np.asarray(starts, dtype=np.int64)
+    offsets = starts[1:-1] - plan.start
+    before = np.diff(starts)[:-1]  # the rows of the fragment each start ends
+    keep = (offsets > 0) & ((offsets % plan.global_batch_size == 0)
+                            | (before * SLIVER_FRACTION >= plan.global_batch_size))
+    return np.unique(np.minimum(offsets[keep] // plan.global_batch_size, len(plan)))
 
 
 def fragment_read_ranges(batches: range, per_read: int, boundaries: np.ndarray) -> Iterator[range]:

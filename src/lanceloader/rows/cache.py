@@ -419,7 +419,13 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
         direct.append(group)
         return True
 
-    for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), len(order)], strict=True):
+    spans = list(zip([0, *breaks.tolist()], [*breaks.tolist(), len(order)], strict=True))
+    if len(spans) > 1:  # the largest groups first: a read fills its own piece before it takes
+        # a sliver of a piece another read is about to fill (else it filled both, one after
+        # the other, while that read waited: the first epoch through the automatic cache on an
+        # object store started its last fragment a round trip late)
+        spans.sort(key=lambda span: span[0] - span[1])
+    for a, b in spans:
         group, rows = order[a:b], grouped_rows[a:b]
         i = int(group[0])
         found = cache.get(name_of(i))

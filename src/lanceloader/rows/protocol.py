@@ -178,6 +178,16 @@ def is_identity(order: np.ndarray) -> bool:
     return bool(len(order) == 0 or (order[0] == 0 and np.all(np.diff(order) == 1)))
 
 
+def is_run(positions: np.ndarray) -> bool:
+    """Whether ``positions`` are consecutive and ascending (a sequential read), at least one.
+
+    >>> is_run(np.arange(5, 9)), is_run(np.array([5, 7, 6, 8])), is_run(np.array([], int))
+    (True, False, False)
+    """
+    n = len(positions)
+    return bool(n and positions[-1] - positions[0] == n - 1 and np.all(np.diff(positions) == 1))
+
+
 def to_record_batch(table: pa.Table) -> pa.RecordBatch:
     """A table as one RecordBatch; copies only when it has several chunks."""
     batches = table.to_batches()
