@@ -48,6 +48,7 @@ Usage::
 
     python benchmarks/object_store.py                    # 200k rows, 20 ms, 3 repeats
     python benchmarks/object_store.py --sequential --repeats 3   # the target alone, ~1 minute
+    python benchmarks/object_store.py --sequential --rows 1000000 --files 20   # 20 files
     python benchmarks/object_store.py --rows 50000 --repeats 1 --rss
     python benchmarks/object_store.py --cache-only --repeats 5   # the cache's epochs alone
 """
@@ -195,6 +196,7 @@ def sequential_table(s3: S3, cases: dict, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--files", type=int, default=4, help="data files (fragments) written")
     parser.add_argument("--shuffle-rows", type=int, default=20_000)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=3)
@@ -213,11 +215,12 @@ def main() -> None:
     # as in a training process) and emptied before each run that measures it
     shm = tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-")
     os.environ[autocache.AUTO_DIR_VARIABLE] = shm.name
-    local = write_demo_dataset(Path(scratch.name) / "local.lance", rows=args.rows, fragments=4)
+    local = write_demo_dataset(Path(scratch.name) / "local.lance", rows=args.rows,
+                               fragments=args.files)
     results: dict[str, dict[str, float]] = {}
     cached: dict[str, dict[str, float]] = {}
     try:
-        uri = s3.write(demo_table(args.rows), max_rows_per_file=args.rows // 4)
+        uri = s3.write(demo_table(args.rows), max_rows_per_file=-(-args.rows // args.files))
         options = {**s3.storage_options, "endpoint": proxy.endpoint}
         proxy.set(latency_s=args.latency_ms / 1000)
 

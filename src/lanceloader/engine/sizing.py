@@ -4,8 +4,9 @@ parts) and the machine's cores. The engine (:mod:`lanceloader.engine.stream`) ru
 decide; the ``Loader``'s pipeline and ``MapDataset``'s read-ahead ask them.
 
 A read holds up to 65,536 rows (16,384 for random takes) and :data:`READ_BYTES` of Arrow data
-per Lance call, or :data:`READ_ROWS_LEAST` rows of big rows within :data:`READ_BYTES_MOST`;
-with a transform two batches. In flight: at most ``reads_in_flight`` reads plus the one being
+per Lance call, or :data:`READ_ROWS_LEAST` rows of big rows within :data:`READ_BYTES_MOST`
+(and sequential reads on an object store up to :data:`READ_BYTES_MOST`); with a transform two
+batches. In flight: at most ``reads_in_flight`` reads plus the one being
 consumed, so at most ``(reads_in_flight + 1) × READ_BYTES_MOST`` of Arrow data (a mix's read:
 up to 4 × ``READ_BYTES``), whatever the dataset's size.
 """

@@ -15,8 +15,8 @@ Contract of a :class:`Stream`:
   ``(reads_in_flight + 1) × READ_BYTES_MOST`` of Arrow data (a mix's read: up to 4 ×
   ``READ_BYTES``, one Lance call per source; and what the transform makes of it), whatever
   the dataset's size. On object storage reads start at full
-  size, and a sequential read of a Lance source ends where a fragment begins on a batch
-  boundary (:func:`~lanceloader.engine.tasks.stream_tasks`).
+  size, and a sequential read of a Lance source ends at the batch that holds a fragment's
+  first row (:func:`~lanceloader.engine.tasks.stream_tasks`).
 * A stream of thread workers first keeps freed reads' memory in the process
   (:func:`~lanceloader.engine.processes.reuse_freed_memory`: glibc's thresholds at the ceiling
   of their own dynamic rule), so a read does not fault its pages in afresh.

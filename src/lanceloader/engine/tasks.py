@@ -40,11 +40,13 @@ def stream_tasks(
     (1, 4, 16, ... batches up to ``per_read``, cut on a block shuffle's windows; a read of
     ``read_parts`` Lance calls, a mix's, ramps from ``read_parts`` batches), except on
     object storage, where every read costs the store's latency whatever its size: there reads
-    start at full size, and a sequential read of a Lance source (no cache) is cut where a
-    fragment begins on a batch boundary (:func:`fragment_batches`,
-    :func:`fragment_read_ranges`), so each read asks one data file for one range per column
-    (204,800 rows in 4 fragments of 51,200, batches of 256: 21 requests an epoch where reads
-    across fragments made 27, and Lance's own scan 20).
+    start at full size, and a sequential read of a Lance source is cut at the batch that holds
+    each fragment's first row (:func:`fragment_batches`, :func:`fragment_read_ranges`), so each
+    read asks one data file for one range per column group (the few rows of a fragment's end
+    that the batch at a cut holds come from the read before it:
+    :mod:`lanceloader.rows.fragment_tails`; through a cache, from the piece that read fills).
+    200,000 rows in 4 fragments of 50,000, batches of 256: 17 requests an epoch where reads
+    cut only at fragment starts that were batch starts made 29, and Lance's own scan 20.
     """
     # Ramping up from one batch pays the store's latency per small read: reads at full size from
     # the first ran a full shuffle's first 20,000 rows 39x faster on S3 emulated with 20 ms per
