@@ -671,3 +671,26 @@ def test_a_shuffle_through_a_cache_reads_as_much_per_read_as_an_ordered_one(tmp_
     assert plain.batches_per_read * 256 == 16_384
     assert cached.batches_per_read == ordered.batches_per_read > plain.batches_per_read
     assert cached.batches_per_read * 256 * cached.source.bytes_per_row <= READ_BYTES
+
+
+def test_a_read_fills_its_largest_piece_before_a_sliver_of_another(uri, tmp_path, small_pieces):
+    """A sequential read on a store begins with a few rows of the piece the read before it
+    fills: it fills its own piece first, then takes those rows (it filled both, the sliver's
+    first, while the read next to it waited: the first epoch through the automatic cache
+    started its last fragment a round trip late). Rows 1,990-3,023: 34 rows of fragment 0's
+    second piece, 1,024 of fragment 1's first."""
+    source = Source(uri, COLUMNS, cache=str(tmp_path / "cache"))
+    filled: list[str] = []
+    fill_piece = source.cache.fill_piece
+
+    def recording(name, load, block):
+        filled.append(name)
+        return fill_piece(name, load, block)
+
+    source.cache.fill_piece = recording
+    table = source.read(np.arange(1990, 3024))
+    assert table.column("id").to_pylist() == list(range(1990, 3024))
+    size = source._piece_rows
+    assert filled == [cache_module.piece_name(source._fragment_keys[1], size, 0),
+                      cache_module.piece_name(source._fragment_keys[0], size, 1)]
+
