@@ -147,3 +147,33 @@ def test_many_readers_each_get_their_own_sliver(readers: int) -> None:
         t.join(30)
     assert set(got) == set(range(readers))
     assert all(got[i] in (None, f"rows {i - 1}") for i in range(readers))
+
+
+def test_read_run_hands_the_sliver_to_the_next_read_and_reads_it_when_nobody_did() -> None:
+    """Two reads across a fragment boundary, one after the other: the first reads on to its
+    fragment's end, the second never asks for those rows and still returns them; when the
+    first failed, the second reads them itself. Rows are the positions themselves."""
+    starts = np.array([0, 1000, 2000])
+    asked: list[tuple[int, int]] = []
+
+    def read(a: int, b: int) -> pa.Table:
+        asked.append((a, b))
+        return pa.table({"id": np.arange(a, b)})
+
+    tails = FragmentTails()
+    first = tails.read_run(0, 990, starts, read)
+    second = tails.read_run(990, 1990, starts, read)
+    assert first.column("id").to_pylist() == list(range(990))
+    assert second.column("id").to_pylist() == list(range(990, 1990))
+    assert asked == [(0, 1000), (1000, 2000)]
+
+    def failing(a: int, b: int) -> pa.Table:
+        raise OSError("the store went away")
+
+    asked.clear()
+    tails = FragmentTails()
+    with pytest.raises(OSError):
+        tails.read_run(0, 990, starts, failing)
+    assert tails.read_run(990, 1990, starts, read).column("id").to_pylist() == \
+        list(range(990, 1990))
+    assert asked == [(1000, 2000), (990, 1000)]

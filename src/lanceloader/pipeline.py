@@ -48,6 +48,7 @@ from lanceloader.engine.sizing import (
 )
 from lanceloader.engine.stats import Recorder
 from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, Reading
+from lanceloader.engine.tasks import store_ranges
 from lanceloader.engine.verdict import usable_cores
 from lanceloader.engine.work import BatchWork
 from lanceloader.lifecycle import forksafe
@@ -219,13 +220,11 @@ class Pipeline:
         random = (the_order.random_reads or source.random_reads) and source.cache is None
         reads_wait = (isinstance(source, Source) and not random and source.cache is None
                       and steps.transform is None)
-        store_ranges = (isinstance(source, Source) and is_object_store(source.uri)
-                        and steps.transform is None
-                        and isinstance(the_order, Order) and not the_order.shuffle)
         per_read = (max(1, workers.rows_per_read // batching.batch_size) if workers.rows_per_read
                     else batches_per_read(random, batching.batch_size,
                                           steps.transform is not None, source.bytes_per_row,
-                                          getattr(source, "read_parts", 1), store_ranges))
+                                          getattr(source, "read_parts", 1),
+                                          store_ranges(source, the_order)))
         pipeline = cls(source, the_order, batching, steps, output, workers,
                        workers.num_workers or default_workers(usable_cores(),
                                                               workers.worker_type, reads_wait),

@@ -70,10 +70,10 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
     >>> batches_per_read(False, 256, transform=True, read_parts=3)
     6
 
-    ``store_ranges``: the reads are a Lance source's sequential ranges on an object store (no
-    cache, no transform), where each read costs a round trip whatever its size and a fragment
-    read in two reads costs a request per column more: they hold up to
-    :data:`READ_BYTES_MOST` (1M rows of 264 B in 20 fragments of 13 MB on S3 emulated with
+    ``store_ranges``: the reads are a Lance source's sequential ranges on an object store (with
+    or without a cache: :func:`~lanceloader.engine.tasks.store_ranges`), where each read costs a
+    round trip whatever its size and a fragment read in two reads costs a request per column
+    more: they hold up to :data:`READ_BYTES_MOST` (1M rows of 264 B in 20 fragments of 13 MB on S3 emulated with
     20 ms per request: 99 requests an epoch, 0.89x Lance's scan, against 139 and 0.64x in
     reads of 8 MiB; Lance's scan made 102):
 

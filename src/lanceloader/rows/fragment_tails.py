@@ -20,9 +20,10 @@ read that leaves a sliver and the read that takes it agree on its range.
 Contract: rows are positions of one pinned version, the same in every epoch, so a sliver left
 by any read is the right rows for any later one. Left slivers nobody takes (another process's
 read took its own, an epoch that ended) are dropped oldest first past :data:`TAILS_HELD_BYTES`.
-Nothing here reads: :class:`FragmentTails` only holds and hands over tables, per process
-(thread workers share it; each process worker has its own, and there a sliver is read by
-whichever read needs it when no read of the same process promised it).
+Nothing here reads Lance: :class:`FragmentTails` holds and hands over tables, and
+:meth:`FragmentTails.read_run` runs one read's part of the hand-over around a ``read``
+callable, per process (thread workers share it; each process worker has its own, and there a
+sliver is read by whichever read needs it when no read of the same process promised it).
 
 Example::
 
@@ -42,9 +43,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 # A sliver is at most this fraction of its fragment's rows: the rows a straddling batch takes
 # from a fragment (fewer than a batch), never a real share of one.
@@ -121,6 +124,32 @@ class FragmentTails:
                     break
                 self._bytes -= self._slivers.pop(old)[2]
             entry[0].set()
+
+    def read_run(self, lo: int, hi: int, starts: np.ndarray,
+                 read: Callable[[int, int], pa.Table]) -> pa.Table:
+        """The rows of positions ``[lo, hi)`` (``read(a, b)`` reads positions ``[a, b)``), with
+        the sliver it begins with taken from the read before (or read here when nobody
+        promised it) and the few rows past ``hi`` to its fragment's end read along and left
+        for the read after (:func:`tail_split`); a failed read leaves its promise empty, so
+        the read after it reads those rows itself."""
+        head, (first, last), tail = tail_split(lo, hi, starts)
+        if tail is not None:
+            self.promise(tail)
+        try:
+            rows = read(first, last)
+        except BaseException:
+            if tail is not None:
+                self.leave(tail, None)
+            raise
+        if tail is not None:  # a copy of its few rows, not a view holding the whole read
+            self.leave(tail, rows.take(np.arange(hi - first, last - first)))
+            rows = rows.slice(0, hi - first)
+        if head is not None:
+            before = self.take(head)
+            if before is None:  # nobody in this process read it along
+                before = read(*head)
+            rows = pa.concat_tables([before, rows])
+        return rows
 
     def take(self, span: Span) -> Any:
         """The rows of ``span`` if a read left or promised them (waiting for it at most

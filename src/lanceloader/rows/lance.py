@@ -77,7 +77,7 @@ from lanceloader.rows.dataset import (
 )
 from lanceloader.rows.disk_cache import DiskCache
 from lanceloader.rows.first_reads import FirstReads
-from lanceloader.rows.fragment_tails import FragmentTails, tail_split
+from lanceloader.rows.fragment_tails import FragmentTails
 from lanceloader.rows.inline_blobs import take_inline_io
 from lanceloader.rows.protocol import (
     Intervals,
@@ -497,31 +497,13 @@ class Source:
 
     def _read_run(self, lo: int, hi: int) -> pa.Table:
         """Positions ``[lo, hi)`` on an object store, sharing fragment slivers with the reads
-        next to it (:mod:`lanceloader.rows.fragment_tails`): a sliver of the fragment before
-        comes from the read before, and the last fragment's few rows past ``hi`` are read
-        along and left for the read after."""
+        next to it (:meth:`FragmentTails.read_run
+        <lanceloader.rows.fragment_tails.FragmentTails.read_run>`)."""
         starts = self._store_fragment_positions
         if starts is None:
             starts = self._store_fragment_positions = self.fragment_positions()
-        head, (first, last), tail = tail_split(lo, hi, starts)
-        tails = self._sharing()
-        if tail is not None:
-            tails.promise(tail)
-        try:
-            rows = self._read_offsets(self.row_offsets(np.arange(first, last)))
-        except BaseException:
-            if tail is not None:
-                tails.leave(tail, None)
-            raise
-        if tail is not None:  # a copy of its few rows, not a view holding the whole read
-            tails.leave(tail, rows.take(np.arange(hi - first, last - first)))
-            rows = rows.slice(0, hi - first)
-        if head is not None:
-            before = tails.take(head)
-            if before is None:  # nobody in this process read it along
-                before = self._read_offsets(self.row_offsets(np.arange(*head)))
-            rows = pa.concat_tables([before, rows])
-        return rows
+        return self._sharing().read_run(
+            lo, hi, starts, lambda a, b: self._read_offsets(self.row_offsets(np.arange(a, b))))
 
     def _read_offsets(self, offsets: np.ndarray) -> pa.Table:
         """The rows at Lance ``offsets`` (any order, duplicates allowed), from Lance."""

@@ -175,7 +175,7 @@ class Intervals:
 
 
 def is_identity(order: np.ndarray) -> bool:
-    return bool(len(order) == 0 or (order[0] == 0 and np.all(np.diff(order) == 1)))
+    return bool(len(order) == 0 or (order[0] == 0 and is_run(order)))
 
 
 def is_run(positions: np.ndarray) -> bool:
