@@ -133,6 +133,27 @@ def test_a_full_shuffle_bigger_than_the_cache_does_not_download_pieces(uri, tmp_
     assert small.source.cache.fills == 0
 
 
+@pytest.mark.parametrize("kind", ["directory", "memory"])
+def test_a_shuffled_read_of_local_data_fills_a_few_pieces_and_takes_the_rest(
+        uri, tmp_path, small_pieces, monkeypatch, kind):
+    """A full shuffle's first read wants a sliver of every piece; filling all of them before
+    the first batch made it late. A read of local data fills ``FILLS_PER_READ`` of them (its
+    largest groups first) and takes its other rows from Lance; the epoch still fills each
+    piece once, and the next epoch reads nothing from Lance."""
+    monkeypatch.setattr(cache_module, "FILLS_PER_READ", 2)
+    cache = "memory" if kind == "memory" else str(tmp_path / "c")
+    plain = Source(uri, columns=COLUMNS)
+    cached = Source(uri, columns=COLUMNS, cache=cache, cache_size=1 << 30)
+    shuffled = np.random.default_rng(3).permutation(ROWS)
+    fills = []
+    for read in np.array_split(shuffled, 10):  # 600 rows: every one of the 6 pieces each time
+        assert cached.read_table(read).equals(plain.read_table(read))
+        fills.append(cached.cache.fills)
+    assert fills[:3] == [2, 4, 6] and fills[-1] == 6  # 2 a read, each piece once
+    everything = cached.read_table(shuffled)
+    assert everything.equals(plain.read_table(shuffled)) and cached.cache.fills == 6
+
+
 def test_the_directory_stays_within_its_cap_and_rows_stay_right(uri, tmp_path, small_pieces):
     piece = 1024 * Source(uri, columns=COLUMNS).bytes_per_row
     cap = int(2.5 * piece) + 4096  # two pieces and a half: every epoch evicts
