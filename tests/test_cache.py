@@ -75,10 +75,12 @@ def test_every_order_delivers_what_it_delivers_without_a_cache(uri, tmp_path, sm
     plain = loader_of(uri, **ORDERS[order])
     cached = loader_of(uri, cache=cache, worker_type=worker_type, num_workers=2,
                        **ORDERS[order])
-    for _ in range(2):
-        assert rows_of(cached) == rows_of(plain)
-        stats = cached.stats(epoch=-1)
-        assert stats.rows_cached == stats.rows_read == ROWS
+    assert rows_of(cached) == rows_of(plain)
+    first = cached.stats(epoch=-1)  # the first reads are small: their rows come from Lance
+    assert first.rows_read == ROWS and 0 < first.rows_cached < ROWS
+    assert rows_of(cached) == rows_of(plain)
+    stats = cached.stats(epoch=-1)
+    assert stats.rows_cached == stats.rows_read == ROWS
     assert stats.io_iops == 0  # the second epoch made no storage request at all
 
 
@@ -134,22 +136,24 @@ def test_a_full_shuffle_bigger_than_the_cache_does_not_download_pieces(uri, tmp_
 
 
 @pytest.mark.parametrize("kind", ["directory", "memory"])
-def test_a_shuffled_read_of_local_data_fills_a_few_pieces_and_takes_the_rest(
+def test_a_shuffled_read_of_local_data_fills_a_piece_per_rows_it_reads(
         uri, tmp_path, small_pieces, monkeypatch, kind):
     """A full shuffle's first read wants a sliver of every piece; filling all of them before
-    the first batch made it late. A read of local data fills ``FILLS_PER_READ`` of them (its
-    largest groups first) and takes its other rows from Lance; the epoch still fills each
-    piece once, and the next epoch reads nothing from Lance."""
-    monkeypatch.setattr(cache_module, "FILLS_PER_READ", 2)
+    the first batch made it late. A read of local data fills one per ``ROWS_PER_FILL`` rows it
+    reads (its largest groups first) and takes its other rows from Lance; the epoch still fills
+    each piece once, and the next epoch reads nothing from Lance."""
+    monkeypatch.setattr(cache_module, "ROWS_PER_FILL", 300)
     cache = "memory" if kind == "memory" else str(tmp_path / "c")
     plain = Source(uri, columns=COLUMNS)
     cached = Source(uri, columns=COLUMNS, cache=cache, cache_size=1 << 30)
     shuffled = np.random.default_rng(3).permutation(ROWS)
-    fills = []
+    first = shuffled[:299]  # a small first read (a batch): nothing filled, all from Lance
+    assert cached.read_table(first).equals(plain.read_table(first))
+    fills = [cached.cache.fills]
     for read in np.array_split(shuffled, 10):  # 600 rows: every one of the 6 pieces each time
         assert cached.read_table(read).equals(plain.read_table(read))
         fills.append(cached.cache.fills)
-    assert fills[:3] == [2, 4, 6] and fills[-1] == 6  # 2 a read, each piece once
+    assert fills[:4] == [0, 2, 4, 6] and fills[-1] == 6  # 2 a read, each piece once
     everything = cached.read_table(shuffled)
     assert everything.equals(plain.read_table(shuffled)) and cached.cache.fills == 6
 

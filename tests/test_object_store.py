@@ -272,6 +272,29 @@ def test_a_default_loader_caches_by_itself_and_cache_none_turns_it_off(
     assert "object store pays per request" in auto.stats().cache or order != "sequential"
 
 
+def test_a_shuffled_read_on_the_store_fills_every_piece_it_touches(s3, remote: str, local: str,
+                                                                   tmp_path,
+                                                                   monkeypatch) -> None:
+    """On local disk a read fills a piece per ``ROWS_PER_FILL`` rows it reads and takes the
+    rest from Lance; on a store a take costs a round trip, so a shuffled read fills every
+    piece it wants a sliver of: one small read, every piece once, then nothing more asked."""
+    from lanceloader.rows import cache as cache_module
+    from lanceloader.rows.lance import Source
+    monkeypatch.setattr(cache_module, "PIECE_BYTES", 1)  # pieces of 1,024 rows: 2 a fragment
+    monkeypatch.setattr(cache_module, "ROWS_PER_FILL", 1 << 30)  # local reads: no fill at all
+    kw = {"columns": ["id", "x"], "cache_size": 1 << 30}
+    read = np.random.default_rng(1).permutation(ROWS)[:50]  # every piece, a few rows of each
+    store = Source(remote, storage_options=s3.storage_options, cache=str(tmp_path / "s"), **kw)
+    disk = Source(local, cache=str(tmp_path / "d"), **kw)
+    pieces = len(np.unique(store.pieces_at.of(store.row_offsets(read))))
+    assert pieces > 1
+    assert store.read_table(read).equals(disk.read_table(read))
+    assert store.cache.fills == pieces and disk.cache.fills == 0
+    s3.requests(reset=True)
+    assert store.read_table(np.arange(ROWS)).equals(disk.read_table(np.arange(ROWS)))
+    assert sum(s3.requests().values()) == 0
+
+
 def test_a_filled_cache_serves_while_the_store_is_down(s3, remote: str, tmp_path,
                                                        proxy) -> None:
     """Fill through 503s (Lance retries them), then lose the store: the epoch still comes, all

@@ -217,6 +217,7 @@ class Source:
             + [starts[-1:]]))
         self.piece_fragment = np.repeat(np.arange(len(self._fragments)), np.diff(self._piece_base))
         self._piece_fill: tuple[np.ndarray, np.ndarray, bool] | None = None  # when first read
+        self._fill_credit = 0.0  # pieces this process's reads may fill for slivers (cache.py)
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
         if self.num_rows == 0:
             self._warn_empty()
