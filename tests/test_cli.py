@@ -70,6 +70,9 @@ def test_demo_reports_every_mode(small_uri: str, capsys) -> None:
     assert "raw Lance" in out and "vs raw" in out and "Next:" in out  # a yardstick, a next step
     assert "1,000 rows of" in out and "batches of 100 rows" in out  # what was measured
     assert "sequential 3/3: 1,000 rows" in err and "\r" not in err  # a log, not bar soup
+    # why a full shuffle runs near a scan here: said, not left for a newcomer to wonder about
+    assert "block shuffle and full shuffle: read through the cache the loader chose" in out
+    assert "cache=None turns it off): auto: " in out
 
 
 def test_demo_writes_its_dataset_into_the_cache(tmp_path, monkeypatch, capsys) -> None:
