@@ -227,5 +227,7 @@ def auto_cache(random_order: bool, object_store: bool, data_bytes: float,
     disk = DiskCache(root, budget, mapped=True)
     disk.remove_dead_temporaries()
     why = "a shuffle reads at random" if random_order else "an object store pays per request"
-    return disk, (f"auto: {os.fspath(root)} ({why}; ~{data_bytes / 1e9:,.2f} GB of projected "
-                  f"columns within a {budget / 1e9:,.1f} GB budget)")
+    size = (f"{data_bytes / 1e9:,.2f} GB" if data_bytes >= 1e9 else
+            f"{data_bytes / 1e6:,.0f} MB" if data_bytes >= 1e6 else f"{data_bytes / 1e3:,.0f} kB")
+    return disk, (f"auto: {os.fspath(root)} ({why}; ~{size} of projected columns within a "
+                  f"{budget / 1e9:,.1f} GB budget)")
