@@ -312,7 +312,7 @@ def test_inspect_shows_blob_payload_bytes(blob_uri: str, images) -> None:
 
 
 def ll_format(n: float) -> str:
-    from lanceloader.cli.inspect import format_bytes
+    from lanceloader.units import format_bytes
 
     return format_bytes(n)
 

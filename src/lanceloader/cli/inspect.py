@@ -22,22 +22,10 @@ from lanceloader.cli.errors import (
 )
 from lanceloader.rows.blobs import is_blob_field, payload_sizes
 from lanceloader.rows.lance import Source
+from lanceloader.units import format_bytes
 
 INSPECT_SAMPLE_ROWS = 16
 INSPECT_VERSIONS_SHOWN = 10
-
-
-def format_bytes(n: float) -> str:
-    """Decimal units: ``format_bytes(256_000) == '256.0 kB'``.
-
-    >>> format_bytes(999), format_bytes(256_000), format_bytes(3.2e9)
-    ('999 B', '256.0 kB', '3.2 GB')
-    """
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def aligned(rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:

@@ -30,6 +30,7 @@ from lanceloader.lifecycle import lifetime
 from lanceloader.rows.cache_budget import ESTIMATE_MARGIN, used_bytes
 from lanceloader.rows.cache_files import CacheLockTimeout
 from lanceloader.rows.disk_cache import LOCK_WAIT_S, DiskCache
+from lanceloader.units import format_bytes
 
 # The automatic cache's budget: at most these shares of the free space of /dev/shm and of the
 # memory available (MemAvailable): /dev/shm's pages are memory that the kernel cannot reclaim,
@@ -227,7 +228,5 @@ def auto_cache(random_order: bool, object_store: bool, data_bytes: float,
     disk = DiskCache(root, budget, mapped=True)
     disk.remove_dead_temporaries()
     why = "a shuffle reads at random" if random_order else "an object store pays per request"
-    size = (f"{data_bytes / 1e9:,.2f} GB" if data_bytes >= 1e9 else
-            f"{data_bytes / 1e6:,.0f} MB" if data_bytes >= 1e6 else f"{data_bytes / 1e3:,.0f} kB")
-    return disk, (f"auto: {os.fspath(root)} ({why}; ~{size} of projected columns within a "
-                  f"{budget / 1e9:,.1f} GB budget)")
+    return disk, (f"auto: {os.fspath(root)} ({why}; ~{format_bytes(data_bytes)} of projected "
+                  f"columns within a {budget / 1e9:,.1f} GB budget)")
