@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lanceloader.rows.gather import column_views, gather_rows, group_order
-from lanceloader.rows.protocol import Intervals
+from lanceloader.rows.protocol import Intervals, distinct
 
 SCHEMA = pa.schema(
     [
@@ -139,6 +139,15 @@ def test_group_order_is_the_stable_argsort(keys, dtype):
     or above 65,536 (which must not wrap) too."""
     keys = np.array(keys, dtype=dtype)
     assert group_order(keys).tolist() == np.argsort(keys, kind="stable").tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-2**40, 2**40), max_size=200), st.booleans())
+def test_distinct_is_numpys_unique(values, ascending):
+    """The sort-based unique (NumPy's own hashes integers, 10x slower) agrees with
+    ``np.unique``: shuffled, duplicated and strictly increasing values (returned as they are)."""
+    values = np.array(sorted(set(values)) if ascending else values, dtype=np.int64)
+    assert distinct(values).tolist() == np.unique(values).tolist()
 
 
 @settings(max_examples=300, deadline=None)

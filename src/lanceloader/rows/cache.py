@@ -133,7 +133,7 @@ from lanceloader.rows.cache_files import (
 from lanceloader.rows.dataset import reaching_store
 from lanceloader.rows.disk_cache import DiskCache
 from lanceloader.rows.gather import gather_rows, group_order
-from lanceloader.rows.protocol import is_identity
+from lanceloader.rows.protocol import distinct, is_identity
 
 __all__ = [
     "AUTO", "FILL_FRACTION", "MIN_PIECE_ROWS", "PIECE_BYTES", "SUFFIX", "CacheError",
@@ -457,7 +457,7 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
             continue
         p = int(piece[i])
         sliver = b - a < FILL_FRACTION * sizes[p] or (
-            len(np.unique(offsets[group])) < FILL_FRACTION * sizes[p])
+            len(distinct(offsets[group])) < FILL_FRACTION * sizes[p])
         if share[p] < FILL_FRACTION or (sliver and not (fits and sliver_fills)) or (
                 not cache.keeps(name_of(i), sizes[p] * source.bytes_per_row)):
             direct.append(group)

@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from lanceloader.lifecycle.lifetime import picklable_error
 from lanceloader.rows.dataset import ReadError
+from lanceloader.rows.protocol import distinct
 
 SUFFIX = ".arrow"
 BYTES_SUFFIX = ".bin"  # byte ranges that are not rows (fetch_bytes)
@@ -191,7 +192,7 @@ class PieceFile:
         rows = np.asarray(rows, dtype=np.int64)
         try:
             batch = rows // self.batch_rows
-            needed = np.unique(batch)
+            needed = distinct(batch)
             source = self._reader
             if len(needed) * 2 > source.num_record_batches:  # most of it: one pread
                 whole = pa.ipc.open_file(pa.py_buffer(self._file.read_at(self._length, 0)))

