@@ -57,6 +57,7 @@ def part_table(start: int, rows: int, chunks: int, offset: int, nulls: bool) -> 
 def gathers(draw):
     """Parts, and a random partition of the result's places among rows drawn from them."""
     count = draw(st.integers(1, 4))
+    in_order = draw(st.booleans())  # a sequential read: runs of rows to runs of places
     parts, start = [], 0
     for _ in range(count):
         rows = draw(st.integers(1, 40))
@@ -71,12 +72,18 @@ def gathers(draw):
         if draw(st.booleans()):
             wheres.append(None)
             sizes.append(part.num_rows)
+        elif in_order:
+            lo = draw(st.integers(0, part.num_rows - 1))
+            hi = draw(st.integers(lo, part.num_rows))
+            wheres.append(np.arange(lo, hi, dtype=np.int64))
+            sizes.append(hi - lo)
         else:
             rows = draw(st.lists(st.integers(0, part.num_rows - 1), max_size=30))
             wheres.append(np.array(rows, dtype=np.int64))
             sizes.append(len(rows))
     n = sum(sizes)
-    perm = np.random.default_rng(draw(st.integers(0, 2**32 - 1))).permutation(n)
+    perm = (np.arange(n) if in_order else
+            np.random.default_rng(draw(st.integers(0, 2**32 - 1))).permutation(n))
     places = np.split(perm, np.cumsum(sizes)[:-1])
     return parts, wheres, places, n
 

@@ -24,7 +24,7 @@ import weakref
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.rows.protocol import inverse_permutation
+from lanceloader.rows.protocol import inverse_permutation, is_run
 
 Strides = tuple[int, int, list[tuple[int, int]]]  # (period, q, [(first place, first row)])
 
@@ -98,6 +98,8 @@ def gather_rows(
     for k, stride in enumerate(strides or ()):
         if stride is not None and wheres[k] is None:
             scatter[k] = stride
+    runs = [run_of(len(part), where, place)
+            for part, where, place in zip(parts, wheres, places, strict=True)]
     columns: list[pa.Array | pa.ChunkedArray] = []
     inverse: pa.Array | None = None
     for i, field in enumerate(schema):
@@ -110,6 +112,7 @@ def gather_rows(
                     places,
                     n,
                     scatter,
+                    runs,
                 )
             )
             continue
@@ -215,6 +218,34 @@ def rows_view(chunk: pa.Array, kind: pa.DataType, width: int) -> np.ndarray:
     ).view(f"V{width}")
 
 
+def run_of(rows: int, where: np.ndarray | None, place: np.ndarray
+           ) -> tuple[int, int, int] | None:
+    """``(first place, first row, count)`` when a part of ``rows`` rows gives consecutive rows
+    (all of them when ``where`` is None) to consecutive places, as a sequential read through a
+    cache does: one slice copy per column instead of an index (2x faster on 256-byte rows);
+    else None.
+
+    >>> run_of(10, np.arange(3, 8), np.arange(100, 105)), run_of(4, None, np.array([0, 2, 1, 3]))
+    ((100, 3, 5), None)
+    """
+    if not is_run(place) or (where is not None and not is_run(where)):
+        return None
+    return int(place[0]), 0 if where is None else int(where[0]), len(place)
+
+
+def copy_run(out: np.ndarray, chunks: list[np.ndarray], place: int, row: int, count: int
+             ) -> None:
+    """Rows ``row`` to ``row + count - 1`` of a part (its ``chunks`` in order) into ``out`` from
+    ``place`` on: a slice copy per chunk they lie in."""
+    first = 0
+    for chunk in chunks:
+        end = first + len(chunk)
+        lo, hi = max(row, first), min(row + count, end)
+        if lo < hi:
+            out[place + lo - row : place + hi - row] = chunk[lo - first : hi - first]
+        first = end
+
+
 def scatter_targets(where: np.ndarray, place: np.ndarray, rows: int) -> np.ndarray | None:
     """The place of each of a part's ``rows`` rows when ``where`` names each exactly once (a
     permutation: the part is scattered in its own order), else None (gathered).
@@ -238,6 +269,7 @@ def gather_fixed(
     places: list[np.ndarray],
     n: int,
     scatter: list[np.ndarray | Strides | None] | None = None,
+    runs: list[tuple[int, int, int] | None] | None = None,
 ) -> pa.Array:
     """One array of ``n`` rows of a fixed-width column without nulls, given as each part's
     chunks of ``width``-byte items (:func:`column_views`): row ``wheres[k][i]`` of part ``k``
@@ -245,13 +277,18 @@ def gather_fixed(
     faults afresh on every read). ``scatter[k]``, where given (:func:`scatter_targets`), is
     the place of each row of part ``k`` in its own order: those rows are scattered, chunk by
     chunk, one pass (a gather then a scatter costs about twice as much on 264-byte rows); or
-    its places as :data:`Strides` (see :func:`gather_rows`), copied by strided slices."""
+    its places as :data:`Strides` (see :func:`gather_rows`), copied by strided slices.
+    ``runs[k]``, where given (:func:`run_of`), copies part ``k``'s consecutive rows to
+    consecutive places by slices."""
     width = row_width(kind)
     buffer = pa.allocate_buffer(n * width)
     out = np.frombuffer(buffer, np.uint8).view(f"V{width}")
     targets = scatter or [None] * len(columns)
-    for chunks, where, place, target in zip(columns, wheres, places, targets, strict=True):
-        if isinstance(target, tuple):  # every row of the part, in order, by strides
+    for chunks, where, place, target, run in zip(columns, wheres, places, targets,
+                                                 runs or [None] * len(columns), strict=True):
+        if run is not None:  # consecutive rows to consecutive places
+            copy_run(out, chunks, *run)
+        elif isinstance(target, tuple):  # every row of the part, in order, by strides
             _scatter_strided(out, chunks, *target)
         elif target is not None or where is None:  # every row of the part: chunk by chunk
             target = place if target is None else target

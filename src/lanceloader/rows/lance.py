@@ -519,8 +519,11 @@ class Source:
 
     def read_fragment(self, index: int, start: int, rows: int) -> pa.Table:
         """Up to ``rows`` rows of the ``index``-th fragment from its row ``start`` (a cache
-        piece), blob columns read as :attr:`blobs` says."""
-        table = self._fragments[index].to_table(columns=self.columns, offset=start, limit=rows)
+        piece), blob columns read as :attr:`blobs` says. One chunk (Lance's batch size set to
+        the rows): ``to_table`` gave a chunk per 8,192 rows, which the cache then copied into one
+        (3.6 ms of CPU per 13.6 MB piece on the emulated store, same requests)."""
+        table = self._fragments[index].scanner(
+            columns=self.columns, offset=start, limit=rows, batch_size=max(rows, 1)).to_table()
         first = int(self._fragment_starts[index]) + start
         return attach_blobs(table, np.arange(first, first + table.num_rows), self.blobs, self)
 
