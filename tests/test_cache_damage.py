@@ -17,10 +17,12 @@ import logging
 import multiprocessing
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,7 @@ import pytest
 import lanceloader as ll
 from lanceloader.demo import write_demo_dataset
 from lanceloader.rows import cache as cache_module
+from lanceloader.rows import cache_files
 from lanceloader.rows import disk_cache as disk_cache_module
 from lanceloader.rows.cache_files import CacheError
 from lanceloader.rows.lance import Source
@@ -83,6 +86,28 @@ def test_random_bytes_written_into_a_piece_are_caught_and_read_again(uri, tmp_pa
     assert read_all(source) == want
     assert source.cache.damaged == 6 and source.cache.fills == 6  # each dropped and filled
     assert read_all(source) == want and source.cache.damaged == 6  # and good from then on
+
+
+def test_pieces_an_older_version_wrote_are_read_again_without_a_warning(uri, tmp_path, caplog):
+    """Piece files with the trailer of lanceloader before XXH3 (a CRC-32 and the magic
+    ``LLCACHE1``), as an upgrade finds them: each dropped and filled again, rows right, and
+    neither counted as damaged nor warned about (an INFO line each)."""
+    cache = tmp_path / "c"
+    filled(uri, cache)
+    want = read_all(Source(uri, columns=COLUMNS))
+    for piece in pieces(cache):
+        data = piece.read_bytes()
+        payload = data[:-cache_files.TRAILER.size]
+        _, extra, _, _ = cache_files.TRAILER.unpack(data[-cache_files.TRAILER.size:])
+        old = struct.pack("<QQI8s", len(payload), extra, zlib.crc32(payload), b"LLCACHE1")
+        piece.write_bytes(payload + old)
+    source = Source(uri, columns=COLUMNS, cache=str(cache), cache_size=1 << 30)
+    with caplog.at_level(logging.INFO, logger="lanceloader"):
+        assert read_all(source) == want
+    assert source.cache.damaged == 0 and source.cache.fills == 6
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sum("older lanceloader" in r.getMessage() for r in caplog.records) == 6
+    assert read_all(source) == want and source.cache.fills == 6  # the new files serve now
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])

@@ -34,7 +34,7 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_quick_start(tmp_path) -
     env = tmp_path / "venv"
     venv.create(env)  # without pip: ensurepip costs ~8 s of CPU; this pip installs into it
     python = env / "bin" / "python"
-    # The dependencies (pylance, pyarrow, numpy, tqdm) come from this environment through a
+    # The dependencies (pylance, pyarrow, numpy, tqdm, xxhash, ...) come from this environment through a
     # .pth file, so nothing is downloaded; lanceloader itself comes only from the wheel.
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], check=True, capture_output=True, text=True)

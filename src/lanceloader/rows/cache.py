@@ -29,8 +29,8 @@ Two kinds:
     file is written under a temporary name and renamed (atomic publish: no reader sees half a
     file).
 
-    *Checked*: every file (pieces and plans) ends with a trailer holding its length and a
-    CRC-32 of its name and bytes, checked before the file is first used. A checked version is
+    *Checked*: every file (pieces and plans) ends with a trailer holding its length and an
+    XXH3-64 checksum of its name and bytes, checked before the file is first used. A checked version is
     recorded on the file (an extended attribute, :data:`CHECKED_XATTR`, holding its name,
     inode, size and mtime; its writer records it too), so another process opening the same
     version reads the trailer only, and a process checks again whenever the file changed (any
@@ -56,9 +56,11 @@ Two kinds:
     and the directory is the user's own (``0o700``); bytes *written in place* into a mapped
     file are caught by the next read (the mtime changes), but a read copying rows at that very
     moment delivers them. A directory given as ``cache=`` is never mapped.
-    CRC-32 (zlib: 8 ms per 16 MiB piece on this 2-core machine, where SHA-256 takes 12 and
-    BLAKE2b 31) catches every burst of up to 32 bits and other damage but for a 2^-32 chance;
-    it guards against damage, not against someone who can write the directory.
+    XXH3-64 (the ``xxhash`` package: 1.2 ms to seal a 13.6 MB piece from memory and 3 ms to
+    check it with ``pread``, where zlib's CRC-32 took 4.3 and 7.6 ms on this 2-core machine)
+    catches damage but for a 2^-64 chance; it guards against damage, not against someone who
+    can write the directory. A file an older lanceloader sealed (magic ``LLCACHE1``, a CRC-32)
+    is dropped and filled again, logged at INFO level, neither warned about nor counted.
 
     *Capped at every instant*: a writer reserves its file's exact size (a temporary file of
     that size, which every other writer counts) under the directory's lock, after evicting the

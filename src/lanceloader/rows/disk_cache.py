@@ -34,7 +34,6 @@ import mmap
 import os
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,6 +56,7 @@ from lanceloader.rows.cache_files import (
     TRAILER,
     CacheLockTimeout,
     DamagedFile,
+    OlderFile,
     PieceFile,
     batch_rows_of,
     bytes_name,
@@ -187,7 +187,7 @@ class DiskCache:
                 self._checked[name] = (*version, extra)
         except (DamagedFile, OSError) as exc:
             file.close()
-            self.drop(name, path, version, str(exc))
+            self.drop(name, path, version, str(exc), damaged=not isinstance(exc, OlderFile))
             return None
         with contextlib.suppress(OSError):  # least recently used goes first (read-only: skip)
             os.utime(fd, ns=(time.time_ns(), stat.st_mtime_ns))
@@ -318,11 +318,14 @@ class DiskCache:
             self._held_bytes += table.nbytes
         return table
 
-    def drop(self, name: str, path: Path, version: tuple[int, int, int] | None, why: str) -> None:
+    def drop(self, name: str, path: Path, version: tuple[int, int, int] | None, why: str,
+             damaged: bool = True) -> None:
         """Remove the damaged file ``path`` (only if it is still the version found damaged, not
         a fresh copy another process published meanwhile), count and log it: once per damaged
         file, by the thread that removed it (others that found it damaged meanwhile see it gone
-        or replaced); a file that cannot be removed (a read-only cache) once per version."""
+        or replaced); a file that cannot be removed (a read-only cache) once per version.
+        ``damaged=False`` (a file an older lanceloader wrote): removed and logged at INFO
+        level, not counted or warned about."""
         self._checked.pop(name, None)
         with self._count:
             held = self._held.pop(name, None)
@@ -343,6 +346,10 @@ class DiskCache:
                 if (name, found) in self._unremovable:
                     return
                 self._unremovable.add((name, found))
+        if not damaged:
+            _logger.info("cache file %s in the cache directory %r was %s: dropped; its rows are "
+                         "read from the dataset again", path.name, os.fspath(self.root), why)
+            return
         self._thread.damaged = getattr(self._thread, "damaged", 0) + 1
         self._counted("damaged")
         _logger.warning("cache file %s in the cache directory %r failed its check (%s): dropped; "
@@ -577,8 +584,7 @@ class DiskCache:
                 file.write(payload)
                 if file.tell() != length:
                     raise OSError(errno.EIO, f"wrote {file.tell()} bytes of {length}")
-                crc = zlib.crc32(payload, zlib.crc32(name.encode()))
-                file.write(seal(name, length, crc, extra))
+                file.write(seal(name, payload, extra))
                 file.flush()
                 stat = os.fstat(file.fileno())
                 mark_checked(file.fileno(), name, stat)
