@@ -241,13 +241,31 @@ def first_batch_seconds(uri: str, kwargs: dict[str, Any]) -> float:
 # --- raw Lance runs --------------------------------------------------------------------------
 
 
+# Minor page faults of each raw scan, per batch size. The scan has two speeds in one process
+# (3 Dec 2026: 2.6-4.4M rows/s with 150-260k faults per 2M rows, ~10M with ~23k): glibc hands
+# it freshly mapped buffers that fault in, or reused ones. The tables print the faults beside
+# the ratio so a reader sees which scan a run compared against.
+SCAN_FAULTS: dict[int, list[int]] = {}
+
+
 def raw_sequential(ds: lance.LanceDataset, batch_size: int) -> float:
-    """Rows/s of one ``to_batches`` pass over the whole dataset."""
+    """Rows/s of one ``to_batches`` pass over the whole dataset (its minor page faults are
+    appended to :data:`SCAN_FAULTS`)."""
     rows = 0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
     for batch in ds.to_batches(columns=COLUMNS, batch_size=batch_size):
         rows += batch.num_rows
-    return rows / (time.perf_counter() - start)
+    rate = rows / (time.perf_counter() - start)
+    SCAN_FAULTS.setdefault(batch_size, []).append(
+        resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+    return rate
+
+
+def faults_note(faults: list[int]) -> str:
+    """The raw scans' minor page faults, for a case's note."""
+    return (f"raw scan page faults {statistics.median(faults) / 1000:,.0f}k "
+            f"({min(faults) / 1000:,.0f}k-{max(faults) / 1000:,.0f}k)")
 
 
 def raw_take(ds: lance.LanceDataset, ids: np.ndarray, chunk: int) -> float:
@@ -318,6 +336,7 @@ def case_sequential(uri: str, ds: lance.LanceDataset, args: argparse.Namespace) 
     run_loader(uri, kwargs, sys.maxsize)
     for b in RAW_SEQUENTIAL_BATCHES:
         raw_sequential(ds, b)
+    SCAN_FAULTS.clear()  # the timed scans' faults only
     for i in range(args.repeats):
         sizes = RAW_SEQUENTIAL_BATCHES if i % 2 == 0 else RAW_SEQUENTIAL_BATCHES[::-1]
         if i % 2 == 0:
@@ -333,7 +352,8 @@ def case_sequential(uri: str, ds: lance.LanceDataset, args: argparse.Namespace) 
             loader_rows_per_s=loader,
             raw_rows_per_s=raw[b],
             target=TARGET_SEQUENTIAL if b == fastest else None,
-            note="faster raw baseline" if b == fastest else "",
+            note=("faster raw baseline; " if b == fastest else "") + faults_note(SCAN_FAULTS[b]),
+            extra={"raw_page_faults": list(SCAN_FAULTS[b])},
         )
         for b in RAW_SEQUENTIAL_BATCHES
     ]
@@ -467,6 +487,7 @@ def case_auto_cache(uri: str, ds: lance.LanceDataset, args: argparse.Namespace,
     context = multiprocessing.get_context("spawn")
     runs: list[tuple[float, float, int, float, str, float]] = []
     raw_cpu: list[float] = []
+    faults: list[int] = []
 
     def loader_run() -> float:
         queue = context.Queue()
@@ -479,6 +500,7 @@ def case_auto_cache(uri: str, ds: lance.LanceDataset, args: argparse.Namespace,
     def raw_run() -> float:
         rate, cpu = raw_sequential_cpu(ds, 8192)
         raw_cpu.append(cpu)
+        faults.append(SCAN_FAULTS[8192][-1])
         return rate
 
     pairs = list(paired(args.repeats, loader_run, raw_run))
@@ -497,8 +519,9 @@ def case_auto_cache(uri: str, ds: lance.LanceDataset, args: argparse.Namespace,
         note=(f"epoch 1 {_rate(first)}/s; CPU s per 1M rows {statistics.median(loader_cpu):.2f} "
               f"vs raw {statistics.median(raw_cpu):.2f} ({cpu_ratio:.2f}x); "
               + (f"/dev/shm {shm / 2**20:,.0f} MiB; " if cache is None else "")
-              + f"peak RSS {rss:,.0f} MiB"),
+              + f"peak RSS {rss:,.0f} MiB; " + faults_note(faults)),
         extra={"epoch_1_rows_per_s": [r[0] for r in runs], "shm_bytes": shm,
+               "raw_page_faults": faults,
                "peak_rss_mib": rss, "cache": runs[-1][4], "loader_cpu_s_per_mrow": loader_cpu,
                "raw_cpu_s_per_mrow": raw_cpu, "cpu_ratio_of_medians": cpu_ratio},
     )
