@@ -30,9 +30,9 @@ Two kinds:
     file).
 
     *Checked*: every file (pieces and plans) ends with a trailer holding its length and an
-    XXH3-64 checksum of its name and bytes, checked before the file is first used. A checked version is
-    recorded on the file (an extended attribute, :data:`CHECKED_XATTR`, holding its name,
-    inode, size and mtime; its writer records it too), so another process opening the same
+    XXH3-64 checksum of its name and bytes, checked before the file is first used. A checked
+    version is recorded on the file (an extended attribute, :data:`CHECKED_XATTR`, holding its
+    name, inode, size and mtime; its writer records it too), so another process opening the same
     version reads the trailer only, and a process checks again whenever the file changed (any
     write changes the mtime, a rename the name). So a damaged byte, a truncation or a piece
     renamed over another is caught, dropped (counted in ``damaged``, logged) and downloaded

@@ -2,10 +2,10 @@
 
 Every cache file (a piece, a plan, a byte range) is its payload followed by a trailer
 (:data:`TRAILER`: the payload's length, an ``extra`` number, an XXH3-64 checksum of the file's
-name, payload and ``extra``, and :data:`MAGIC`). :func:`seal` makes the trailer; :func:`check_sealed`
-reads a file with ``pread`` and checks it, raising :class:`DamagedFile`; :func:`read_trailer`
-reads the trailer alone of a version checked before; :func:`mark_checked` and
-:func:`was_checked` record and look up a checked version on the file itself
+name, payload and ``extra``, and :data:`MAGIC`). :func:`seal` makes the trailer;
+:func:`check_sealed` reads a file with ``pread`` and checks it, raising :class:`DamagedFile`;
+:func:`read_trailer` reads the trailer alone of a version checked before; :func:`mark_checked`
+and :func:`was_checked` record and look up a checked version on the file itself
 (:data:`CHECKED_XATTR`). A piece file is Arrow IPC in record batches of about
 :data:`BATCH_BYTES` (:func:`batch_rows_of`), read batch by batch through :class:`PieceFile`.
 Also here: the names of the directory's files (:data:`SUFFIX`, :data:`BYTES_SUFFIX`,

@@ -106,6 +106,16 @@ def read_table(source: RowSource, positions: np.ndarray) -> pa.Table:
     return as_table(source.read_rows(np.asarray(positions, dtype=np.int64)).rows)
 
 
+def strictly_ascending(values: np.ndarray) -> bool:
+    """Whether ``values`` ascend with no repeat (fewer than two do): already sorted and unique,
+    the common case of a read, which then needs no sort.
+
+    >>> strictly_ascending(np.array([1, 2, 5])), strictly_ascending(np.array([1, 1]))
+    (True, False)
+    """
+    return len(values) < 2 or bool(np.all(values[1:] > values[:-1]))
+
+
 def sorted_unique(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """``positions`` sorted and deduplicated, and where each request lies in them (``None``
     when they already were: strictly increasing, the common case, costs no sort).
@@ -113,7 +123,7 @@ def sorted_unique(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]
     >>> sorted_unique(np.array([1, 2, 5]))[1] is None, sorted_unique(np.array([5, 1, 5]))[1]
     (True, array([1, 0, 1]))
     """
-    if len(positions) < 2 or bool(np.all(positions[1:] > positions[:-1])):
+    if strictly_ascending(positions):
         return positions, None
     return np.unique(positions, return_inverse=True)
 
@@ -127,7 +137,7 @@ def distinct(values: np.ndarray) -> np.ndarray:
     >>> distinct(np.array([3, 1, 3, 0])).tolist(), distinct(np.array([2, 5])).tolist()
     ([0, 1, 3], [2, 5])
     """
-    if len(values) < 2 or bool(np.all(values[1:] > values[:-1])):
+    if strictly_ascending(values):
         return values
     ordered = np.sort(values)
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
