@@ -102,6 +102,14 @@ def test_every_row_lands_in_its_place(case):
     assert got.to_pylist() == want
 
 
+def test_consecutive_rows_past_the_parts_end_raise_not_copy_short():
+    """A run of rows that leaves its part is an error, as an index is, never a short slice
+    copy that leaves the rest of the result unwritten."""
+    part = pa.table({"x": np.arange(5)})
+    with pytest.raises(IndexError):
+        gather_rows([part], [np.arange(3, 7)], [np.arange(4)], 4)
+
+
 def test_the_result_owns_its_buffers():
     """Rows of a piece that is then freed stay right (fixed-width columns are copied out)."""
     piece = pa.table({"x": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(8.0)), 2)})

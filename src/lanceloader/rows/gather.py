@@ -228,8 +228,9 @@ def run_of(rows: int, where: np.ndarray | None, place: np.ndarray
     >>> run_of(10, np.arange(3, 8), np.arange(100, 105)), run_of(4, None, np.array([0, 2, 1, 3]))
     ((100, 3, 5), None)
     """
-    if not is_run(place) or (where is not None and not is_run(where)):
-        return None
+    if not is_run(place) or (where is not None and not (
+            is_run(where) and int(where[0]) >= 0 and int(where[-1]) < rows)):
+        return None  # rows outside the part: the index path raises; a slice would not
     return int(place[0]), 0 if where is None else int(where[0]), len(place)
 
 
