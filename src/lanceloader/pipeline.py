@@ -220,11 +220,13 @@ class Pipeline:
         random = (the_order.random_reads or source.random_reads) and source.cache is None
         reads_wait = (isinstance(source, Source) and not random and source.cache is None
                       and steps.transform is None)
+        gathers = isinstance(source, Source) and source.cache is not None and (
+            the_order.random_reads or source.random_reads)
         per_read = (max(1, workers.rows_per_read // batching.batch_size) if workers.rows_per_read
                     else batches_per_read(random, batching.batch_size,
                                           steps.transform is not None, source.bytes_per_row,
                                           getattr(source, "read_parts", 1),
-                                          store_ranges(source, the_order)))
+                                          store_ranges(source, the_order), gathers))
         pipeline = cls(source, the_order, batching, steps, output, workers,
                        workers.num_workers or default_workers(usable_cores(),
                                                               workers.worker_type, reads_wait),
