@@ -10,7 +10,8 @@ and :func:`was_checked` record and look up a checked version on the file itself
 :data:`BATCH_BYTES` (:func:`batch_rows_of`), read batch by batch through :class:`PieceFile`.
 Also here: the names of the directory's files (:data:`SUFFIX`, :data:`BYTES_SUFFIX`,
 :data:`LOCK`, :data:`TEMPORARY`); :func:`bytes_name` and :func:`made_bytes`, the name and
-content of a byte range kept by ``fetch_bytes`` (both caches); and what a failed directory
+content of a byte range kept by ``fetch_bytes`` (both caches); whether a directory lies in
+memory (:func:`in_memory_filesystem`: its pieces are then mapped); and what a failed directory
 reports: :class:`CacheError`, :class:`CacheLockTimeout` and the message :func:`cache_failure`.
 
 Contract: functions of a file descriptor, a name or a table; they run in whichever thread or
@@ -292,3 +293,35 @@ def cache_failure(root: Path, what: str, exc: OSError, reading: bool = False) ->
     then = ("that file is read from the dataset" if reading else
             "reads go on without keeping new pieces (as without a cache)")
     return (f"cache directory {os.fspath(root)!r}: {what} failed ({why}); {then}. Fix: {fix}")
+
+
+# Filesystems whose files are pages of memory: no disk under them, so no media error a mapped
+# read could meet, and a copy of a piece per process would only double the memory it takes.
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+def in_memory_filesystem(path: str | os.PathLike[str], mounts: str = "/proc/self/mounts") -> bool:
+    """Whether ``path`` lies on a filesystem in memory (tmpfs, as ``/dev/shm``, or ramfs): the
+    mount point holding it is the longest one of ``mounts`` that is a prefix of its real path.
+    False where ``mounts`` cannot be read (not Linux): a directory is then read as on a disk.
+
+    >>> import tempfile; m = tempfile.NamedTemporaryFile("w", suffix=".mounts", delete=False)
+    >>> _ = m.write("/dev/vda / ext4 rw 0 0\\ntmpfs /dev/shm tmpfs rw 0 0\\n"); m.close()
+    >>> in_memory_filesystem("/dev/shm/lance-cache", m.name), in_memory_filesystem("/data", m.name)
+    (True, False)
+    """
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open(mounts) as file:
+            for line in file:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return False
+    return kind in MEMORY_FILESYSTEMS
