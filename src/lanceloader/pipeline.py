@@ -218,7 +218,7 @@ class Pipeline:
         # shuffle's read gathers rows from pieces, whose per-piece cost a larger read spreads
         # (the default full shuffle's second epoch: 0.48-0.58x a raw scan against 0.39-0.43x).
         random = (the_order.random_reads or source.random_reads) and source.cache is None
-        reads_wait = (isinstance(source, Source) and not random and source.cache is None
+        reads_wait = (getattr(source, "waits_on_lance", False) and not random
                       and steps.transform is None)
         gathers = isinstance(source, Source) and source.cache is not None and (
             the_order.random_reads or source.random_reads)

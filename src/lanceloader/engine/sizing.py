@@ -107,7 +107,8 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
 
 def default_workers(cores: int, worker_type: str, reads_wait: bool) -> int:
     """Workers by default: one per core, and two per core for thread workers whose reads wait
-    on Lance (``reads_wait``: plain Lance rows read in order, with no transform and no cache).
+    on Lance (``reads_wait``: plain Lance rows read in order, with no transform and no cache,
+    or a mix of only such sources: the rows protocol's ``waits_on_lance``).
 
     Such a worker holds no core: it waits in Lance's range read while Lance's own threads read
     and decode. One per core kept 2 reads of 8 MiB in flight where Lance's scan keeps its

@@ -580,6 +580,12 @@ class Source:
             first = self._first_reads = FirstReads()
         return first
 
+    @property
+    def waits_on_lance(self) -> bool:
+        """Reads in storage order are Lance range reads alone when there is no cache (the rows
+        protocol's member)."""
+        return self.cache is None
+
     def schema_table(self) -> pa.Table:
         """An empty table with the projected schema."""
         return empty_table(rows_schema(self.schema, self.columns, self.blobs, self.uri,

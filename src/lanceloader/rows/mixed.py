@@ -346,6 +346,15 @@ class MixedSource:
         self.read_parts = max(1, min(MAX_READ_PARTS, sum(quotas) // max(quotas)))
 
     @property
+    def waits_on_lance(self) -> bool:
+        """Every source is Lance rows read in order, with no cache and no transform: each read
+        is ``read_parts`` Lance range reads (the rows protocol's member). A mix of 3 such
+        sources ran 1.14x (sample by sample) and 1.08x (one source per batch) as fast with 4
+        thread workers as with 2 on 2 cores; a single source 1.17x."""
+        return all(getattr(s.source, "waits_on_lance", False) and not s.order.random_reads
+                   and s.transform is None for s in self.sources)
+
+    @property
     def num_rows(self) -> int:
         return self.mix.samples_per_epoch
 

@@ -16,6 +16,10 @@ What each member is for:
   of shuffled sources), which sizes reads like a shuffle;
 * ``read_parts`` (optional, default 1): how many Lance calls of a full read size one read
   makes (a mix: its sources), so the engine makes the read that many times larger;
+* ``waits_on_lance`` (optional, default False): whether a read of consecutive positions in
+  storage order is Lance range reads alone (no cache, no transform), during which a worker
+  thread holds no core while Lance's own threads read and decode, so the engine runs two
+  thread workers per core (``engine/sizing.py`` ``default_workers``);
 * ``settings()``: JSON-safe settings that define which rows the positions are, for the state
   and its fingerprint (``state/format.py``): filter, split, packing, mix;
 * ``uri``, ``version``, ``identity``: the dataset (or ``mix:...`` and ``None`` for a mix);
