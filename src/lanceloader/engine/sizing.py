@@ -40,9 +40,10 @@ READ_ROWS_LEAST = 1024
 READ_BYTES_MOST = 16 << 20
 # A shuffle's read through a cache gathers its rows from every piece, at a cost per piece and
 # read besides the cost per row: reads of 32 MiB of rows (122,880 of 272 B) made the default
-# full shuffle's second epoch 1.6-1.8x as fast as reads of 8 MiB (3 Dec 2026, 2M rows in 40
-# pieces: 3.8-4.5M rows/s -> 6.3-7.1M, CPU 0.33-0.41 -> 0.23-0.26 us a row). Its buffers come
-# from Arrow's pool, which reuses them (the page faults READ_BYTES avoids are Lance's).
+# full shuffle's second epoch 1.45x as fast as reads of 8 MiB, alternated in one process (3 Dec
+# 2026, 2M rows in 40 pieces: 3.86M rows/s -> 5.60M, CPU 0.38 -> 0.28 us a row; 1.6-1.8x in
+# separate runs). Its buffers come from Arrow's pool, which reuses them (the page faults
+# READ_BYTES avoids are Lance's).
 READ_BYTES_GATHER = 32 << 20
 
 
