@@ -41,16 +41,24 @@ Cases
 ``time to first batch``
     Construct a ``Loader`` and take one batch, per mode (median); raw Lance opening the dataset
     and reading one equivalent batch is shown for reference (no target).
+
 Two speeds of the raw scan
 --------------------------
 Lance's scan has two speeds in one process (3 Dec 2026, 2M rows of 272 B): where glibc maps
-each large buffer afresh from the kernel, the scan page-faults it in (100-150k minor faults per
+each large buffer afresh from the kernel, the scan page-faults it in (60-150k minor faults per
 1M rows, 3-5M rows/s here, what a fresh process gets); where glibc keeps and reuses what the
 process freed (after large frees it raises its mmap threshold), the same scan makes under
 :data:`FAST_SCAN_FAULTS` faults per 1M rows and runs 2-3x as fast (10-15M rows/s). The loader
 runs at 6-10M rows/s in either. Each case's note says how many of its raw scans ran in the
 fast mode. ``--fast-scan`` first keeps a whole loader epoch's batches and frees them at once,
 which put later scans of the process in the fast mode in most runs (the notes tell).
+
+Usage::
+
+    python benchmarks/throughput.py                          # defaults: 2M rows, 3 repeats
+    python benchmarks/throughput.py --fast-scan              # against the scan's fast mode
+    python benchmarks/throughput.py --rows 100000 --repeats 1   # smoke run
+    python benchmarks/throughput.py --auto-only --rows 1000000 --repeats 3  # ~4 min
 
 The results print as a markdown table (medians, the range of the per-pair ratios, the target).
 """
