@@ -218,11 +218,11 @@ class Pipeline:
         # shuffle's read gathers rows from pieces, whose per-piece cost a larger read spreads
         # (the default full shuffle's second epoch: 0.48-0.58x a raw scan against 0.39-0.43x),
         # and up to READ_BYTES_GATHER (1.45x as fast again as 8 MiB).
-        random = (the_order.random_reads or source.random_reads) and source.cache is None
+        shuffled = the_order.random_reads or source.random_reads
+        random = shuffled and source.cache is None
         reads_wait = (getattr(source, "waits_on_lance", False) and not random
                       and steps.transform is None)
-        gathers = isinstance(source, Source) and source.cache is not None and (
-            the_order.random_reads or source.random_reads)
+        gathers = shuffled and isinstance(source, Source) and source.cache is not None
         per_read = (max(1, workers.rows_per_read // batching.batch_size) if workers.rows_per_read
                     else batches_per_read(random, batching.batch_size,
                                           steps.transform is not None, source.bytes_per_row,
