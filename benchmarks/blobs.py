@@ -19,7 +19,7 @@ Method
 * Payload reads alone, old path against new, in one process (``--repeats`` alternated
   rounds): per read of the Loader's size, the descriptors as the Loader reads them (a
   fragment range read), then the payloads through Lance's ``read_blobs`` and one copy into an
-  Arrow column (the path before ``rows/inline_blobs.py``) or straight from the data files
+  Arrow column (the path before ``rows/lance/inline_blobs.py``) or straight from the data files
   (inline payloads, one scatter ``preadv`` per run); CPU seconds per GB and the ratio. Run it
   on JPEG-sized payloads too: ``--payload-kib 11 --vary`` (sizes 0.8-1.2x, so payloads sit
   64-byte aligned with gaps between them).
@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import lanceloader as ll
-from lanceloader.rows.blobs import binary_array, read_blob_payloads
+from lanceloader.rows.lance.blobs import binary_array, read_blob_payloads
 
 
 def write_dataset(

@@ -562,7 +562,7 @@ def test_audio_clips_read_only_each_windows_bytes(blob_uri) -> None:
 
 def test_local_clip_ranges_are_read_from_the_files_not_through_lance(blob_uri, monkeypatch) -> None:
     """On a local dataset the windows' ranges come straight from the blob files (pread, no
-    read_blob_ranges call: rows/blob_files.py), and the crops are the ones Lance's ranged
+    read_blob_ranges call: rows/lance/blob_files.py), and the crops are the ones Lance's ranged
     read gives, for every format."""
     uri, _ = blob_uri
     loader = ll.Loader(uri, batch_size=6, clips=ll.audio_clips("audio", 1.0, per_file=2))

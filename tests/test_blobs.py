@@ -19,9 +19,9 @@ from PIL import Image
 import lanceloader as ll
 from lanceloader.cli.inspect import inspect_lines
 from lanceloader.engine.sizing import READ_BYTES_MOST
-from lanceloader.rows.blob_files import blob_locations, sidecar_name
-from lanceloader.rows.blobs import blob_columns, blob_files, is_blob_field, read_blob_payloads
-from lanceloader.rows.inline_blobs import (
+from lanceloader.rows.lance.blob_files import blob_locations, sidecar_name
+from lanceloader.rows.lance.blobs import blob_columns, blob_files, is_blob_field, read_blob_payloads
+from lanceloader.rows.lance.inline_blobs import (
     CHECKED_VERSIONS,
     MAX_GAP,
     FragmentFiles,
@@ -30,7 +30,7 @@ from lanceloader.rows.inline_blobs import (
     read_inline,
     take_inline_io,
 )
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.source import Source
 
 ROWS = 40
 NULL_EVERY = 7  # rows i with i % 7 == 3 hold a null blob
@@ -352,7 +352,7 @@ def test_a_loader_hands_a_transform_files_of_its_blobs(blob_uri: str, images, wo
     assert got == {i: None if v is None else v[2:6] for i, v in enumerate(images)}
 
 
-# --- inline payloads straight from the data files (rows/inline_blobs.py) ----------------------
+# --- inline payloads straight from the data files (rows/lance/inline_blobs.py) ----------------------
 
 
 @settings(max_examples=60, deadline=None)
@@ -529,7 +529,7 @@ def test_decode_images_reads_binary_view_columns() -> None:
     assert np.array_equal(out["image"].to_numpy_ndarray(), expected)
 
 
-# --- ranges straight from the files (rows/blob_files.py) -------------------------------------
+# --- ranges straight from the files (rows/lance/blob_files.py) -------------------------------------
 
 
 class Kinds(tuple):

@@ -23,13 +23,13 @@ import lanceloader as ll
 from conftest import ids_of
 from lanceloader.demo import demo_table, write_demo_dataset
 from lanceloader.engine.sizing import READ_BYTES, READ_BYTES_GATHER
-from lanceloader.rows import autocache as autocache_module
-from lanceloader.rows import cache as cache_module
-from lanceloader.rows import disk_cache as disk_cache_module
-from lanceloader.rows.cache import MemoryCache, make_cache
-from lanceloader.rows.cache_files import TEMPORARY, in_memory_filesystem
-from lanceloader.rows.disk_cache import DiskCache
-from lanceloader.rows.lance import Source
+from lanceloader.rows.cache import auto as autocache_module
+from lanceloader.rows.cache import pieces as cache_module
+from lanceloader.rows.cache import disk as disk_cache_module
+from lanceloader.rows.cache.pieces import MemoryCache, make_cache
+from lanceloader.rows.cache.files import TEMPORARY, in_memory_filesystem
+from lanceloader.rows.cache.disk import DiskCache
+from lanceloader.rows.lance.source import Source
 
 COLUMNS = ["id", "label", "x"]
 ORDERS = {

@@ -30,11 +30,11 @@ import pytest
 
 import lanceloader as ll
 from lanceloader.demo import write_demo_dataset
-from lanceloader.rows import cache as cache_module
-from lanceloader.rows import cache_files
-from lanceloader.rows import disk_cache as disk_cache_module
-from lanceloader.rows.cache_files import CacheError
-from lanceloader.rows.lance import Source
+from lanceloader.rows.cache import pieces as cache_module
+from lanceloader.rows.cache import files as cache_files
+from lanceloader.rows.cache import disk as disk_cache_module
+from lanceloader.rows.cache.files import CacheError
+from lanceloader.rows.lance.source import Source
 
 COLUMNS = ["id", "label", "x"]
 ROWS = 6000
@@ -317,8 +317,8 @@ CHILD = r"""
 import json, logging, sys
 import numpy as np
 sys.path.insert(0, {tests!r})
-from lanceloader.rows import cache as cache_module
-from lanceloader.rows.lance import Source
+from lanceloader.rows.cache import pieces as cache_module
+from lanceloader.rows.lance.source import Source
 cache_module.PIECE_BYTES = 1
 logging.basicConfig(level=logging.WARNING, format="WARNING %(message)s")
 uri, cache, size, options = {uri!r}, {cache!r}, {size!r}, {options!r}

@@ -1,4 +1,4 @@
-"""Clips as samples (``Loader(clips=ll.video_clips(...))``, ``rows/clips.py``): real videos made
+"""Clips as samples (``Loader(clips=ll.video_clips(...))``, ``rows/clips/source.py``): real videos made
 by ``tests/mediagen.py`` (every frame carries its index in its pixels) in real Lance datasets
 with a blob column, read on local disk and on the loopback S3 server; frames compared with a
 whole-file reference decode; orders, filters, splits, resume, ranks and mixes through the usual
@@ -23,8 +23,8 @@ import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
 from conftest import lanceloader_threads
 from lanceloader.media import video as media_video
-from lanceloader.rows.clips import ClipSource, clip_windows, fetch_chunks
-from lanceloader.rows.clipwindows import draw_below
+from lanceloader.rows.clips.source import ClipSource, clip_windows, fetch_chunks
+from lanceloader.rows.clips.windows import draw_below
 from mediagen import frame_index_of, write_audio, write_video
 
 FRAMES = [30, 21, 45, 9, 26]  # per video; the 9-frame one is too short for some clips

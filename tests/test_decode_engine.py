@@ -61,7 +61,7 @@ def faults_per_read(uri: str) -> dict:
     minor page faults of each of the last 8 reads. Now and then one read is served from pages
     glibc had handed back after all (a whole read's faults, ~1 run in 10), so the test takes
     the median read: with the defect every read faults all of its pages."""
-    from lanceloader.rows.lance import Source
+    from lanceloader.rows.lance.source import Source
 
     source = Source(uri, ["image"])
     positions = np.arange(READ_ROWS)

@@ -27,7 +27,7 @@ import lanceloader as ll
 import workerfns
 from conftest import lanceloader_threads
 from lanceloader.lifecycle.lifetime import NAMESPACE, SHM_DIR, alive, owner_of, shm_name
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.source import Source
 
 TESTS = str(Path(__file__).parent)
 STOP_BOUND_S = 1.0  # control is back this soon after break / an error / Ctrl-C (target 0.5 s)
@@ -594,7 +594,7 @@ def test_review_cases_numpy_values_metadata_and_opt_out(small_uri: str) -> None:
                                                     worker="w", stack="s")))
     assert (stall.batch, stall.stage, str(stall)) == (3, "read", "m")
     # a ReadError's kinds cross a process as themselves (a process worker's error)
-    from lanceloader.rows.cache_files import CacheLockTimeout
+    from lanceloader.rows.cache.files import CacheLockTimeout
 
     for kind in (ll.ReadError, ll.ClipError):
         error = pickle.loads(pickle.dumps(kind("bad bytes", uri="u", version=2, where="w")))

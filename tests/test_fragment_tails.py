@@ -1,5 +1,5 @@
 """Fragment tails: how sequential reads on an object store split their ranges, and how the
-slivers pass between reads (``rows/fragment_tails.py``). Sources on a real S3 server are in
+slivers pass between reads (``rows/lance/fragment_tails.py``). Sources on a real S3 server are in
 ``test_object_store.py``."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanceloader.rows.fragment_tails import SLIVER_FRACTION, FragmentTails, tail_split
+from lanceloader.rows.lance.fragment_tails import SLIVER_FRACTION, FragmentTails, tail_split
 
 
 @st.composite

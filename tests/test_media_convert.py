@@ -15,7 +15,7 @@ from lanceloader.cli import main
 from lanceloader.media.audio import probe_audio
 from lanceloader.media.audio_ranges import probe_audio_index
 from lanceloader.media.video import index_fields, index_values, probe_video
-from lanceloader.rows.blobs import blob_columns
+from lanceloader.rows.lance.blobs import blob_columns
 from lanceloader.write.convert import CLASSES_KEY, convert
 from mediagen import write_audio, write_video
 from test_cli import assert_one_line_error, run_cli

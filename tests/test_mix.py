@@ -527,13 +527,13 @@ def test_mixed_reads_fetch_whole_windows_of_every_block_shuffled_source(
 def record_source_reads(monkeypatch) -> list[tuple[str, int]]:
     """``(uri, rows)`` of every Lance read of the test, in order (Source.read_rows, spied)."""
     calls: list[tuple[str, int]] = []
-    real = ll.rows.lance.Source.read_rows
+    real = ll.rows.lance.source.Source.read_rows
 
     def recorded(self, positions, epoch=0):
         calls.append((self.uri, len(positions)))
         return real(self, positions, epoch)
 
-    monkeypatch.setattr(ll.rows.lance.Source, "read_rows", recorded)
+    monkeypatch.setattr(ll.rows.lance.source.Source, "read_rows", recorded)
     return calls
 
 

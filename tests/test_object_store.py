@@ -21,7 +21,7 @@ import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
 from conftest import ids_of
 from lanceloader.demo import demo_table
-from lanceloader.rows import autocache as autocache_module
+from lanceloader.rows.cache import auto as autocache_module
 
 ROWS = 2_000
 ORDERS = {
@@ -278,8 +278,8 @@ def test_a_shuffled_read_on_the_store_fills_every_piece_it_touches(s3, remote: s
     """On local disk a read fills a piece per ``ROWS_PER_FILL`` rows it reads and takes the
     rest from Lance; on a store a take costs a round trip, so a shuffled read fills every
     piece it wants a sliver of: one small read, every piece once, then nothing more asked."""
-    from lanceloader.rows import cache as cache_module
-    from lanceloader.rows.lance import Source
+    from lanceloader.rows.cache import pieces as cache_module
+    from lanceloader.rows.lance.source import Source
     monkeypatch.setattr(cache_module, "PIECE_BYTES", 1)  # pieces of 1,024 rows: 2 a fragment
     monkeypatch.setattr(cache_module, "ROWS_PER_FILL", 1 << 30)  # local reads: no fill at all
     kw = {"columns": ["id", "x"], "cache_size": 1 << 30}
@@ -488,7 +488,7 @@ def test_sequential_reads_on_a_store_cut_at_the_batch_holding_each_fragment_star
     each other."""
     from lanceloader.engine.tasks import fragment_batches, fragment_read_ranges
     from lanceloader.ordering.plan import Plan
-    from lanceloader.rows.fragment_tails import SLIVER_FRACTION
+    from lanceloader.rows.lance.fragment_tails import SLIVER_FRACTION
 
     starts = np.cumsum([0, *sizes])
     rows = int(starts[-1])

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lanceloader.demo import demo_table
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.source import Source
 
 
 def ids(batch: pa.RecordBatch) -> list[int]:

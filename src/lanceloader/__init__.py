@@ -20,11 +20,11 @@ from lanceloader.ledger import Ledger
 from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan
-from lanceloader.rows.blobs import blob_files
-from lanceloader.rows.clipindex import ClipError
-from lanceloader.rows.clips import audio_clips, video_clips
+from lanceloader.rows.lance.blobs import blob_files
+from lanceloader.rows.clips.index import ClipError
+from lanceloader.rows.clips.source import audio_clips, video_clips
 from lanceloader.rows.dataset import ReadError
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mixed import Mix
 from lanceloader.rows.packed import pack
 from lanceloader.state.format import StateMismatchError, load_state, save_state

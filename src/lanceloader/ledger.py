@@ -64,8 +64,8 @@ import pyarrow as pa
 
 from lanceloader.ordering.interleave import Runs
 from lanceloader.ordering.order import Order
-from lanceloader.rows.clips import AudioClips, ClipSource, VideoClips, clip_source
-from lanceloader.rows.lance import Source
+from lanceloader.rows.clips.source import AudioClips, ClipSource, VideoClips, clip_source
+from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mixed import MixedSource
 from lanceloader.rows.packed import PackedSource, Packing
 from lanceloader.rows.protocol import RowSource

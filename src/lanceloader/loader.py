@@ -49,7 +49,7 @@ from lanceloader.pipeline import (
     Steps,
     Workers,
 )
-from lanceloader.rows.clips import AudioClips, VideoClips
+from lanceloader.rows.clips.source import AudioClips, VideoClips
 from lanceloader.rows.ordered import OrderedSource
 from lanceloader.rows.packed import Packing, PackPlan
 from lanceloader.state.cursor import Cursor
@@ -71,7 +71,7 @@ class Loader:
         split_key: column whose value decides a row's split; default the row offset.
         cache: keep the projected columns for later epochs: a local directory (shared by every
             worker, loader and process naming it, with the filter/split plan) or ``"memory"``
-            (thread workers only); see :mod:`lanceloader.rows.cache`. Default ``"auto"``: a
+            (thread workers only); see :mod:`lanceloader.rows.cache.pieces`. Default ``"auto"``: a
             shuffle (full or block), or any order on an object store, gets a directory under
             ``/dev/shm`` shared by the machine's processes, when the projected columns
             (bytes per row x rows) fit its budget, the lesser of half the free ``/dev/shm``
@@ -84,11 +84,11 @@ class Loader:
             lists of ``column`` (:mod:`lanceloader.rows.packed`).
         clips: ``ll.video_clips(column, frames)`` or ``ll.audio_clips(column, seconds)``: the
             samples are clips of the media in ``column``, decoded in the workers from only
-            the bytes each needs (:mod:`lanceloader.rows.clips`).
+            the bytes each needs (:mod:`lanceloader.rows.clips.source`).
         blobs: how Lance blob columns arrive, ``{column: "bytes" | "file" | "descriptor"}``:
             by default their payloads (bytes); ``"file"`` gives a transform lazy file-like
             objects that read only the ranges it asks for (``ll.blob_files(batch, column)``);
-            ``"descriptor"`` Lance's positions and sizes (:mod:`lanceloader.rows.blobs`).
+            ``"descriptor"`` Lance's positions and sizes (:mod:`lanceloader.rows.lance.blobs`).
         shuffle: ``False`` reads in dataset order; ``True`` shuffles, differently each epoch.
         shuffle_block_size: rows read together when shuffling; 1 is a full random shuffle.
         shuffle_window: blocks whose rows are mixed together; default 8 (block shuffle only).

@@ -54,10 +54,10 @@ from lanceloader.engine.work import BatchWork
 from lanceloader.lifecycle import forksafe
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, read_tasks
-from lanceloader.rows.cache import AUTO, MemoryCache
-from lanceloader.rows.clips import AudioClips, VideoClips, clip_source
+from lanceloader.rows.cache.pieces import AUTO, MemoryCache
+from lanceloader.rows.clips.source import AudioClips, VideoClips, clip_source
 from lanceloader.rows.dataset import is_object_store
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mixed import Mix
 from lanceloader.rows.packed import PackedSource, Packing
 from lanceloader.rows.protocol import RowSource

@@ -20,8 +20,8 @@ from lanceloader.cli.errors import (
     one_line,
     refuse_convertible,
 )
-from lanceloader.rows.blobs import is_blob_field, payload_sizes
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.blobs import is_blob_field, payload_sizes
+from lanceloader.rows.lance.source import Source
 from lanceloader.units import format_bytes
 
 INSPECT_SAMPLE_ROWS = 16

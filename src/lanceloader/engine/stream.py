@@ -34,7 +34,7 @@ Example::
     >>> from lanceloader.demo import write_demo_dataset
     >>> from lanceloader.ordering.order import Order
     >>> from lanceloader.ordering.plan import Plan
-    >>> from lanceloader.rows.lance import Source
+    >>> from lanceloader.rows.lance.source import Source
     >>> from lanceloader.engine.stats import Recorder
     >>> from lanceloader.engine.work import BatchWork
     >>> source = Source(write_demo_dataset(tempfile.mkdtemp() + "/d.lance", rows=10), ["id"])

@@ -31,7 +31,7 @@ from lanceloader.engine.work import BatchWork
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, ReadTask, read_tasks
 from lanceloader.rows.dataset import is_object_store
-from lanceloader.rows.fragment_tails import SLIVER_FRACTION
+from lanceloader.rows.lance.fragment_tails import SLIVER_FRACTION
 
 
 def stream_tasks(
@@ -45,7 +45,7 @@ def stream_tasks(
     each fragment's first row (:func:`fragment_batches`, :func:`fragment_read_ranges`), so each
     read asks one data file for one range per column group (the few rows of a fragment's end
     that the batch at a cut holds come from the read before it:
-    :mod:`lanceloader.rows.fragment_tails`; through a cache, from the piece that read fills).
+    :mod:`lanceloader.rows.lance.fragment_tails`; through a cache, from the piece that read fills).
     200,000 rows in 4 fragments of 50,000, batches of 256: 17 requests an epoch where reads
     cut only at fragment starts that were batch starts made 29, and Lance's own scan 20.
     """
@@ -81,9 +81,9 @@ def fragment_batches(plan: Plan, starts: np.ndarray) -> np.ndarray:
     each reads one data file: the batch that holds a fragment's first row (``starts``,
     positions, then the number of rows). Where that batch begins a few rows before the
     fragment, those rows are a *sliver* of the fragment before, which the read before the cut
-    fetches along and hands over (:mod:`lanceloader.rows.fragment_tails`), so no read asks a
+    fetches along and hands over (:mod:`lanceloader.rows.lance.fragment_tails`), so no read asks a
     file for them alone. Only a fragment of at least a batch per :data:`SLIVER_FRACTION
-    <lanceloader.rows.fragment_tails.SLIVER_FRACTION>` leaves slivers: after a smaller one the
+    <lanceloader.rows.lance.fragment_tails.SLIVER_FRACTION>` leaves slivers: after a smaller one the
     next start is cut only where it begins a batch exactly (else reads would shrink to the
     fragments' size, each a store round trip).
 

@@ -37,7 +37,7 @@ from lanceloader.batch.transforms import (
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import ReadTask
 from lanceloader.rows.dataset import ReadError
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.source import Source
 from lanceloader.rows.protocol import Pieces, as_table, to_record_batch
 
 Transform = Callable[[Any], Any]

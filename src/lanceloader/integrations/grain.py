@@ -60,7 +60,7 @@ from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import ReadTask
 from lanceloader.pipeline import TENSOR_OUTPUTS, RowsSettings
-from lanceloader.rows.clips import AudioClips, VideoClips
+from lanceloader.rows.clips.source import AudioClips, VideoClips
 from lanceloader.state.cursor import Cursor
 from lanceloader.state.format import StateMismatchError
 

@@ -12,7 +12,7 @@ What this module does:
 
 * ``os.register_at_fork`` hooks count Lance's runtime threads (``/proc/self/task/*/comm``) right
   before any fork; a child of a process that had them is *tainted* (and so are its own children).
-* In a tainted child, :class:`~lanceloader.rows.lance.Source` reads through a :class:`CleanReader`: a
+* In a tainted child, :class:`~lanceloader.rows.lance.source.Source` reads through a :class:`CleanReader`: a
   fresh interpreter started with ``fork`` + ``exec`` (nothing of the tainted state survives
   ``exec``), which opens the pinned dataset, reads, and hands the rows back as Arrow IPC in a
   ``/dev/shm`` file that the child maps without copying. It costs one interpreter start per

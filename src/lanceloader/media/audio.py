@@ -3,7 +3,7 @@
 Pure functions of a file's bytes (no Lance, no loader): :func:`probe_audio` reads what a file
 holds, :func:`decode_audio_window` decodes ``length`` samples from sample ``start`` as float32
 ``[C, T]``. ``lanceloader.decode_audio`` (``batch/audio.py``) crops every row of a batch with
-them; ``ll.audio_clips`` (``rows/clips.py``) makes every window of a file a sample.
+them; ``ll.audio_clips`` (``rows/clips/source.py``) makes every window of a file a sample.
 
 Decoders, chosen per format by measurement (1 s windows of 5 s and 30 s files on this
 project's 2-core machine; ``benchmarks/multimodal_audio.py`` measures the loader end to end):

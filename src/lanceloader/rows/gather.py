@@ -1,6 +1,6 @@
 """Gather: rows of several tables put in their places in one new table, each row copied once.
 
-A read through the cache (:mod:`lanceloader.rows.cache`) finds its rows in many pieces: a few
+A read through the cache (:mod:`lanceloader.rows.cache.pieces`) finds its rows in many pieces: a few
 rows of each, in a shuffled order. Taking each piece's rows with Arrow, joining the parts and
 taking once more to restore the request's order copies every row twice and runs Arrow's
 generic ``take`` (slow on fixed-size lists: it takes their values one by one). Here a column of

@@ -73,7 +73,7 @@ from lanceloader.ordering.interleave import (
     rational_weights,
 )
 from lanceloader.ordering.order import Order
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.source import Source
 from lanceloader.rows.ordered import OrderedSource, mean_tokens
 from lanceloader.rows.placement import mixed_rows
 from lanceloader.rows.protocol import Read, as_table, empty_table

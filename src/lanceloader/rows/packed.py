@@ -44,8 +44,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lanceloader.batch.transforms import tensor_array
-from lanceloader.rows.disk_cache import DiskCache
-from lanceloader.rows.lance import Source
+from lanceloader.rows.cache.disk import DiskCache
+from lanceloader.rows.lance.source import Source
 from lanceloader.rows.protocol import Read, RowSource, as_table, empty_table, read_table
 
 DEFAULT_WINDOW = 1024  # documents packed together: padding falls as it grows, cost grows with it

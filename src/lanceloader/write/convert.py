@@ -168,7 +168,7 @@ def convert(
         progress: show a progress bar on stderr; default when stderr is a terminal.
         blob_columns: binary columns to write as Lance blob columns (each value out of line,
             read by ranges: videos, audio, large images), e.g. ``["video"]``; the loader
-            reads them as bytes (see :mod:`lanceloader.rows.blobs`). Default: none.
+            reads them as bytes (see :mod:`lanceloader.rows.lance.blobs`). Default: none.
         labels: a folder of videos or audio files only: a CSV or JSON file of labels or
             metadata columns by file name (see :mod:`lanceloader.write.media`).
 

@@ -1,7 +1,7 @@
 """PyTorch datasets and samplers: thin skins over Source, Order, Plan and the Loader.
 
 =======================  ==========================================================================
-``MapDataset``           map-style dataset over a pinned :class:`~lanceloader.rows.lance.Source`;
+``MapDataset``           map-style dataset over a pinned :class:`~lanceloader.rows.lance.source.Source`;
                          ``__getitems__`` reads a whole batch with one coalesced Lance call
 ``collate``              a ``collate_fn`` that hands back ``MapDataset``'s already-batched columns
 ``Sampler``              indices in our orders (sequential, block or full shuffle), one rank's share

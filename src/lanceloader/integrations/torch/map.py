@@ -34,7 +34,7 @@ from lanceloader.integrations.torch.collation import Rows, watch_training_proces
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, ReadTask
 from lanceloader.pipeline import RowsSettings, check_nulls
-from lanceloader.rows.clips import AudioClips, VideoClips
+from lanceloader.rows.clips.source import AudioClips, VideoClips
 
 
 class MapDataset(torch.utils.data.Dataset):

@@ -17,7 +17,7 @@ from lanceloader.integrations.torch.map import BatchIndices, MapDataset
 from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.source import Source
 from lanceloader.state.cursor import Cursor
 from lanceloader.state.format import StreamSpec, order_settings
 

@@ -1,7 +1,7 @@
 """The media index of clips: per media row (the inner source's positions, in order), its blob's
 size and what reading a clip needs to know of the file (frames, keyframes and their byte
 offsets, the header; for audio the sample rate, channels and byte index). Built once, when the
-:class:`~lanceloader.rows.clips.ClipSource` is made, in the process that makes it (the
+:class:`~lanceloader.rows.clips.source.ClipSource` is made, in the process that makes it (the
 Loader's); never during a read.
 
 :func:`build_index` reads the ``{column}_frames``... index columns ``ll.convert`` writes
@@ -9,15 +9,15 @@ Loader's); never during a read.
 once, reading it whole (:data:`PROBE_READ_BYTES` per ``read_blob_ranges`` call): a probed index
 is cached beside the filter's plan with ``cache=`` a directory (``DiskCache``, key
 ``clip-index``), else probed again by each Loader. On a local dataset it also locates each blob
-in the dataset's files (``rows/blob_files.py``, from the descriptors read for the sizes; never
+in the dataset's files (``rows/lance/blob_files.py``, from the descriptors read for the sizes; never
 cached).
 
 Who owns what: the :class:`MediaIndex` (one Arrow table of about
 ``videos × (2 × keyframes + 12) × 8`` bytes) belongs to its ``ClipSource``, read-only once
-built; it travels to process workers pickled with it, and each read (:mod:`lanceloader.rows.clips`)
+built; it travels to process workers pickled with it, and each read (:mod:`lanceloader.rows.clips.source`)
 takes the rows of its own media from it. A file that cannot be probed is a :class:`ClipError`,
-defined here where it is first raised (``rows/clips.py`` raises it for a clip that fails to
-decode). This module imports nothing of ``rows/clips.py``, which builds on it; the lazy imports
+defined here where it is first raised (``rows/clips/source.py`` raises it for a clip that fails to
+decode). This module imports nothing of ``rows/clips/source.py``, which builds on it; the lazy imports
 of the media modules (:func:`import_video`, :func:`import_audio_ranges`) are shared from here.
 
 Example::
@@ -38,11 +38,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.rows.blob_files import BlobLocations, blob_locations
-from lanceloader.rows.clipwindows import Clips, VideoClips
+from lanceloader.rows.lance.blob_files import BlobLocations, blob_locations
+from lanceloader.rows.clips.windows import Clips, VideoClips
 from lanceloader.rows.dataset import NOT_READ_FAILURES, ReadError
-from lanceloader.rows.disk_cache import DiskCache
-from lanceloader.rows.lance import Source
+from lanceloader.rows.cache.disk import DiskCache
+from lanceloader.rows.lance.source import Source
 from lanceloader.rows.protocol import empty_table
 
 __all__ = [
@@ -124,7 +124,7 @@ class MediaIndex:
     table: pa.Table
     origin: str
     probed_bytes: int = 0
-    #: where each media's blob lies in a local dataset's files (``rows/blob_files.py``; None:
+    #: where each media's blob lies in a local dataset's files (``rows/lance/blob_files.py``; None:
     #: ranges come from Lance's ``read_blob_ranges``); made from the descriptors, never cached
     located: BlobLocations | None = None
 

@@ -320,7 +320,7 @@ def read_fully(fd: int, pieces: list[memoryview], at: int, path: str | None) -> 
 
 
 def count_io(read_bytes: int, reads: int) -> None:
-    """Count blob bytes read past Lance on this thread (:mod:`lanceloader.rows.blob_files`
+    """Count blob bytes read past Lance on this thread (:mod:`lanceloader.rows.lance.blob_files`
     reads too): what :func:`take_inline_io` hands the read that made them."""
     _counts.bytes = getattr(_counts, "bytes", 0) + read_bytes
     _counts.reads = getattr(_counts, "reads", 0) + reads

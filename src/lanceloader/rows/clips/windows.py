@@ -1,6 +1,6 @@
 """Which clips are the samples: the specs (``video_clips``, ``audio_clips``; plain, frozen,
 picklable) and where each clip lies (``clip_windows``: pure NumPy, O(media) memory whatever the
-number of clips). :mod:`lanceloader.rows.clips` reads them; its names are importable there too.
+number of clips). :mod:`lanceloader.rows.clips.source` reads them; its names are importable there too.
 
 Example::
 

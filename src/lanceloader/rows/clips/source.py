@@ -2,16 +2,16 @@
 
 ``Loader(uri, clips=ll.video_clips("video", frames=16))`` reads *clips* instead of the dataset's
 rows. The windows are defined once, at construction, from each media row's length (the media
-index, :mod:`lanceloader.rows.clipindex`: the ``{column}_frames`` index columns ``ll.convert``
+index, :mod:`lanceloader.rows.clips.index`: the ``{column}_frames`` index columns ``ll.convert``
 writes, or a probe of every file once, cached beside the filter's plan with ``cache=`` a
 directory, else kept in this process's memory), so they are the same in every epoch, on every
 rank and in every process. Positions are clips: the order, plan, splits, filter, resume, N→M
 ranks and mixing are the usual machinery.
 
 This module is the stage: :func:`clip_source` and :class:`ClipSource` (construction, in the
-Loader's process) and its reads (in the workers). Its helpers: ``rows/clipwindows.py`` (which
-clips are the samples), ``rows/clipindex.py`` (the media index a ``ClipSource`` builds at
-construction) and ``rows/clipfetch.py`` (an object store's fetches); none imports this module.
+Loader's process) and its reads (in the workers). Its helpers: ``rows/clips/windows.py`` (which
+clips are the samples), ``rows/clips/index.py`` (the media index a ``ClipSource`` builds at
+construction) and ``rows/clips/fetch.py`` (an object store's fetches); none imports this module.
 
 What a clip is (:func:`clip_windows`, pure NumPy):
 
@@ -87,9 +87,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lanceloader.batch.transforms import tensor_array
-from lanceloader.rows.autocache import auto_cache
-from lanceloader.rows.cache import AUTO
-from lanceloader.rows.clipfetch import (
+from lanceloader.rows.cache.auto import auto_cache
+from lanceloader.rows.cache.pieces import AUTO
+from lanceloader.rows.clips.fetch import (
     FETCH_CHUNKS,
     FETCH_WAIT_S,
     PlannedClip,
@@ -99,14 +99,14 @@ from lanceloader.rows.clipfetch import (
     fetch_threads,
     wait_fetched,
 )
-from lanceloader.rows.clipindex import (
+from lanceloader.rows.clips.index import (
     ClipError,
     build_index,
     import_audio_ranges,
     import_video,
     index_names,
 )
-from lanceloader.rows.clipwindows import (
+from lanceloader.rows.clips.windows import (
     LAYOUTS,
     AudioClips,
     Clips,
@@ -123,12 +123,12 @@ from lanceloader.rows.dataset import (
     is_object_store,
     open_dataset,
 )
-from lanceloader.rows.inline_blobs import take_inline_io
-from lanceloader.rows.lance import Source
+from lanceloader.rows.lance.inline_blobs import take_inline_io
+from lanceloader.rows.lance.source import Source
 from lanceloader.rows.protocol import Read, as_table, empty_table
 
 # the stage's names, with those of two of its helper modules (importable here too); the media
-# index's (MediaIndex, build_index, ClipError) are rows/clipindex.py's
+# index's (MediaIndex, build_index, ClipError) are rows/clips/index.py's
 __all__ = [
     "FETCH_CHUNKS",
     "FETCH_WAIT_S",
@@ -227,11 +227,11 @@ class ClipSource:
     position *p* is clip *p*; the dataset, version, filter, split and cache are the inner
     source's (whose positions are the media rows).
 
-    Built once per Loader: the index (:func:`~lanceloader.rows.clipindex.build_index`) and the
+    Built once per Loader: the index (:func:`~lanceloader.rows.clips.index.build_index`) and the
     windows (:func:`clip_windows`). Picklable (the index travels to process workers as Arrow;
     the decoder and the pinned dataset are opened in each process).
 
-    Attributes: ``spec``, ``index`` (:class:`~lanceloader.rows.clipindex.MediaIndex`),
+    Attributes: ``spec``, ``index`` (:class:`~lanceloader.rows.clips.index.MediaIndex`),
     ``windows``, ``short_media`` (media too short for one clip: they have none),
     ``extra_reads`` (ranged reads made after a decoder asked for bytes outside a clip's ranges,
     in this process).
@@ -253,7 +253,7 @@ class ClipSource:
                 f"split), not {type(inner).__name__}; give each source of a mix its "
                 "own Loader(..., clips=...)"
             )
-        from lanceloader.rows.blobs import is_blob_field
+        from lanceloader.rows.lance.blobs import is_blob_field
 
         schema = inner.schema
         if spec.column not in schema.names:

@@ -1,5 +1,5 @@
 """Cache budget: what keeps a cache directory within its byte cap at every instant, for
-:class:`~lanceloader.rows.disk_cache.DiskCache` (whose guarantees :mod:`lanceloader.rows.cache`
+:class:`~lanceloader.rows.cache.disk.DiskCache` (whose guarantees :mod:`lanceloader.rows.cache.pieces`
 tells). A writer reserves its file's exact size before writing it (:func:`reserve`: a
 temporary file of that size, :func:`temporary_path`, which every other writer's scan counts),
 after evicting the least recently used files and removing temporary files of dead writers
@@ -18,7 +18,7 @@ snapshot, and a dead writer's file is written by nobody. Cleaning up: an evictio
 least recently used files (pieces, plans, byte ranges; never a ``.lock`` file) and the
 temporary files of dead writers; a live writer removes its own reservation when its write
 fails (``DiskCache``); nothing here removes the directory. Nothing here imports the caches
-(:mod:`lanceloader.rows.disk_cache`, :mod:`lanceloader.rows.cache`), which build on it.
+(:mod:`lanceloader.rows.cache.disk`, :mod:`lanceloader.rows.cache.pieces`), which build on it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from lanceloader.lifecycle import lifetime
-from lanceloader.rows.cache_files import LOCK, TEMPORARY
+from lanceloader.rows.cache.files import LOCK, TEMPORARY
 
 # Temporary files of a writer in another PID namespace are removed by an eviction once this old
 # (those of a dead writer of this namespace at once).

@@ -1,7 +1,7 @@
 """The automatic cache (``cache="auto"``, the Loader's default): which cache a loader gets when
 it was given none, and the shared directory's lifetime.
 
-A shuffle, or any order on an object store, gets a :class:`~lanceloader.rows.cache.DiskCache` in
+A shuffle, or any order on an object store, gets a :class:`~lanceloader.rows.cache.pieces.DiskCache` in
 one directory per user and machine under ``/dev/shm`` (:func:`auto_cache_root`), when the
 projected columns fit the budget (:func:`auto_budget`: the lesser of half the free ``/dev/shm``
 and a quarter of the available memory); a sequential local read gets none (:func:`auto_choice`,
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from lanceloader.lifecycle import lifetime
-from lanceloader.rows.cache_budget import ESTIMATE_MARGIN, used_bytes
-from lanceloader.rows.cache_files import CacheLockTimeout
-from lanceloader.rows.disk_cache import LOCK_WAIT_S, DiskCache
+from lanceloader.rows.cache.budget import ESTIMATE_MARGIN, used_bytes
+from lanceloader.rows.cache.files import CacheLockTimeout
+from lanceloader.rows.cache.disk import LOCK_WAIT_S, DiskCache
 from lanceloader.units import format_bytes
 
 # The automatic cache's budget: at most these shares of the free space of /dev/shm and of the

@@ -1,15 +1,15 @@
 """Disk cache: :class:`DiskCache`, the cache's pieces, plans and byte ranges as files in one
 directory, shared by every worker, loader and process of the machine that uses it. What it
 does and guarantees (one download per piece, checked files, the cap at every instant, mapped
-pieces, degrading on a failed directory) is told in :mod:`lanceloader.rows.cache`.
+pieces, degrading on a failed directory) is told in :mod:`lanceloader.rows.cache.pieces`.
 
 Here: the get/fill/map path (open and check a file, hold or map a piece, drop a damaged file,
 one fill per name under its lock, write and publish a file), the limits it reads
 (:data:`HELD_BYTES`, :data:`LOCK_WAIT_S` and the rest: a test that changes one patches it
 here) and the warning, once per process, of a failed directory (:func:`warn_once`). Keeping
 the directory within its cap (reserving room, evicting, counting bytes, dead writers'
-temporaries) is :mod:`lanceloader.rows.cache_budget`; the files' names, format, checks and
-errors are :mod:`lanceloader.rows.cache_files`.
+temporaries) is :mod:`lanceloader.rows.cache.budget`; the files' names, format, checks and
+errors are :mod:`lanceloader.rows.cache.files`.
 
 Contract: a ``DiskCache`` runs in any thread or process that holds it (it pickles as its
 directory, size and ``mapped``); what it keeps in memory (checked versions, held and mapped
@@ -20,7 +20,7 @@ and rename (the budget's functions run under it). It cleans up its own files: a 
 dropped when found, its own reservation when a write fails, least recently used files and
 dead writers' temporaries by the next eviction or :meth:`DiskCache.remove_dead_temporaries`.
 The directory is its owner's: a ``DiskCache`` never removes it (the automatic cache's sweeper
-does, :mod:`lanceloader.rows.autocache`).
+does, :mod:`lanceloader.rows.cache.auto`).
 """
 
 from __future__ import annotations
@@ -42,14 +42,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.rows.cache_budget import (
+from lanceloader.rows.cache.budget import (
     fits_whole,
     remove_dead_temporaries,
     reserve,
     temporary_path,
     used_bytes,
 )
-from lanceloader.rows.cache_files import (
+from lanceloader.rows.cache.files import (
     BYTES_SUFFIX,
     LOCK,
     SUFFIX,
@@ -562,7 +562,7 @@ class DiskCache:
     def _publish(self, path: Path, name: str, data: bytes | pa.Buffer, extra: int = 0) -> bool:
         """Make room for the file (the payload ``data`` and the trailer) and reserve it
         (a temporary file of exactly that size, so every other writer's eviction counts it:
-        :func:`~lanceloader.rows.cache_budget.reserve`), under the directory's lock; then,
+        :func:`~lanceloader.rows.cache.budget.reserve`), under the directory's lock; then,
         without the lock (writers in parallel), write the payload, seal it (a trailer with the
         checksum of ``data`` as it is in memory: reading the file back to sum it cost a third
         of filling the automatic cache) and rename it into place (atomic: readers see the whole
@@ -608,7 +608,7 @@ class DiskCache:
 
     def remove_dead_temporaries(self) -> None:
         """Remove the temporary files of writers that died: they hold room under the cap
-        until removed (:func:`~lanceloader.rows.cache_budget.remove_dead_temporaries`)."""
+        until removed (:func:`~lanceloader.rows.cache.budget.remove_dead_temporaries`)."""
         remove_dead_temporaries(self.root)
 
     def used_bytes(self) -> int:

@@ -18,7 +18,7 @@ Contract: functions of a file descriptor, a name or a table; they run in whichev
 process calls them, take no lock, keep no state and never remove a file: a
 :class:`DamagedFile` is the caller's to drop and count (``DiskCache.drop``). A
 :class:`PieceFile` holds its open file until it is garbage-collected. Nothing here imports
-the caches (:mod:`lanceloader.rows.disk_cache`, :mod:`lanceloader.rows.cache`), which build
+the caches (:mod:`lanceloader.rows.cache.disk`, :mod:`lanceloader.rows.cache.pieces`), which build
 on it.
 """
 
@@ -76,7 +76,7 @@ class CacheError(ReadError):
 
 class CacheLockTimeout(CacheError, TimeoutError):
     """A lock of the cache directory was held longer than
-    :data:`~lanceloader.rows.disk_cache.LOCK_WAIT_S` by a live holder."""
+    :data:`~lanceloader.rows.cache.disk.LOCK_WAIT_S` by a live holder."""
 
 
 class DamagedFile(Exception):

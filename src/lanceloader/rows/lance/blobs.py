@@ -2,13 +2,13 @@
 
 A blob column (``lance.blob.blob_field``; ``lance-encoding:blob``) stores each value out of line.
 Lance's scans and takes return *descriptors* for it (a struct of position, size, …), never the
-payloads. The rows of a :class:`~lanceloader.rows.lance.Source` turn each projected blob column
+payloads. The rows of a :class:`~lanceloader.rows.lance.source.Source` turn each projected blob column
 into what its *choice* says (``ll.Source(uri, blobs={"video": "file"})``; default
 ``"bytes"``):
 
 * ``"bytes"``: a ``large_binary`` column of the payloads, in the read's order: inline payloads
   of a local dataset in runs of rows straight from the data files (one ``pread`` a run into the
-  column's buffer, :mod:`~lanceloader.rows.inline_blobs`), the rest with Lance's planned
+  column's buffer, :mod:`~lanceloader.rows.lance.inline_blobs`), the rest with Lance's planned
   ``read_blobs`` for the Lance row offsets of the read (batched: few requests on object
   storage). Null blobs stay null. Every output works on it (``decode_images``
   on a blob column of JPEGs included).
@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from lanceloader.lifecycle import forksafe
-from lanceloader.rows.inline_blobs import (
+from lanceloader.rows.lance.inline_blobs import (
     fragment_files,
     inline_plan,
     read_inline,
@@ -254,7 +254,7 @@ def read_blob_payloads(
     """The payloads of blob ``column`` at Lance row ``offsets`` (any order, duplicates
     allowed), in that order, nulls as nulls. With the rows' ``descriptors`` (the column as
     Lance scanned it, aligned with ``offsets``) inline payloads of local files in runs are read
-    straight into the column's buffer (:mod:`~lanceloader.rows.inline_blobs`: one ``pread`` a
+    straight into the column's buffer (:mod:`~lanceloader.rows.lance.inline_blobs`: one ``pread`` a
     run, one copy); otherwise one planned ``read_blobs`` call and one copy into the buffer.
     Memory: the payloads once, plus ``read_blobs``'s ``bytes`` objects on that path.
 

@@ -1,6 +1,6 @@
 """Fetching a read's clips on an object store: the byte ranges of a read's clips, in a few
 ranged reads on this process's fetch threads, so they arrive while the first clips decode
-(:meth:`lanceloader.rows.clips.ClipSource.read_rows`). I/O waits only: decoding stays in the
+(:meth:`lanceloader.rows.clips.source.ClipSource.read_rows`). I/O waits only: decoding stays in the
 loader's workers. Bytes in flight: the read's own clips' ranges; every wait is bounded by
 :data:`FETCH_WAIT_S`.
 

@@ -9,9 +9,9 @@ Reads coalesce: the requested rows are sorted and deduplicated, contiguous runs 
 of one fragment (Lance's fastest path on local disk, measured in ``benchmarks/``), the scattered
 rest becomes one ``take`` (on object storage, everything is one ``take``, and the first read of
 each fragment in a process goes alone, so reads in flight together fetch a file's metadata once:
-:mod:`lanceloader.rows.first_reads`), and the result is put back into the requested order with
+:mod:`lanceloader.rows.lance.first_reads`), and the result is put back into the requested order with
 one Arrow ``take``. With ``cache=``, reads go through the cache first
-(:mod:`lanceloader.rows.cache`).
+(:mod:`lanceloader.rows.cache.pieces`).
 
 Errors: every failure of a read is raised as :class:`ReadError` (an ``OSError``), which names the
 URI, the pinned version, the fragments and rows read and, from a worker, the batches; the
@@ -47,14 +47,14 @@ import pyarrow as pa
 
 from lanceloader.arguments import check_optional_str, check_storage_options
 from lanceloader.lifecycle import forksafe
-from lanceloader.rows.autocache import auto_cache
-from lanceloader.rows.blobs import (
+from lanceloader.rows.cache.auto import auto_cache
+from lanceloader.rows.lance.blobs import (
     attach_blobs,
     check_blob_choices,
     payload_bytes_per_row,
     rows_schema,
 )
-from lanceloader.rows.cache import (
+from lanceloader.rows.cache.pieces import (
     AUTO,
     MemoryCache,
     fragment_key,
@@ -75,10 +75,10 @@ from lanceloader.rows.dataset import (
     reaching_store,
     redact_exception,
 )
-from lanceloader.rows.disk_cache import DiskCache
-from lanceloader.rows.first_reads import FirstReads
-from lanceloader.rows.fragment_tails import FragmentTails
-from lanceloader.rows.inline_blobs import take_inline_io
+from lanceloader.rows.cache.disk import DiskCache
+from lanceloader.rows.lance.first_reads import FirstReads
+from lanceloader.rows.lance.fragment_tails import FragmentTails
+from lanceloader.rows.lance.inline_blobs import take_inline_io
 from lanceloader.rows.protocol import (
     Intervals,
     Read,
@@ -90,7 +90,7 @@ from lanceloader.rows.protocol import (
     sorted_unique,
     to_record_batch,
 )
-from lanceloader.rows.splits import split_mask
+from lanceloader.rows.lance.splits import split_mask
 from lanceloader.state.format import local_uri
 
 _logger = logging.getLogger("lanceloader")
@@ -119,18 +119,18 @@ class Source:
         split_key: column whose value decides a row's split; default: the row's offset in the
             pinned version (stable while the dataset is only appended to).
         cache: ``None``, ``"memory"`` or a local directory: keep pieces of the projected
-            columns there, so later epochs read locally (see :mod:`lanceloader.rows.cache`); a
+            columns there, so later epochs read locally (see :mod:`lanceloader.rows.cache.pieces`); a
             directory also shares the filter/split plan between the ranks and processes that
             use it.
         cache_size: the cache's cap in bytes; default half the directory's free disk space,
             or half the available memory.
         random_order: whether the rows are read in a shuffled order: with ``cache="auto"``
-            (the automatic cache, :func:`lanceloader.rows.autocache.auto_cache`) a shuffle or an
+            (the automatic cache, :func:`lanceloader.rows.cache.auto.auto_cache`) a shuffle or an
             object store gets a cache under ``/dev/shm`` when the projected columns fit its
             budget; ``cache_choice`` says what was chosen and why.
         blobs: how blob columns are read, ``{column: "bytes" | "file" | "descriptor"}``;
             default ``"bytes"`` (the payloads, ``large_binary``). See
-            :mod:`lanceloader.rows.blobs`.
+            :mod:`lanceloader.rows.lance.blobs`.
 
     Attributes set at construction: ``plan_origin``, how the filter/split row list was got:
     ``"none"`` (no filter or split), ``"scan"`` (this process scanned the dataset) or
@@ -500,7 +500,7 @@ class Source:
     def _read_run(self, lo: int, hi: int) -> pa.Table:
         """Positions ``[lo, hi)`` on an object store, sharing fragment slivers with the reads
         next to it (:meth:`FragmentTails.read_run
-        <lanceloader.rows.fragment_tails.FragmentTails.read_run>`)."""
+        <lanceloader.rows.lance.fragment_tails.FragmentTails.read_run>`)."""
         starts = self._store_fragment_positions
         if starts is None:
             starts = self._store_fragment_positions = self.fragment_positions()

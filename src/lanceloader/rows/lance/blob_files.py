@@ -10,7 +10,7 @@ blob's descriptor (Lance's v2 blob layout, which the tests check against ``read_
 for every kind this module reads):
 
 * ``kind=0`` (inline, under 64 KiB): ``position`` in the fragment's data file that holds the
-  column (:func:`~lanceloader.rows.inline_blobs.fragment_files`);
+  column (:func:`~lanceloader.rows.lance.inline_blobs.fragment_files`);
 * ``kind=1`` (packed) and ``kind=2`` (dedicated): ``position`` in the sidecar file
   ``data/<data file stem>/<blob_id>.blob``, the id written as its 32 bits, least significant
   first (pylance 14's naming);
@@ -18,20 +18,20 @@ for every kind this module reads):
 
 When this path runs, else ``read_blob_ranges`` does (the whole call, so one read never mixes
 the two): the dataset is on a local file system and pylance's major version is one the tests
-checked (:data:`~lanceloader.rows.inline_blobs.CHECKED_VERSIONS`); every blob of the call was
+checked (:data:`~lanceloader.rows.lance.inline_blobs.CHECKED_VERSIONS`); every blob of the call was
 located at construction (its file existed then) and every range lies within its blob.
 
 Memory: the ranges' bytes; the files a call opens are closed before it returns. A file shorter
 than its descriptors say (replaced or truncated under the reader) raises ``OSError`` naming it,
 never short bytes. The reads count as this thread's blob I/O
-(:func:`~lanceloader.rows.inline_blobs.take_inline_io`).
+(:func:`~lanceloader.rows.lance.inline_blobs.take_inline_io`).
 
 Example:
     >>> import tempfile, lance, lance.blob, pyarrow as pa
     >>> uri = tempfile.mkdtemp() + "/b.lance"
     >>> table = pa.table({"b": lance.blob.blob_array([b"x" * 100_000, b"hello"])})
     >>> ds = lance.write_dataset(table, uri)
-    >>> from lanceloader.rows.inline_blobs import take_inline_io
+    >>> from lanceloader.rows.lance.inline_blobs import take_inline_io
     >>> found = blob_locations(ds, "b", np.arange(2), ds.to_table().column("b"))
     >>> _ = take_inline_io()  # what earlier reads on this thread left
     >>> found.read_ranges([(1, 1, 3), (0, 99_998, 2)])
@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lanceloader.rows.inline_blobs import (
+from lanceloader.rows.lance.inline_blobs import (
     DESCRIPTOR_FIELDS,
     count_io,
     descriptor_field,

@@ -47,7 +47,7 @@ Two kinds:
 
     *Mapped* (``mapped=True``: the automatic cache's directory under ``/dev/shm``, and any
     directory given as ``cache=`` on a filesystem in memory, tmpfs such as ``/dev/shm`` or
-    ramfs, :func:`~lanceloader.rows.cache_files.in_memory_filesystem`): a checked
+    ramfs, :func:`~lanceloader.rows.cache.files.in_memory_filesystem`): a checked
     piece (one record batch) is mapped instead, read-only, through the descriptor that was
     checked, and kept mapped while its file is unchanged (the same ``stat`` per read; an
     evicted or replaced file is unmapped when seen, and whenever a piece is mapped): no copy
@@ -93,14 +93,14 @@ ranges that are not rows (``fetch_bytes(key, make)``, e.g. the bytes of a video 
 ``make()`` per key among all its users, sealed, checked and capped like pieces.
 
 ``cache="auto"`` (the Loader's default) chooses one of these caches, or none:
-:mod:`lanceloader.rows.autocache`. Its pieces are mapped, not copied (``DiskCache(mapped=True)``).
+:mod:`lanceloader.rows.cache.auto`. Its pieces are mapped, not copied (``DiskCache(mapped=True)``).
 
 Where the code is: this module holds :func:`make_cache`, the pieces' sizes and names,
 ``MemoryCache`` and a Source's reads through its cache (:func:`read_cached`); ``DiskCache``
-(its get/fill/map path) and the limits it reads are :mod:`lanceloader.rows.disk_cache`; the
+(its get/fill/map path) and the limits it reads are :mod:`lanceloader.rows.cache.disk`; the
 directory's cap (reservation, eviction, bytes used, dead writers' temporaries) is
-:mod:`lanceloader.rows.cache_budget`; the files' names, format and checks, and the errors,
-are :mod:`lanceloader.rows.cache_files`.
+:mod:`lanceloader.rows.cache.budget`; the files' names, format and checks, and the errors,
+are :mod:`lanceloader.rows.cache.files`.
 
 >>> import pyarrow as pa, tempfile
 >>> cache = DiskCache(tempfile.mkdtemp(), size=1 << 20)
@@ -128,8 +128,8 @@ import numpy as np
 import pyarrow as pa
 
 # Some re-exported for code that finds them here (see __all__): their homes are
-# lanceloader.rows.cache_files and lanceloader.rows.disk_cache, where a limit is patched.
-from lanceloader.rows.cache_files import (
+# lanceloader.rows.cache.files and lanceloader.rows.cache.disk, where a limit is patched.
+from lanceloader.rows.cache.files import (
     SUFFIX,
     CacheError,
     CacheLockTimeout,
@@ -142,7 +142,7 @@ from lanceloader.rows.cache_files import (
     rows_at,
 )
 from lanceloader.rows.dataset import reaching_store
-from lanceloader.rows.disk_cache import DiskCache
+from lanceloader.rows.cache.disk import DiskCache
 from lanceloader.rows.gather import gather_rows, group_order
 from lanceloader.rows.protocol import distinct, is_identity
 
@@ -202,7 +202,7 @@ def piece_name(fragment: str, rows: int, number: int) -> str:
     return f"{fragment}-{rows}-{number}"
 
 
-#: the cache argument that lets the Loader choose (rows/autocache.py)
+#: the cache argument that lets the Loader choose (rows/cache/auto.py)
 AUTO = "auto"
 
 
@@ -221,7 +221,7 @@ def make_cache(cache: object, cache_size: object) -> DiskCache | MemoryCache | N
         return None
     if cache == AUTO:
         raise ValueError("cache='auto' is chosen by the Loader from the order and the data's "
-                         "size (rows/autocache.py): here pass None, 'memory' or a directory")
+                         "size (rows/cache/auto.py): here pass None, 'memory' or a directory")
     if cache == "memory":
         if cache_size is None:
             cache_size = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
@@ -363,7 +363,7 @@ def fill_plan(source: Any) -> tuple[np.ndarray, np.ndarray, bool]:
 def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
     """``source``'s rows at Lance ``offsets`` through the cache: rows of pieces in the cache come
     from it; a missing piece is filled whole when that is worth it and it can be kept (see
-    :mod:`lanceloader.rows.cache`), the other rows are read from Lance. Returns the rows in the
+    :mod:`lanceloader.rows.cache.pieces`), the other rows are read from Lance. Returns the rows in the
     order of ``offsets`` and how many came from a piece in the cache (found there, or filled and
     kept by this read; a piece downloaded and not kept counts as the dataset's).
 

@@ -8,7 +8,7 @@ fragment's end and the read after it begins with those rows: a *sliver*. Fetched
 read, a sliver costs one request per column group on a file another read is fetching anyway
 (on S3 a round trip and the server's per-request cost each: 1M rows in 20 fragments made 139
 requests an epoch, Lance's own scan 102), and the later read would also wait for that file's
-first read (:mod:`lanceloader.rows.first_reads`) before its own.
+first read (:mod:`lanceloader.rows.lance.first_reads`) before its own.
 
 So the earlier read extends its range to its fragment's end (the same request, a few rows
 longer) and leaves the sliver here; the later read reads its own fragment first, then takes the

@@ -1,0 +1,1 @@
+"""Clips: video clips and audio windows, views of Lance rows whose samples are clips."""
