@@ -83,6 +83,9 @@ def write_video(
     faststart: bool = True,
     audio: bool = False,
     fragmented: bool = False,
+    pts: list[int] | None = None,
+    audio_first: bool = False,
+    rotation: int = 0,
 ) -> Path:
     """Write ``frames`` frames (``size`` = (height, width)) at ``fps``, a keyframe every ``gop``
     frames (closed GOPs, no scene-cut keyframes), with up to ``bframes`` B-frames between
@@ -90,6 +93,10 @@ def write_video(
     ``faststart=False`` leaves an MP4's ``moov`` box at the end of the file (the muxer's default);
     ``audio=True`` adds an AAC track of tones (48 kHz stereo), interleaved with the video;
     ``fragmented=True`` writes a fragmented MP4 (a ``moof`` box per GOP, an empty ``moov``).
+    ``pts``: each frame's presentation time in milliseconds (rising; :func:`vfr_pts` makes a
+    variable frame rate, a phone's or a screen recorder's), else ``fps`` from 0;
+    ``audio_first=True`` puts the audio track (``audio=True``) before the video (stream 0);
+    ``rotation``: degrees of a display matrix on the video track (a phone held upright).
     Frame *i* carries *i* (:func:`frame_index_of`). Creates the parent folder. Returns ``path``."""
     import av
 
@@ -99,8 +106,17 @@ def write_video(
     options = {"movflags": "+faststart"} if faststart and path.suffix in {".mp4", ".mov"} else {}
     if fragmented:
         options = {"movflags": "+frag_keyframe+empty_moov"}
+    if pts is not None and (len(pts) != frames or any(b <= a for a, b in zip(pts, pts[1:]))):
+        raise ValueError(f"pts: pass {frames} rising times in milliseconds, one per frame")
     with av.open(str(path), mode="w", options=options) as container:
+        sound = None
+        if audio and audio_first:
+            sound = container.add_stream("aac", rate=48_000, layout="stereo")
         stream = container.add_stream(codec, rate=rate)
+        if pts is not None:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        if rotation:
+            stream.set_display_rotation(rotation)
         stream.height, stream.width = size
         stream.pix_fmt = pix_fmt
         if codec == "libx264":
@@ -112,14 +128,18 @@ def write_video(
         else:
             stream.codec_context.gop_size = gop
             stream.codec_context.max_b_frames = bframes
-        sound = container.add_stream("aac", rate=48_000, layout="stereo") if audio else None
-        tones = audio_samples(frames / float(rate) + 0.1, 48_000, 2).T.copy()
+        if audio and sound is None:
+            sound = container.add_stream("aac", rate=48_000, layout="stereo")
+        times = [i / float(rate) for i in range(frames)] if pts is None else [t / 1000 for t in pts]
+        tones = audio_samples(times[-1] + 1 / float(rate) + 0.1, 48_000, 2).T.copy()
         written = 0  # audio samples muxed so far, kept up with the video
         for index in range(frames):
             frame = av.VideoFrame.from_ndarray(frame_pixels(index, size), format="rgb24")
-            frame.pts = None
+            frame.pts = None if pts is None else pts[index]
+            if pts is not None:
+                frame.time_base = Fraction(1, 1000)
             container.mux(stream.encode(frame))
-            while sound is not None and written < (index + 1) * 48_000 / float(rate):
+            while sound is not None and written < (times[index] + 1 / float(rate)) * 48_000:
                 chunk = av.AudioFrame.from_ndarray(
                     np.ascontiguousarray(tones[:, written : written + 1024]), "fltp", "stereo"
                 )
@@ -130,6 +150,13 @@ def write_video(
         if sound is not None:
             container.mux(sound.encode(None))
     return path
+
+
+def vfr_pts(frames: int, first: int = 0, seed: int = 0) -> list[int]:
+    """Presentation times (ms) of a variable frame rate: each frame lasts 10, 33, 100 or 250 ms
+    (a screen recorder's bursts and pauses), drawn from ``seed``; the first at ``first``."""
+    durations = np.random.default_rng(seed).choice([10, 33, 100, 250], size=frames)
+    return (first + np.concatenate([[0], np.cumsum(durations[:-1])])).astype(int).tolist()
 
 
 def tone_hz(channel: int) -> float:

@@ -6,6 +6,10 @@ frame numbers themselves."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
+
+import av
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -25,7 +29,7 @@ from lanceloader.media.video import (
     info_from_row,
     probe_video,
 )
-from mediagen import frame_index_of, write_video
+from mediagen import frame_index_of, vfr_pts, write_video
 
 FRAMES = 48
 VIDEOS = {
@@ -156,7 +160,7 @@ def test_concurrent_decodes_share_the_cores_and_one_alone_takes_them_all(videos)
     one FFmpeg thread; frame threads on busy cores only cost CPU time); one alone takes all."""
     import threading
 
-    from lanceloader.media import video as media
+    from lanceloader.media import decoder as media
 
     chosen: list[int] = []
     both_in = threading.Barrier(2, timeout=30)
@@ -260,3 +264,68 @@ def test_bad_clip_arguments_name_the_fix(videos):
         clip_byte_ranges(info, len(data), 0, 4, 0)
     with pytest.raises(ValueError, match=r"resize=\(24,\): pass \(height, width\)"):
         decode_clip([(0, data)], len(data), info, 0, 2, resize=(24,))
+
+
+# The shapes real files come in (phones, screen recorders, cameras, editors), each with a
+# variable frame rate unless its name says cfr: (write_video keywords).
+SHAPED = 36
+SHAPES = {
+    "vfr.mp4": {"gop": 8, "bframes": 0, "pts": vfr_pts(SHAPED)},
+    "vfr-bframes.mp4": {"gop": 8, "bframes": 2, "pts": vfr_pts(SHAPED, seed=1)},
+    "vfr-bframes.mkv": {"gop": 8, "bframes": 2, "pts": vfr_pts(SHAPED, seed=2)},
+    "vfr-moov-at-end.mov": {"gop": 6, "bframes": 1, "faststart": False, "pts": vfr_pts(SHAPED, seed=3)},
+    "vfr-fragmented.mp4": {"gop": 8, "bframes": 2, "fragmented": True, "pts": vfr_pts(SHAPED, seed=4)},
+    "vfr-first-pts-5s.mp4": {"gop": 8, "bframes": 2, "pts": vfr_pts(SHAPED, first=5000, seed=5)},
+    "cfr-first-pts.mp4": {"gop": 8, "bframes": 2, "pts": [1234 + 40 * i for i in range(SHAPED)]},
+    "vfr-10bit.mp4": {"gop": 8, "bframes": 2, "pix_fmt": "yuv420p10le", "pts": vfr_pts(SHAPED, seed=6)},
+    "vfr-audio-first.mp4": {"gop": 8, "bframes": 2, "audio": True, "audio_first": True, "pts": vfr_pts(SHAPED, seed=7)},
+    "cfr-audio-first-moov-at-end.mov": {"gop": 8, "bframes": 2, "audio": True, "audio_first": True, "faststart": False},
+    "vfr-rotated.mp4": {"gop": 8, "bframes": 2, "rotation": 90, "pts": vfr_pts(SHAPED, seed=8)},
+    "vfr-yuv422-one-gop.mp4": {"gop": SHAPED, "bframes": 3, "pix_fmt": "yuv422p", "pts": vfr_pts(SHAPED, seed=9)},
+    "cfr-gray-long-gop.mp4": {"gop": 30, "bframes": 2, "pix_fmt": "gray"},
+    "vfr-nv12-long-gop.mkv": {"gop": 30, "bframes": 2, "pix_fmt": "nv12", "pts": vfr_pts(SHAPED, seed=10)},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shaped(tmp_path_factory) -> Videos:
+    folder = tmp_path_factory.mktemp("shaped")
+    out = Videos()
+    for name, keywords in SHAPES.items():
+        data = write_video(folder / name, SHAPED, 24, (48, 64), **keywords).read_bytes()
+        out[name] = (data, probe_video(data), decode_whole(data, 0, SHAPED))
+    return out
+
+
+@pytest.mark.parametrize("index", ["pts", "pts not recorded"])
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_clip_start_of_real_file_shapes_equals_the_whole_file_decode(shaped, name, index):
+    """Every start of a 3-frame clip at strides 1 and 3, decoded from its byte ranges alone,
+    is the whole-file decode's frames: at a variable frame rate (which made every clip after
+    the first GOP raise MissingBytes for bytes outside its ranges), and so on. "pts not
+    recorded": an index written before the keyframes' timestamps were (seeks by frame rate)."""
+    data, info, whole = shaped[name]
+    if index != "pts":
+        info = dataclasses.replace(info, keyframe_pts=None)
+    assert info.frames == SHAPED and [frame_index_of(f) for f in whole] == list(range(SHAPED))
+    assert info.ranged == (name.endswith((".mp4", ".mov")) and "fragmented" not in name)
+    for stride in (1, 3):
+        for start in range(SHAPED - 2 * stride):
+            wanted = list(range(start, start + 3 * stride, stride))
+            ranges = clip_byte_ranges(info, len(data), start, 3, stride)
+            clip = decode_clip(parts_of(data, ranges), len(data), info, start, 3, stride)
+            assert np.array_equal(clip, whole[wanted]), (name, start, stride)
+
+
+def test_variable_frame_rate_keyframes_keep_their_timestamps(shaped):
+    """The probe records each keyframe's presentation timestamp (what a decode seeks to), and
+    a rotated video's frames come as coded: the rotation is not applied."""
+    data, info, _ = shaped["vfr-first-pts-5s.mp4"]
+    assert info.keyframe_pts is not None and len(info.keyframe_pts) == len(info.keyframes)
+    pts = np.array(vfr_pts(SHAPED, first=5000, seed=5))
+    scale = info.keyframe_pts[0] / 5000  # the track's time base: units per millisecond
+    assert np.allclose(info.keyframe_pts / scale, pts[info.keyframes])
+    data, info, whole = shaped["vfr-rotated.mp4"]
+    with av.open(io.BytesIO(data)) as container:
+        assert next(container.decode(video=0)).rotation == 90  # the file says: turn it
+    assert (info.height, info.width) == (48, 64) and whole.shape[1:] == (48, 64, 3)

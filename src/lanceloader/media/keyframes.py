@@ -46,7 +46,9 @@ class VideoInfo:
 
     ``keyframes``: presentation ordinals of the keyframes a decode may start at (int64, rising,
     the first is 0); ``keyframe_offsets``: the byte offset of each one's packet (``-1`` where the
-    container does not say); ``header``: (offset, length) of an MP4/MOV ``moov`` box, or ``None``
+    container does not say); ``keyframe_pts``: each one's presentation timestamp in the stream's
+    time base, what a decode seeks to (``None`` in an index written before they were recorded:
+    a decode then aims at ``(keyframe + 0.5) / fps`` and corrects its landing); ``header``: (offset, length) of an MP4/MOV ``moov`` box, or ``None``
     where ranged reads are not possible (another container, a fragmented MP4): a clip then reads
     the whole file.
 
@@ -67,6 +69,7 @@ class VideoInfo:
     keyframes: np.ndarray
     keyframe_offsets: np.ndarray
     header: tuple[int, int] | None
+    keyframe_pts: np.ndarray | None = None
 
     def gop_of(self, ordinal: int) -> int:
         """The index in ``keyframes`` of the keyframe at or before frame ``ordinal``."""
@@ -146,6 +149,7 @@ def index_fields(column: str) -> list[pa.Field]:
         pa.field(f"{column}_keyframe_offsets", pa.list_(pa.int64())),
         pa.field(f"{column}_header_offset", pa.int64()),
         pa.field(f"{column}_header_length", pa.int64()),
+        pa.field(f"{column}_keyframe_pts", pa.list_(pa.int64())),
     ]
 
 
@@ -171,6 +175,7 @@ def index_values(info: VideoInfo, column: str = "video") -> dict[str, Any]:
         f"{column}_keyframe_offsets": info.keyframe_offsets.tolist(),
         f"{column}_header_offset": offset,
         f"{column}_header_length": length,
+        f"{column}_keyframe_pts": None if info.keyframe_pts is None else info.keyframe_pts.tolist(),
     }
 
 
@@ -183,13 +188,15 @@ def info_from_row(row: dict[str, Any], column: str = "video") -> VideoInfo:
         >>> info_from_row(index_values(info)).header
         (1000, 64)
     """
-    missing = [f.name for f in index_fields(column) if f.name not in row]
+    optional = {f"{column}_keyframe_pts"}  # not in indexes written before it was recorded
+    missing = [f.name for f in index_fields(column) if f.name not in row and f.name not in optional]
     if missing:
         raise KeyError(
             f"the row lacks the video index columns {missing}: write the dataset with "
             "lanceloader.convert, or probe the video with probe_video"
         )
     offset, length = row[f"{column}_header_offset"], row[f"{column}_header_length"]
+    pts = row.get(f"{column}_keyframe_pts")
     return VideoInfo(
         frames=int(row[f"{column}_frames"]),
         fps=float(row[f"{column}_fps"]),
@@ -200,6 +207,7 @@ def info_from_row(row: dict[str, Any], column: str = "video") -> VideoInfo:
         keyframes=np.asarray(row[f"{column}_keyframes"], dtype=np.int64),
         keyframe_offsets=np.asarray(row[f"{column}_keyframe_offsets"], dtype=np.int64),
         header=None if offset is None else (int(offset), int(length)),
+        keyframe_pts=None if pts is None else np.asarray(pts, dtype=np.int64),
     )
 
 

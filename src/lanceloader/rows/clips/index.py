@@ -13,7 +13,7 @@ in the dataset's files (``rows/lance/blob_files.py``, from the descriptors read 
 cached).
 
 Who owns what: the :class:`MediaIndex` (one Arrow table of about
-``videos × (2 × keyframes + 12) × 8`` bytes) belongs to its ``ClipSource``, read-only once
+``videos × (3 × keyframes + 12) × 8`` bytes) belongs to its ``ClipSource``, read-only once
 built; it travels to process workers pickled with it, and each read (:mod:`lanceloader.rows.clips.source`)
 takes the rows of its own media from it. A file that cannot be probed is a :class:`ClipError`,
 defined here where it is first raised (``rows/clips/source.py`` raises it for a clip that fails to
@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.rows.lance.blob_files import BlobLocations, blob_locations
+from lanceloader.rows.cache.disk import DiskCache
 from lanceloader.rows.clips.windows import Clips, VideoClips
 from lanceloader.rows.dataset import NOT_READ_FAILURES, ReadError
-from lanceloader.rows.cache.disk import DiskCache
+from lanceloader.rows.lance.blob_files import BlobLocations, blob_locations
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.protocol import empty_table
 
@@ -71,7 +71,10 @@ VIDEO_INDEX = (
     "keyframe_offsets",
     "header_offset",
     "header_length",
+    "keyframe_pts",
 )
+#: index columns a dataset may lack (converted before they were recorded): read when there
+OPTIONAL_INDEX = ("keyframe_pts",)
 AUDIO_INDEX = (  # media/audio_ranges.py index_fields: the info and the byte index
     "sample_rate",
     "channels",
@@ -188,7 +191,9 @@ def build_index(inner: Source, spec: Clips) -> MediaIndex:
 
 def _media_index(inner: Source, spec: Clips, offsets: np.ndarray, sizes: np.ndarray) -> MediaIndex:
     ds, names = inner.dataset, index_names(spec)
-    if all(name in ds.schema.names for name in names):
+    optional = {f"{spec.column}_{name}" for name in OPTIONAL_INDEX}
+    if all(name in ds.schema.names for name in names if name not in optional):
+        names = [name for name in names if name in ds.schema.names]
         parts = [
             ds.take(offsets[lo : lo + INDEX_READ_ROWS].tolist(), columns=names)
             for lo in range(0, len(offsets), INDEX_READ_ROWS)
