@@ -289,8 +289,19 @@ def test_an_image_with_a_garbage_middle_is_refused_unless_checks_are_off(tmp_pat
 
     assert main(["convert", str(root), str(tmp_path / "cli.lance"), "--quiet"]) == 0
     assert lance.dataset(str(tmp_path / "cli.lance")).count_rows() == 6
-    assert main(["convert", str(root), str(tmp_path / "cli-raw.lance"), "--quiet",
-                 "--check-images", "none"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(root),
+                str(tmp_path / "cli-raw.lance"),
+                "--quiet",
+                "--check-images",
+                "none",
+            ]
+        )
+        == 0
+    )
     assert lance.dataset(str(tmp_path / "cli-raw.lance")).count_rows() == 8
 
 
@@ -534,3 +545,100 @@ def test_writers_do_not_print_lances_no_existing_dataset_warning(tmp_path):
     )
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
     assert "No existing dataset" not in done.stderr, done.stderr
+
+
+def late_text_csv(path: Path, fixed: bool = False) -> Path:
+    """A CSV whose column x turns to text after the first 4 MiB pyarrow infers types from."""
+    with open(path, "w") as file:
+        file.write("x,y\n" + "1,2\n" * 1_200_000 + ("3,2\n" if fixed else "oops,2\n"))
+    return path
+
+
+def test_a_failed_conversion_can_be_run_again_into_the_same_output(tmp_path):
+    """A CSV that failed half-way left an empty data/ behind; after fixing the file, the same
+    call was refused as 'a write that never committed ... remove the directory'."""
+    late = late_text_csv(tmp_path / "late.csv")
+    out = tmp_path / "late.lance"
+    with pytest.raises(ValueError, match=r"late\.csv.*column 'x'"):
+        ll.convert(late, out, progress=False)
+    assert not out.exists()  # nothing of the failed run is left
+    late_text_csv(late, fixed=True)
+    assert ll.convert(late, out, progress=False).rows == 1_200_001
+    # Appending to a dataset: the failed run's files go, the dataset's stay.
+    late_text_csv(late)
+    before = sorted(os.listdir(out / "data"))
+    with pytest.raises(ValueError, match=r"late\.csv"):
+        ll.convert(late, out, mode="append", progress=False)
+    assert sorted(os.listdir(out / "data")) == before
+    assert lance.dataset(out).count_rows() == 1_200_001
+
+
+KILLED_INTO = """
+import os, signal, sys
+import numpy as np
+import pyarrow as pa
+import lanceloader as ll
+
+schema = pa.schema([("id", pa.int64())])
+
+def batches():
+    for i in range(6):
+        if i == 4:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield pa.record_batch([pa.array(np.arange(i * 100, (i + 1) * 100))], schema=schema)
+
+ll.convert(pa.RecordBatchReader.from_batches(schema, batches()), sys.argv[1],
+           max_rows_per_file=100, progress=False)
+"""
+
+
+def test_a_killed_conversion_inside_the_image_root_is_not_a_class(tmp_path):
+    """Killed before its commit, a convert into root/out left a data/ of Lance files and no
+    _versions/: the next conversion of root read 'out' as a class and shifted later labels."""
+    root = tmp_path / "imgs"
+    for name in ("a", "z"):
+        (root / name).mkdir(parents=True)
+        Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / name / "0.png")
+    script = tmp_path / "run.py"
+    script.write_text(KILLED_INTO)
+    killed = subprocess.run(
+        [sys.executable, str(script), str(root / "out")], capture_output=True, timeout=300
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert os.listdir(root / "out") == ["data"] and os.listdir(root / "out" / "data")
+    summary = ll.convert(root, tmp_path / "imgs.lance", progress=False)
+    ds = lance.dataset(tmp_path / "imgs.lance")
+    assert json.loads(ds.schema.metadata[b"lanceloader.classes"]) == ["a", "z"]
+    assert ds.to_table()["label"].to_pylist() == [0, 1]
+    assert "unfinished Lance write" in dict(summary.skipped)["out"]
+
+
+def test_links_are_followed_and_loops_skipped_and_listed(tmp_path):
+    """A class folder linked to the root became a class holding a second copy of every image;
+    a linked sub-folder of images was left out, and neither was said."""
+    root = image_folder(tmp_path / "images")
+    elsewhere = tmp_path / "more"
+    elsewhere.mkdir()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(elsewhere / "x.png")
+    (root / "cat" / "more").symlink_to(elsewhere)  # a linked folder of images: followed
+    (root / "dog" / "again").symlink_to(root / "dog")  # a loop below a class
+    (root / "loop").symlink_to(root)  # a 'class' that is the root itself
+    summary = ll.convert(root, tmp_path / "out.lance", progress=False)
+    ds = lance.dataset(tmp_path / "out.lance")
+    assert json.loads(ds.schema.metadata[b"lanceloader.classes"]) == ["cat", "dog"]
+    table = ds.to_table()
+    assert sorted(table["path"].to_pylist()) == sorted(
+        [f"{c}/{i}.{'png' if i % 2 else 'jpg'}" for c in ("cat", "dog") for i in range(3)]
+        + ["cat/more/x.png"]
+    )
+    skipped = dict(summary.skipped)
+    assert skipped["loop"] == "a link back to the root folder (.), a loop: not followed"
+    assert skipped["dog/again"] == "a link back to 'dog', a loop: not followed"
+    tables = tmp_path / "tables"  # the same walk finds Parquet files
+    (tables / "part").mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1, 2]}), tables / "part" / "a.parquet")
+    (tables / "linked").symlink_to(tables / "part")
+    (tables / "part" / "up").symlink_to(tables)
+    done = ll.convert(tables, tmp_path / "t.lance", progress=False)
+    assert lance.dataset(tmp_path / "t.lance").to_table()["x"].to_pylist() == [1, 2, 1, 2]
+    assert [item for item, _ in done.skipped] == ["linked/up", "part/up"]

@@ -8,9 +8,11 @@ progress bar and a :class:`ConvertSummary` at the end. Sources:
   class's index in sorted order) and ``path`` (relative to the root); the class names in the
   schema metadata (``lanceloader.classes``). Files are read and checked (``check_images``) in a
   thread pool; an unreadable or damaged image is skipped and listed (``on_error="raise"``: a
-  ``ValueError`` naming it). A sub-folder that is a Lance dataset (``*.lance``, or with
-  ``_versions/``: the output of an earlier conversion, say) is never read as a class: it is
-  listed in the summary's ``skipped``;
+  ``ValueError`` naming it). Links to folders are followed, as torchvision's ``ImageFolder``
+  does; a link back to a folder on its own path (a loop) is not, and a folder that is a Lance
+  dataset, finished or not (the output of an earlier or killed conversion, say), is never read
+  as a class or as files: both are listed in the summary's ``skipped``
+  (:mod:`lanceloader.write.folders`);
 * a Parquet file or a directory of them (every file's schema must match the first's: else a
   ``ValueError`` names the two files and the columns), a CSV file (or ``.tsv``), or a directory
   of CSV files;
@@ -28,7 +30,10 @@ refused. Every error about the input names the file (and the row, where the read
 A run holds a lock on its output (:mod:`lanceloader.write.runs`: one convert per output at a
 time) and records where it began; a run that dies before its commit (even by SIGKILL) leaves
 data files no version refers to, and the next ``convert`` into the same output removes them
-and says so in its summary (``removed``). A run that fails with an exception removes its own.
+and says so in its summary (``removed``). A run that fails with an exception removes what it
+wrote (into an output that was empty or absent: all of it, an empty ``data/`` included), so the
+same call can simply be run again; should that removal fail, its record stays and the next run
+does it.
 
 >>> import pandas as pd, tempfile
 >>> out = tempfile.mkdtemp() + "/table.lance"
@@ -40,22 +45,16 @@ and says so in its summary (``removed``). A run that fails with an exception rem
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import lance
 import pyarrow as pa
-import pyarrow.csv
-import pyarrow.dataset
 from tqdm import tqdm
 
 from lanceloader.arguments import check_int, check_storage_options
@@ -66,27 +65,46 @@ from lanceloader.rows.dataset import (
     object_store_options,
     redact_exception,
 )
-from lanceloader.write.image_checks import IMAGE_CHECKS, checked_image
-from lanceloader.write.media import from_media_folder, media_kind
+from lanceloader.write.folders import LANCE_ENTRIES, LANCE_INPUT, is_lance_dataset
+from lanceloader.write.image_checks import IMAGE_CHECKS
 from lanceloader.write.runs import (
     OutputLock,
     data_files,
+    dataset_version,
+    is_empty_output,
     leftover_files,
     local_path,
     record_path,
     remove_files,
+    remove_unfinished_write,
+    save_json,
 )
-from lanceloader.write.tables import from_files, with_blob_columns
+from lanceloader.write.sources import (
+    CLASSES_KEY,
+    IMAGE_SUFFIXES,
+    LABEL_COLUMNS,
+    TABLE_SUFFIXES,
+    image_files,
+    open_source,
+    read_images,
+)
+from lanceloader.write.tables import with_blob_columns
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-TABLE_SUFFIXES = (".parquet", ".csv", ".tsv")
-LABEL_COLUMNS = ("label", "labels")
-CLASSES_KEY = b"lanceloader.classes"
+__all__ = [  # the names other modules import from here
+    "CLASSES_KEY",
+    "IMAGE_SUFFIXES",
+    "LANCE_INPUT",
+    "TABLE_SUFFIXES",
+    "ConvertSummary",
+    "convert",
+    "dataset_version",
+    "image_files",
+    "int64_labels",
+    "is_lance_dataset",
+    "read_images",
+    "write_error",
+]
 MODES = ("create", "overwrite", "append")
-TABLE_BATCH_ROWS = 65_536  # rows per batch streamed to Lance (bigger batches: fewer calls)
-IMAGE_BATCH_ROWS = 1024  # image files read (in parallel) and written together
-LANCE_INPUT = "a Lance dataset (the output of a conversion?): never read as input"
-MEDIA_OPTIONS = ("skipped", "on_error", "resize", "batch_rows", "num_workers")  # for media folders
 
 
 @dataclass(frozen=True)
@@ -206,7 +224,7 @@ def convert(
             )
         skipped: list[tuple[str, str]] = []
         decodes = resize is not None or check_images == "decode"
-        schema, batches, total = _open_source(
+        schema, batches, total = open_source(
             source,
             skipped=skipped,
             on_error=on_error,
@@ -219,7 +237,8 @@ def convert(
         )
         journal = record_path("convert", out)
         before = data_files(out)
-        _save_json(journal, {"out": out, "pid": os.getpid(), "before": before})
+        fresh = is_empty_output(out)  # all a failed write leaves can then go
+        save_json(journal, {"out": out, "pid": os.getpid(), "before": before, "fresh": fresh})
         started = time.perf_counter()
         try:
             ds, rows, nbytes = _write(
@@ -235,8 +254,8 @@ def convert(
                 blob_columns or [],
             )
         except BaseException:
-            remove_files(out, leftover_files(out, before, options))  # this run's own
-            journal.unlink(missing_ok=True)
+            _remove_own_files(out, before, fresh, options)
+            journal.unlink(missing_ok=True)  # kept if the removal failed: the next run does it
             raise
         if dead_run and is_object_store(out):  # no listing there: Lance finds the leftovers
             stats = ds.cleanup_old_versions(retain_versions=1 << 62, delete_unverified=True)
@@ -335,11 +354,11 @@ def check_output(out: str) -> None:
     if os.path.isdir(os.path.join(path, "_versions")):
         return
     entries = sorted(os.listdir(path))
-    if not entries:
-        return
-    if entries == ["data"]:
+    if not entries or (entries == ["data"] and not os.listdir(os.path.join(path, "data"))):
+        return  # empty, or the empty data/ of a write that wrote nothing
+    if set(entries) <= LANCE_ENTRIES:
         raise FileExistsError(
-            f"{out!r} holds only the data files of a write that never committed (a run killed "
+            f"{out!r} holds only the files of a Lance write that never committed (a run killed "
             "on another machine, or by another user?), and no dataset; remove the directory, "
             "or give convert a new path"
         )
@@ -361,292 +380,22 @@ def _remove_dead_run(
         record = json.loads(journal.read_text())
     except (FileNotFoundError, ValueError):
         return (0, 0), False
-    removed = remove_files(out, leftover_files(out, record.get("before") or {}, storage_options))
+    removed = _remove_own_files(
+        out, record.get("before") or {}, bool(record.get("fresh")), storage_options
+    )
     journal.unlink(missing_ok=True)
     return removed, True
 
 
-def _save_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(value))
-    os.replace(temporary, path)  # atomic: a kill leaves the old record or the new one
-
-
-def dataset_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
-    """The latest version of the Lance dataset at ``uri``, or None when there is none."""
-    try:
-        return lance.dataset(uri, storage_options=storage_options).version
-    except (ValueError, OSError, RuntimeError):
-        return None
-
-
-# --- sources --------------------------------------------------------------------------------
-
-
-def _open_source(
-    source: Any, **options: Any
-) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
-    """The schema, a stream of batches and (when known) the row count of ``source``."""
-    batch_rows = options["batch_rows"] = options["batch_rows"] or TABLE_BATCH_ROWS
-    exclude = options.pop("exclude")
-    labels = options.pop("labels")
-    if labels is not None and not (isinstance(source, str | os.PathLike) and Path(source).is_dir()):
-        raise ValueError("labels= is for a folder of videos or audio files; drop it")
-    kind = f"{type(source).__module__.split('.')[0]}.{type(source).__name__}"
-    if kind == "pandas.DataFrame":
-        source = pa.Table.from_pandas(source, preserve_index=False)
-    if kind.startswith("datasets.") and hasattr(source, "features"):
-        return _from_hugging_face(source, batch_rows)
-    if isinstance(source, pa.RecordBatch):
-        source = pa.Table.from_batches([source])
-    if isinstance(source, pa.Table):
-        return source.schema, iter(source.to_batches(max_chunksize=batch_rows)), source.num_rows
-    if isinstance(source, pa.RecordBatchReader):
-        return source.schema, iter(source), None
-    if isinstance(source, pyarrow.dataset.Dataset):
-        return (source.schema, source.to_batches(batch_size=batch_rows), source.count_rows())
-    if not isinstance(source, str | os.PathLike):
-        raise TypeError(
-            f"cannot convert a {kind}: give a folder of images, Parquet or CSV "
-            "files, a pandas DataFrame, a pyarrow Table or Dataset, or a Hugging "
-            "Face datasets.Dataset"
-        )
-    path = Path(source)
-    if not path.exists():
-        raise FileNotFoundError(f"{os.fspath(path)!r} does not exist")
-    if path.is_dir() and exclude is not None and os.path.realpath(path) == exclude:
-        raise ValueError(
-            f"{os.fspath(path)!r} is the output itself: give convert another output path"
-        )
-    if path.is_dir() and (path / "_versions").is_dir():
-        raise ValueError(
-            f"{os.fspath(path)!r} is already a Lance dataset: pass it to "
-            "ll.Loader as it is (or ll.materialize a filtered or shuffled copy)"
-        )
-    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "state.json").exists()):
-        import datasets  # a Hugging Face save_to_disk directory
-
-        return _from_hugging_face(datasets.load_from_disk(os.fspath(path)), batch_rows)
-    skip = functools.partial(is_lance_dataset, output=exclude)
-    kind = media_kind(path, skip, IMAGE_SUFFIXES + TABLE_SUFFIXES) if path.is_dir() else None
-    if kind is not None:  # videos or audio: write/media.py
-        media = {k: options[k] for k in MEDIA_OPTIONS}
-        return from_media_folder(path, kind, labels=labels, skip_dir=skip, **media)
-    if labels is not None:
-        raise ValueError(f"labels= is for a folder of videos or audio files: {path} holds none")
-    if path.is_file():
-        return from_files([_table_file(path)], batch_rows)
-    skipped = options["skipped"]
-    inside = sorted(p for p in path.iterdir() if p.is_dir())
-    lance_dirs = [p for p in inside if is_lance_dataset(p, exclude)]
-    skipped.extend((p.name, LANCE_INPUT) for p in lance_dirs)
-    classes = [p for p in inside if p not in lance_dirs]
-    files = table_files(path, exclude)
-    if files and not classes:
-        return from_files(files, batch_rows)
-    if classes:
-        if options["batch_rows"] == TABLE_BATCH_ROWS:
-            options["batch_rows"] = IMAGE_BATCH_ROWS
-        return _from_image_folder(path, classes, **options)
-    raise ValueError(
-        f"{os.fspath(path)!r} holds no Parquet or CSV files and no class folders "
-        "of images (root/<class>/<image>)"
-    )
-
-
-def is_lance_dataset(path: Path, output: str | None = None) -> bool:
-    """Whether the directory ``path`` is a Lance dataset (named ``*.lance``, or with
-    ``_versions/``) or the output ``output`` of this conversion: never read as input."""
-    return (
-        path.suffix.lower() == ".lance"
-        or (path / "_versions").is_dir()
-        or (output is not None and os.path.realpath(path) == output)
-    )
-
-
-def table_files(root: Path, output: str | None = None) -> list[Path]:
-    """The Parquet, CSV and TSV files under ``root``, sorted, none inside a Lance dataset."""
-    found = []
-    for directory, folders, names in os.walk(root):
-        folders[:] = [f for f in folders if not is_lance_dataset(Path(directory, f), output)]
-        found.extend(
-            Path(directory, n) for n in names if os.path.splitext(n)[1].lower() in TABLE_SUFFIXES
-        )
-    return sorted(found)
-
-
-_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM", b"II*\x00", b"MM\x00*")
-
-
-def _table_file(path: Path) -> Path:
-    """``path``, a Parquet, CSV or TSV file; a single image or another kind of file is refused,
-    naming it, before any of it is parsed."""
-    if path.suffix.lower() in TABLE_SUFFIXES:
-        return path
-    with open(path, "rb") as file:
-        head = file.read(12)
-    if (
-        path.suffix.lower() in IMAGE_SUFFIXES
-        or head.startswith(_IMAGE_MAGIC)
-        or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")
-    ):
-        raise ValueError(
-            f"{os.fspath(path)!r} is a single image; convert reads images from a folder of "
-            "class folders (root/<class>/<image>, the label being the class folder): put your "
-            "images in such a tree and convert its root"
-        )
-    raise ValueError(
-        f"{os.fspath(path)!r} is not a Parquet (.parquet) or CSV (.csv, .tsv) "
-        "file; rename it if it is one, or read it with pyarrow and give convert "
-        "the table"
-    )
-
-
-def _from_image_folder(
-    root: Path,
-    classes: list[Path],
-    *,
-    skipped: list[tuple[str, str]],
-    on_error: str,
-    resize: int | None,
-    check: str,
-    batch_rows: int,
-    num_workers: int,
-) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
-    """``root/<class>/<image>``: image bytes, int64 label (sorted class order), relative path."""
-    files = image_files(root, classes)
-    if not files:
-        raise ValueError(
-            f"{os.fspath(root)!r} has class folders but no images ({', '.join(IMAGE_SUFFIXES)})"
-        )
-    names = [c.name for c in classes]
-    prefix = len(os.path.join(os.fspath(root), ""))
-    schema = pa.schema(
-        [("image", pa.binary()), ("label", pa.int64()), ("path", pa.string())],
-        metadata={CLASSES_KEY: json.dumps(names).encode()},
-    )
-
-    def read(items: list[tuple[str, int]]) -> list[tuple[bytes | None, str]]:
-        return read_images(items, resize, check)
-
-    def stream() -> Iterator[pa.RecordBatch]:
-        # The next chunk is read while Lance writes this one (its encoding runs without the GIL).
-        with concurrent.futures.ThreadPoolExecutor(num_workers) as pool:
-
-            def submit(start: int) -> tuple[list[tuple[str, int]], list[Any]]:
-                chunk = files[start : start + batch_rows]
-                step = -(-len(chunk) // num_workers)  # one slice of the chunk per thread
-                return chunk, [
-                    pool.submit(read, chunk[i : i + step]) for i in range(0, len(chunk), step)
-                ]
-
-            starts = range(0, len(files), batch_rows)
-            ahead = submit(0)
-            for k in range(len(starts)):
-                chunk, parts = ahead
-                read_back = [r for part in parts for r in part.result()]
-                if k + 1 < len(starts):
-                    ahead = submit(starts[k + 1])
-                images, labels, paths = [], [], []
-                for (image, label), (data, why) in zip(chunk, read_back, strict=True):
-                    relative = image[prefix:]
-                    if data is None:
-                        if on_error == "raise":
-                            raise ValueError(
-                                f"cannot read the image {image!r} "
-                                f"({why}); fix or remove it, or pass "
-                                "on_error='skip'"
-                            )
-                        skipped.append((relative, why))
-                        continue
-                    images.append(data)
-                    labels.append(label)
-                    paths.append(relative)
-                yield pa.record_batch(
-                    [
-                        pa.array(images, pa.binary()),
-                        pa.array(labels, pa.int64()),
-                        pa.array(paths, pa.string()),
-                    ],
-                    schema=schema,
-                )
-
-    return schema, stream(), len(files)
-
-
-def read_images(
-    items: list[tuple[str, int]], resize: int | None, check: str = "structure"
-) -> list[tuple[bytes | None, str]]:
-    """For each ``(path, label)``: the image's bytes (checked, or re-encoded with ``resize``:
-    see :func:`checked_image`) and ``""``, or ``None`` and why it cannot be read."""
-    out: list[tuple[bytes | None, str]] = []
-    for image, _ in items:
-        try:
-            with open(image, "rb") as file:
-                out.append((checked_image(file.read(), resize, check), ""))
-        except Exception as exc:  # PIL raises several types for damaged files
-            why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))
-            out.append((None, f"{type(exc).__name__}: {why}"))
-    return out
-
-
-def image_files(root: Path, classes: list[Path]) -> list[tuple[str, int]]:
-    """Every image under each class folder, with the class's number: classes in the given
-    order, files sorted by path within each (strings: ``Path`` sorting costs 10x more)."""
-    files: list[tuple[str, int]] = []
-    for label, folder in enumerate(classes):
-        found = []
-        for directory, _, names in os.walk(os.fspath(folder)):
-            found.extend(
-                os.path.join(directory, name)
-                for name in names
-                if os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
-            )
-        files.extend((path, label) for path in sorted(found))
-    return files
-
-
-def _from_hugging_face(
-    dataset: Any, batch_rows: int
-) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
-    """A ``datasets.Dataset``: its Arrow table, with Image/Audio columns as their bytes and
-    ClassLabel columns int64 (names in the schema metadata)."""
-    table: pa.Table = dataset.data.table if hasattr(dataset.data, "table") else dataset.data
-    metadata: dict[bytes, bytes] = {}
-    columns, fields = [], []
-    for name, feature in dataset.features.items():
-        column = table.column(name)
-        kind = type(feature).__name__
-        if kind in ("Image", "Audio"):
-            column = pa.chunked_array(
-                [_bytes_of(chunk, name) for chunk in column.chunks], pa.binary()
-            )
-        elif kind == "ClassLabel":
-            column = column.cast(pa.int64())
-            metadata[f"lanceloader.classes.{name}".encode()] = json.dumps(feature.names).encode()
-            if name in LABEL_COLUMNS:
-                metadata[CLASSES_KEY] = json.dumps(feature.names).encode()
-        columns.append(column)
-        fields.append(pa.field(name, column.type))
-    schema = pa.schema(fields, metadata=metadata or None)
-    converted = pa.Table.from_arrays(columns, schema=schema)
-    return schema, iter(converted.to_batches(max_chunksize=batch_rows)), converted.num_rows
-
-
-def _bytes_of(chunk: pa.Array, name: str) -> pa.Array:
-    """An Image/Audio struct array (``bytes``, ``path``) as its bytes, read from ``path`` where
-    the bytes are missing."""
-    data = chunk.field("bytes").to_pylist()
-    paths = chunk.field("path").to_pylist()
-    out = []
-    for value, path in zip(data, paths, strict=True):
-        if value is None and path:
-            value = Path(path).read_bytes()
-        if value is None:
-            raise ValueError(f"column {name!r}: a row has neither bytes nor a readable path")
-        out.append(value)
-    return pa.array(out, pa.binary())
+def _remove_own_files(
+    out: str, before: dict[str, int], fresh: bool, storage_options: dict[str, str] | None
+) -> tuple[int, int]:
+    """Remove what a run into ``out`` that did not commit wrote: all of Lance's entries when
+    the output was empty or absent at its start (``fresh``; an empty ``data/`` included),
+    else the data files no version refers to that were not there at its start."""
+    if fresh:
+        return remove_unfinished_write(out)
+    return remove_files(out, leftover_files(out, before, storage_options))
 
 
 # --- labels ---------------------------------------------------------------------------------

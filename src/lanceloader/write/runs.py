@@ -25,13 +25,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import lance
 
 from lanceloader.rows.dataset import is_object_store
+from lanceloader.write.folders import LANCE_ENTRIES
 
 LOCK_ATTEMPTS = 10  # a lock file removed by its holder between our open and flock: try again
 
@@ -138,9 +141,10 @@ def leftover_files(
 
 def remove_files(out: str, names: dict[str, int]) -> tuple[int, int]:
     """Delete the data files ``names`` of the local output ``out``; then, if the output holds
-    no dataset and nothing else, its empty directories. Returns (files, bytes) removed."""
+    no dataset and nothing else, its empty directories (a failed write can leave an empty
+    ``data/`` even when it wrote no file). Returns (files, bytes) removed."""
     path = local_path(out)
-    if path is None or not names:
+    if path is None:
         return 0, 0
     for name in names:
         with contextlib.suppress(FileNotFoundError):
@@ -149,3 +153,48 @@ def remove_files(out: str, names: dict[str, int]) -> tuple[int, int]:
         os.rmdir(os.path.join(path, "data"))
         os.rmdir(path)
     return len(names), sum(names.values())
+
+
+def remove_unfinished_write(out: str) -> tuple[int, int]:
+    """Delete what an uncommitted Lance write left in the local output ``out`` that held
+    nothing when the write began and holds no version now: Lance's own entries only (its
+    ``data/`` files, ``_transactions/``, ...), then ``out`` itself if that empties it.
+    Returns (data files, bytes) removed."""
+    path = local_path(out)
+    if path is None or dataset_version(out) is not None or not os.path.isdir(path):
+        return 0, 0
+    files = data_files(out)
+    for entry in LANCE_ENTRIES & set(os.listdir(path)):
+        target = os.path.join(path, entry)
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target)
+        else:
+            os.unlink(target)
+    with contextlib.suppress(OSError):  # only when empty
+        os.rmdir(path)
+    return len(files), sum(files.values())
+
+
+def is_empty_output(out: str) -> bool:
+    """Whether the local output ``out`` does not exist or is an empty directory (an object
+    store: False, its listing is left to Lance)."""
+    path = local_path(out)
+    if path is None:
+        return False
+    return not os.path.lexists(path) or (os.path.isdir(path) and not os.listdir(path))
+
+
+def dataset_version(uri: str, storage_options: dict[str, str] | None = None) -> int | None:
+    """The latest version of the Lance dataset at ``uri``, or None when there is none."""
+    try:
+        return lance.dataset(uri, storage_options=storage_options).version
+    except (ValueError, OSError, RuntimeError):
+        return None
+
+
+def save_json(path: Path, value: Any) -> None:
+    """Write ``value`` to ``path`` atomically: a kill leaves the old record or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(value))
+    os.replace(temporary, path)
