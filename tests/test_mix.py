@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import lanceloader as ll
 from lanceloader.ordering.interleave import Interleave, Runs, interleave, rational_weights
 from lanceloader.ordering.interleave import locate as ll_locate
-from lanceloader.ordering.plan import read_tasks
+from lanceloader.engine.tasks import stream_tasks
 from lanceloader.rows.gather import gather_rows
 from lanceloader.rows.placement import mixed_rows
 from lanceloader.rows.protocol import as_table, read_table
@@ -513,10 +513,10 @@ def test_mixed_reads_fetch_whole_windows_of_every_block_shuffled_source(
     )
     loader = ll.Loader(mix, batch_size=4, rows_per_read=512)
     source = loader.source
-    tasks = list(
-        read_tasks(0, loader.plan(0), loader.batches_per_read, window_rows=loader.order.window_rows)
-    )
-    assert loader.order.window_rows == mix.window_samples and len(tasks) > 10
+    plan = loader.plan(0)  # the tasks the engine runs: cut on the rows' hinted windows
+    tasks = list(stream_tasks(loader.reading(1).work, 0, plan, loader.batches_per_read,
+                              range(len(plan))))
+    assert source.hints.window_rows == mix.window_samples and len(tasks) > 10
     for task in tasks[8:-1]:  # after the ramp, before the epoch's end
         runs = source.locate(task.samples)
         for k in range(3):
@@ -560,7 +560,7 @@ def test_each_source_reads_as_much_per_lance_call_as_on_its_own_loader(
         run_length=4096,
     )
     loader = ll.Loader(mix, batch_size=4096, num_workers=1)
-    assert mix.source().read_parts == parts
+    assert mix.source().hints.read_parts == parts
     ids = np.concatenate([b["id"] for b in loader])
     assert len(ids) == mix.samples_per_epoch  # every sample delivered once
     largest = max(n for _, n in calls)  # the largest share's source: within a run of its own
@@ -596,7 +596,7 @@ def test_read_parts_size_the_largest_share_as_one_sources_read(tiny_uri, w) -> N
     """Reads of ``read_parts`` single reads give the largest source at most one read of its
     own (the engine's bound per Lance call), and one more part would give it more."""
     mix = ll.Mix({f"s{k}": tiny_uri for k in range(len(w))}, {f"s{k}": x for k, x in enumerate(w)})
-    parts, share = mix.source().read_parts, Fraction(max(w), sum(w))
+    parts, share = mix.source().hints.read_parts, Fraction(max(w), sum(w))
     assert 1 <= parts <= 4 and parts * share <= 1
     assert parts == 4 or (parts + 1) * share > 1
 

@@ -20,10 +20,10 @@ from lanceloader.ledger import Ledger
 from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan
-from lanceloader.rows.lance.blobs import blob_files
 from lanceloader.rows.clips.index import ClipError
 from lanceloader.rows.clips.source import audio_clips, video_clips
 from lanceloader.rows.dataset import ReadError
+from lanceloader.rows.lance.blobs import blob_files
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mixed import Mix
 from lanceloader.rows.packed import pack

@@ -62,12 +62,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.ordering.interleave import Runs
 from lanceloader.ordering.order import Order
-from lanceloader.rows.clips.source import AudioClips, ClipSource, VideoClips, clip_source
-from lanceloader.rows.lance.source import Source
-from lanceloader.rows.mixed import MixedSource
-from lanceloader.rows.packed import PackedSource, Packing
+from lanceloader.pipeline import RowsSettings
 from lanceloader.rows.protocol import RowSource
 from lanceloader.state.format import (
     StateMismatchError,
@@ -101,19 +97,6 @@ LEDGER_SCHEMA = pa.schema(
         ("token_counts", _ints),
         ("clip_start", pa.int64()),
     ]
-)
-# The columns :func:`lineage` gives: where a row of the rows read comes from.
-LINEAGE = (
-    "uri",
-    "version",
-    "position",
-    "row_offset",
-    "row_id",
-    "document_offsets",
-    "document_ids",
-    "token_starts",
-    "token_counts",
-    "clip_start",
 )
 
 
@@ -153,11 +136,6 @@ class Ledger:
         latest = loader.state_dict()
         refuse_weight_changes(latest, resumed_from)
         self.history = History.of_states(latest, list(resumed_from))
-        if not isinstance(self.source, Source | PackedSource | MixedSource | ClipSource):
-            raise TypeError(
-                "a ledger describes Lance, packed, clip or mixed rows, not "
-                f"{type(self.source).__name__}"
-            )
 
     @classmethod
     def from_state(
@@ -198,34 +176,16 @@ class Ledger:
                 "this state names no dataset (a sampler's): use "
                 "ll.Ledger(loader) with the loader it belongs to"
             )
-        pack, clips = order.get("pack"), order.get("clips")
-        columns = [pack["column"]] if pack else state["columns"]
-        settings = {
-            "filter": order["filter"],
-            "version": state["version"],
-            "storage_options": storage_options,
-            "splits": order["splits"],
-            "split": order["split"],
-            "split_key": order["split_key"],
-        }
-        rows: RowSource
-        if clips:  # the state's columns are the clips': the dataset's, and clip_start
-            columns = [c for c in columns if c != "clip_start"]
-            rows = clip_source(
-                location, clips_of(clips), order["seed"], columns=columns, cache=None, **settings
-            )
-        else:
-            rows = Source(location, columns=columns, **settings)
-        if pack:
-            rows = PackedSource(rows, Packing(**pack))  # type: ignore[arg-type]
+        rows = RowsSettings.of_state(state, storage_options).build(location, order["seed"])
         the_order = Order(
             rows.num_rows, order["shuffle"], order["block_size"], order["window"], order["seed"]
         )
-        found = fingerprint(rows.identity, rows.version, order_settings(rows, the_order))
+        name = rows.dataset_name
+        found = fingerprint(name.identity, name.version, order_settings(rows, the_order))
         if found != state["fingerprint"]:
             raise StateMismatchError(
-                f"the dataset at {location!r} (version {rows.version}, identity "
-                f"{rows.identity}) with the state's settings is not the stream the state was "
+                f"the dataset at {location!r} (version {name.version}, identity "
+                f"{name.identity}) with the state's settings is not the stream the state was "
                 f"saved from (dataset {state['dataset']}): point uri= at the dataset the run "
                 "read"
             )
@@ -290,11 +250,7 @@ class Ledger:
             "index": np.arange(n, dtype=np.int32),
             "sample": samples,
         }
-        positions = self.order.positions(epoch, samples)
-        if isinstance(self.source, MixedSource):
-            columns.update(mixed_lineage(self.source, positions))
-        else:
-            columns.update(lineage(self.source, positions, epoch))
+        columns.update(self.source.lineage(self.order.positions(epoch, samples), epoch))
         return table_of(columns, n)
 
 
@@ -317,98 +273,8 @@ def refuse_weight_changes(latest: dict[str, Any], resumed_from: Sequence[dict[st
             )
 
 
-def clips_of(settings: dict[str, Any]) -> VideoClips | AudioClips:
-    """The clip spec a state's ``order["clips"]`` records (``ClipSource.settings()``)."""
-    values = {k: v for k, v in settings.items() if k != "kind"}
-    if settings["kind"] == "video":
-        size = values.pop("size")
-        return VideoClips(**values, size=tuple(size) if size else None)
-    return AudioClips(**values)
 
 
-def lineage(
-    source: RowSource, positions: np.ndarray, epochs: int | np.ndarray = 0
-) -> dict[str, Any]:
-    """Where the rows at ``positions`` of Lance, packed or clip rows come from (the ledger's
-    columns from ``uri`` on); ``epochs`` (one, or one per position) draws random clips' starts.
-
-    >>> import tempfile
-    >>> from lanceloader.demo import write_demo_dataset
-    >>> source = Source(write_demo_dataset(tempfile.mkdtemp() + "/d.lance", rows=10),
-    ...                 filter="id > 6")
-    >>> lineage(source, np.array([2, 0]))["row_offset"].tolist()
-    [9, 7]
-    """
-    n = len(positions)
-    out: dict[str, Any] = {
-        "uri": [source.uri] * n,
-        "version": np.full(n, source.version),
-        "position": positions,
-    }
-    if isinstance(source, PackedSource):
-        plan = source.plan
-        pieces, counts = plan.pieces(positions)
-        offsets = source.inner.row_offsets(plan.doc[pieces])
-        bounds = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
-        out["document_offsets"] = pa.ListArray.from_arrays(bounds, pa.array(offsets))
-        out["document_ids"] = pa.ListArray.from_arrays(bounds, row_ids(source.inner, offsets))
-        out["token_starts"] = pa.ListArray.from_arrays(bounds, pa.array(plan.offset[pieces]))
-        out["token_counts"] = pa.ListArray.from_arrays(bounds, pa.array(plan.length[pieces]))
-        return out
-    if isinstance(source, ClipSource):
-        windows = source.windows
-        epochs = np.broadcast_to(np.asarray(epochs, np.int64), positions.shape)
-        starts = np.empty(n, np.int64)
-        for epoch in np.unique(epochs).tolist():
-            at = epochs == epoch
-            starts[at] = windows.starts(positions[at], source.seed, epoch)
-        out.update(lineage(source.inner, windows.media(positions)))
-        out["position"], out["clip_start"] = positions, starts
-        return out
-    if not isinstance(source, Source):
-        raise TypeError(f"no lineage for rows of kind {type(source).__name__}")
-    offsets = source.row_offsets(positions)
-    out["row_offset"] = offsets
-    out["row_id"] = row_ids(source, offsets)
-    return out
-
-
-def mixed_lineage(source: MixedSource, stream: np.ndarray) -> dict[str, Any]:
-    """:func:`lineage` of a mix's samples at ``stream`` (indices into its endless stream):
-    each row's source, its place in that source's stream, and the source's lineage."""
-    runs: Runs = source.locate(stream)
-    which = np.repeat(runs.source, runs.length)
-    index = np.repeat(runs.index - (np.cumsum(runs.length) - runs.length), runs.length) + np.arange(
-        len(which)
-    )
-    n = len(which)
-    merged: dict[str, Any] = {
-        "source": np.array(source.names, dtype=object)[which].tolist(),
-        "source_epoch": np.zeros(n, np.int64),
-        "source_sample": np.zeros(n, np.int64),
-    }
-    parts: list[tuple[np.ndarray, pa.Table]] = []
-    for k, ordered in enumerate(source.sources):
-        at = np.flatnonzero(which == k)
-        if not len(at):
-            continue
-        epoch, sample, positions = ordered.positions(index[at])
-        merged["source_epoch"][at], merged["source_sample"][at] = epoch, sample
-        parts.append((at, table_of(lineage(ordered.source, positions, epoch), len(at))))
-    rows = pa.concat_tables([t for _, t in parts])
-    back = np.empty(n, np.int64)
-    back[np.concatenate([at for at, _ in parts])] = np.arange(n)
-    rows = rows.take(pa.array(back))
-    return {**merged, **{name: rows.column(name) for name in LINEAGE}}
-
-
-def row_ids(source: Source, offsets: np.ndarray) -> pa.Array:
-    """Lance's ``_rowid`` of the rows at ``offsets`` in the source's pinned version, in order:
-    Lance takes it from its metadata (a deletion file, row id sequences), not the data."""
-    if not len(offsets):
-        return pa.array([], pa.uint64())
-    taken = source.dataset.take(np.asarray(offsets, dtype=np.int64), columns=["_rowid"])
-    return taken.column("_rowid").combine_chunks()
 
 
 def table_of(columns: dict[str, Any], n: int) -> pa.Table:

@@ -106,7 +106,7 @@ class Loader:
         fill_nulls: column name to the value its nulls take, e.g. ``{"score": 0.0}``: the same
             as ``output=ll.Conversion(output=..., fill_nulls=...)``. Without it, nulls in an
             array column are an error: at construction where a scan is cheap (local fixed-width
-            columns, :func:`~lanceloader.pipeline.check_nulls`), else in the batch holding them,
+            columns, :func:`~lanceloader.rows.lance.nulls.check_nulls`), else in the batch holding them,
             naming the batch and the row.
         pin_memory: torch output: page-lock batches (a warning where there is no CUDA).
         device: copy batches to this device ahead of use: torch output, e.g. ``"cuda"``; JAX
@@ -182,6 +182,15 @@ class Loader:
     stall_timeout = property(lambda self: self._pipeline.workers.stall_timeout)
     prefetch = property(lambda self: self.reading(self.num_workers).reads_in_flight
                         * self.batches_per_read)
+    worker_type = property(lambda self: self._pipeline.workers.worker_type)
+    stream_spec = property(
+        lambda self: self._cursor.spec,
+        doc="What this loader's stream is (rows, order, batching, dataset): what a state of it "
+            "records, and what an adapter's own cursor (``state.Cursor``) is made from.")
+    sample = property(
+        lambda self: self._cursor.sample,
+        doc="The global sample of the current epoch the next batch starts at (0: at an epoch's "
+            "start).")
 
     def ordered_source(self, name: str) -> OrderedSource:
         """This loader's rows, order and transform as a source of a :class:`~lanceloader.Mix`
@@ -193,8 +202,7 @@ class Loader:
     def packing(self) -> PackPlan | None:
         """With ``pack=``: the packing (rows, tokens, ``padding_fraction``, documents dropped);
         else ``None``."""
-        plan = getattr(self.source, "plan", None)
-        return plan if isinstance(plan, PackPlan) else None
+        return self.source.facts.packing
 
     # --- epochs -------------------------------------------------------------------------
 
@@ -313,13 +321,14 @@ class Loader:
         """What the loader did so far: throughput, I/O, time per stage and the bottleneck;
         ``epoch=None`` sums every iteration, ``-1`` is the last one, ``0`` the first.
         ``print(loader.stats())`` shows a table and the verdict."""
-        source = getattr(self.source, "inner", self.source)  # packed rows, clips: their Source
+        facts = self.source.facts
         stats = self.recorder.snapshot(workers=self.num_workers,
                                        shuffle_random=self._pipeline.random_reads, epoch=epoch,
                                        worker_type=self._pipeline.workers.worker_type,
-                                       cache=getattr(source, "cache_choice", None))
-        padding = self.source.padding_fraction
-        return stats if padding is None else dataclasses.replace(stats, padding_fraction=padding)
+                                       cache=facts.cache_choice)
+        if facts.padding_fraction is None:
+            return stats
+        return dataclasses.replace(stats, padding_fraction=facts.padding_fraction)
 
     @contextlib.contextmanager
     def trace(self, path: str | os.PathLike[str]) -> Iterator[None]:

@@ -20,16 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from lanceloader.arguments import check_bool, check_numbers, check_seconds
-from lanceloader.batch.checks import (
-    check_bytes_for_tensors,
-    check_output,
-    check_schema,
-    null_checked_columns,
-    nulls_error,
-)
+from lanceloader.batch.checks import check_bytes_for_tensors, check_output, check_schema
 from lanceloader.batch.output import Conversion, with_fill_nulls
 from lanceloader.batch.transforms import (
     DEFAULT_MAX_SKIP_FRACTION,
@@ -51,12 +43,11 @@ from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, Reading
 from lanceloader.engine.tasks import store_ranges
 from lanceloader.engine.verdict import usable_cores
 from lanceloader.engine.work import BatchWork
-from lanceloader.lifecycle import forksafe
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, read_tasks
-from lanceloader.rows.cache.pieces import AUTO, MemoryCache
+from lanceloader.rows.cache.pieces import AUTO
 from lanceloader.rows.clips.source import AudioClips, VideoClips, clip_source
-from lanceloader.rows.dataset import is_object_store
+from lanceloader.rows.clips.windows import clips_of
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mixed import Mix
 from lanceloader.rows.packed import PackedSource, Packing
@@ -64,10 +55,6 @@ from lanceloader.rows.protocol import RowSource
 from lanceloader.state.format import StreamSpec, check_keys, order_settings
 
 TENSOR_OUTPUTS = ("torch", "jax", "tf")
-# The construction-time null scan reads at most this many bytes of a local dataset's columns
-# (1M rows of three 4-8 byte columns, 20 MB: 10 ms); beyond, or on object storage, nulls are
-# found in the batch that holds them, whose error names the batch and the row.
-NULL_SCAN_BYTES = 128 << 20
 _hinted: set[str] = set()
 _logger = logging.getLogger("lanceloader")
 
@@ -89,6 +76,21 @@ class RowsSettings:
     pack: Packing | None = None
     clips: VideoClips | AudioClips | None = None
     blobs: dict[str, str] | None = None  # blob columns: "bytes" (default), "file", "descriptor"
+
+    @classmethod
+    def of_state(cls, state: Mapping[str, Any], storage_options: dict[str, str] | None = None
+                 ) -> RowsSettings:
+        """What a state's rows were read with (its version, filter, split, packing or clips),
+        to read them again without a cache (a ledger from a state)."""
+        order = state["order"]
+        pack, clips = order.get("pack"), order.get("clips")
+        columns = [pack["column"]] if pack else list(state["columns"])
+        if clips:  # the state's columns are the clips': the dataset's, and clip_start
+            columns = [c for c in columns if c != "clip_start"]
+        return cls(columns, order["filter"], state["version"], storage_options,
+                   order["splits"], order["split"], order["split_key"], cache=None,
+                   pack=Packing(**pack) if pack else None,
+                   clips=clips_of(clips) if clips else None)
 
     def build(self, dataset: Any, seed: int = 0, random_order: bool = True) -> RowSource:
         """The rows of ``dataset`` (a URI or ``lance.LanceDataset``): Lance rows, packed or
@@ -196,14 +198,14 @@ class Pipeline:
         check_settings(order, batching, workers, output)
         steps = dataclasses.replace(steps, transform=as_transform(steps.transform))
         check_on_error(steps.on_error, steps.max_skip_fraction)
-        if isinstance(dataset, Mix):  # the mix sets the rows and their order
+        if isinstance(dataset, Mix):  # a builder, not rows: it sets the rows and their order
             refuse_mix_settings(rows, order)
             source: RowSource = dataset.source()
-            the_order: Order = source.order(order.seed)  # type: ignore[attr-defined]
         else:
             source = rows.build(dataset, order.seed, random_order=order.shuffle)
-            the_order = order.build(source.num_rows)
-        if workers.worker_type == "process" and isinstance(source.cache, MemoryCache):
+        the_order = order.build(source.num_rows)
+        hints = source.hints
+        if workers.worker_type == "process" and source.facts.cache_per_process:
             raise ValueError("cache='memory' keeps pieces in one process's memory, and each "
                              "process worker would fill a copy of its own: with "
                              "worker_type='process' give a directory, e.g. "
@@ -213,21 +215,18 @@ class Pipeline:
             check_schema(schema, output.conversion)
             if not output.explicit:
                 check_bytes_for_tensors(schema, output.conversion.output)
-            check_nulls(source, output.conversion)
-        # Reads sized as random takes only where they are Lance takes: through a cache a
+            source.check_nulls(output.conversion)
+        # Reads sized as random takes only where they are storage takes: through a cache a
         # shuffle's read gathers rows from pieces, whose per-piece cost a larger read spreads
-        # (the default full shuffle's second epoch: 0.48-0.58x a raw scan against 0.39-0.43x),
-        # and up to READ_BYTES_GATHER (1.45x as fast again as 8 MiB).
-        shuffled = the_order.random_reads or source.random_reads
-        random = shuffled and source.cache is None
-        reads_wait = (getattr(source, "waits_on_lance", False) and not random
-                      and steps.transform is None)
-        gathers = shuffled and isinstance(source, Source) and source.cache is not None
+        # (READ_BYTES_GATHER; docs/performance.md).
+        shuffled = the_order.random_reads or hints.random_reads
+        random = shuffled and not hints.cached
+        reads_wait = hints.waits_on_storage and not random and steps.transform is None
         per_read = (max(1, workers.rows_per_read // batching.batch_size) if workers.rows_per_read
                     else batches_per_read(random, batching.batch_size,
                                           steps.transform is not None, source.bytes_per_row,
-                                          getattr(source, "read_parts", 1),
-                                          store_ranges(source, the_order), gathers))
+                                          hints.read_parts, store_ranges(source, the_order),
+                                          shuffled and hints.gathers))
         pipeline = cls(source, the_order, batching, steps, output, workers,
                        workers.num_workers or default_workers(usable_cores(),
                                                               workers.worker_type, reads_wait),
@@ -241,29 +240,29 @@ class Pipeline:
     @property
     def random_reads(self) -> bool:
         """Whether reads are random takes underneath (a shuffle, or a mix of shuffled sources)."""
-        return self.order.random_reads or self.source.random_reads
+        return self.order.random_reads or self.source.hints.random_reads
 
     def spec(self) -> StreamSpec:
         """What a state of this pipeline's stream records besides the position."""
-        src, b = self.source, self.batching
+        src, b, name = self.source, self.batching, self.source.dataset_name
         return StreamSpec(
             num_rows=src.num_rows, order=order_settings(src, self.order),
             batch_size=b.batch_size, world_size=b.world_size, rank=b.rank,
-            drop_last=b.drop_last, uri=src.uri, version=src.version, dataset=src.identity,
+            drop_last=b.drop_last, uri=name.uri, version=name.version, dataset=name.identity,
             columns=tuple(src.columns))
 
     def resumed(self, state: Any, allow_changes: tuple[str, ...]
                 ) -> tuple[Pipeline, dict[str, Any], tuple[str, ...]]:
         """The pipeline that continues ``state``, the state in its terms and the changes left to
-        check (``RowSource.resumed``: a mix whose weights changed continues with offsets, under
-        an order of its own made with this one's seed). Pure: nothing here changes."""
+        check (``RowSource.resumed``: a mix whose weights changed continues with offsets, in an
+        order of the new rows' length). Pure: nothing here changes."""
         check_keys(state)
         source, sample = self.source.resumed(state, allow_changes)
         allow = tuple(a for a in allow_changes if a != "weights")
         if source is self.source:
             return self, state, allow
-        pipeline = dataclasses.replace(self, source=source,
-                                       order=source.order(self.order.seed))  # type: ignore[attr-defined]
+        pipeline = dataclasses.replace(
+            self, source=source, order=dataclasses.replace(self.order, num_rows=source.num_rows))
         spec = pipeline.spec()
         return pipeline, {**state, "order": dict(spec.order), "fingerprint": spec.fingerprint,
                           "dataset": spec.dataset, "uri": spec.uri, "sample": sample}, allow
@@ -319,43 +318,6 @@ def check_settings(order: OrderSettings, batching: Batching, workers: Workers,
     if workers.worker_type not in ("thread", "process"):
         raise ValueError(f"worker_type must be 'thread' or 'process', got "
                          f"{workers.worker_type!r}")
-
-
-def check_nulls(source: RowSource, conversion: Conversion) -> None:
-    """Refuse, at construction, nulls that ``conversion`` cannot hold in the rows ``source``
-    reads, when a scan is cheap: Lance rows (not packed or mixed) of a local dataset, in the
-    fixed-width columns of :func:`~lanceloader.batch.checks.null_checked_columns`, at most
-    :data:`NULL_SCAN_BYTES` of them (measured: 1M rows, three columns, ~10 ms). Otherwise the
-    batch that holds a null raises, naming the batch and the row. One Lance scan with the
-    loader's filter; a split keeps the nulls of its own rows.
-    """
-    if not isinstance(source, Source) or is_object_store(source.uri) or forksafe.tainted():
-        return  # a tainted process reads through a clean reader only: no scans here
-    columns = null_checked_columns(source.schema_table().schema, conversion)
-    ds = source.dataset
-    if not columns or ds.count_rows() * sum(columns.values()) > NULL_SCAN_BYTES:
-        return
-    nulls = " OR ".join(f"`{name}` IS NULL" for name in columns)
-    try:
-        table = ds.to_table(columns=["_rowoffset", *columns], filter=nulls if source.filter is None
-                            else f"({source.filter}) AND ({nulls})")
-    except Exception as exc:  # an unusual name or type: the batches still check
-        _logger.debug("lanceloader: no construction-time null scan of %r: %s", source.uri, exc)
-        return
-    finally:
-        ds.io_stats_incremental()  # this scan's I/O is not the first read's (stats())
-    offsets = table.column("_rowoffset").to_numpy().astype(np.int64)
-    if source.splits is not None and len(offsets):
-        kept = np.isin(offsets, source.row_offsets(np.arange(source.num_rows)))
-        table, offsets = table.filter(kept), offsets[kept]
-    for name in columns:
-        null = table.column(name).is_null().to_numpy(zero_copy_only=False)
-        if null.any():
-            first = offsets[null][:1]
-            raise nulls_error(name, table.schema.field(name).type, int(null.sum()),
-                              source.num_rows,
-                              f"Lance row {int(first[0])}, {source.describe_offsets(first)}",
-                              source.filter)
 
 
 def refuse_mix_settings(rows: RowsSettings, order: OrderSettings) -> None:

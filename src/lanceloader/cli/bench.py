@@ -329,8 +329,8 @@ def bench_report(
 ) -> dict[str, Any]:
     """The JSON document of ``bench --json``: settings, total and per-epoch stats, the series."""
     return {
-        "uri": loader.source.uri,
-        "version": loader.source.version,
+        "uri": loader.source.dataset_name.uri,
+        "version": loader.source.dataset_name.version,
         "settings": {
             "batch_size": loader.batch_size,
             "columns": loader.source.columns,
@@ -448,7 +448,8 @@ def bench(args: argparse.Namespace) -> int:
         loader = Loader(args.uri, **loader_settings(args))
     split = f" of split {args.split!r}" if args.split else ""
     print(
-        f"lanceloader bench {loader.source.uri} (version {loader.source.version}): "
+        f"lanceloader bench {loader.source.dataset_name.uri} "
+        f"(version {loader.source.dataset_name.version}): "
         f"{loader.source.num_rows:,} rows{split}, batch {loader.batch_size}, "
         f"{describe_order(loader)}, "
         f"{loader.num_workers} {args.worker_type} worker{'s' if loader.num_workers > 1 else ''}"

@@ -106,11 +106,11 @@ def demo(args: argparse.Namespace) -> int:
     print()
     print("rows/s and MB/s: what reached the training loop over a whole epoch; vs raw: against "
           "raw Lance in this run; first batch: seconds from iter() to the first batch.")
-    cached = [label for label, loader in loaders.items() if loader.source.cache is not None]
+    cached = [label for label, loader in loaders.items() if loader.source.hints.cached]
     if cached:  # the automatic cache: why a full shuffle runs near a scan here
         print(f"{' and '.join(cached)}: read through the cache the loader chose by itself "
               f"(its first epoch fills it; cache=None turns it off): "
-              f"{loaders[cached[0]].source.cache_choice}")
+              f"{loaders[cached[0]].source.facts.cache_choice}")
     print()
     print("Next:")
     steps = [(f"lanceloader inspect {uri}", "columns, sizes, what each becomes"),

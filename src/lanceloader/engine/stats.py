@@ -60,7 +60,8 @@ WAIT_PER_DECADE = 10
 WAIT_EDGES = tuple(1e-6 * 10 ** (i / WAIT_PER_DECADE) for i in range(10 * WAIT_PER_DECADE + 1))
 WAIT_KEYS = tuple(f"wait_bucket_{i}" for i in range(len(WAIT_EDGES) + 1))
 COUNTERS = (
-    "batches", "rows", "nbytes", "wall_s", "read_s", "transform_s", "convert_s", "wait_s",
+    "batches", "rows", "nbytes", "wall_s", "read_s", "decode_s", "transform_s", "convert_s",
+    "wait_s",
     "step_s", "rows_read", "rows_skipped", "rows_cached", "cache_damaged", "io_bytes", "io_iops", "depth_sum",
     "depth_samples", "copy_batches", "copy_bytes", "copy_s", "copy_exposed_s", "copies_late",
     "device_ahead_max", "device_ahead_bytes_max",
@@ -126,6 +127,8 @@ class Stats:
     wait_p95_s: float | None = None
     wait_p99_s: float | None = None
     wait_histogram: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    # seconds a read spent decoding (clips decode inside their read: not storage time)
+    decode_s: float = 0.0
 
     @property
     def rows_per_s(self) -> float:
@@ -181,6 +184,8 @@ class Stats:
                                "again" if self.cache_damaged else "")),
             ("read", f"{self.read_s:.2f} s ({100 * self.read_s / cap:.0f}% of {self.workers} "
                      f"worker{'s' if self.workers != 1 else ''})" if cap else "-"),
+            *([("decode", f"{self.decode_s:.2f} s ({100 * self.decode_s / cap:.0f}% of workers"
+                           "; clips, in their reads)" if cap else "-")] if self.decode_s else []),
             ("transform", f"{self.transform_s:.2f} s ({100 * self.transform_s / cap:.0f}% of workers)" if cap else "-"),
             ("convert", f"{self.convert_s:.2f} s ({100 * self.convert_s / cap:.0f}% of workers)" if cap else "-"),
             ("loop waited", f"{self.wait_s:.2f} s ({pct(self.wait_s).strip()} of wall time)"),
@@ -192,7 +197,7 @@ class Stats:
         if self.cache is not None:
             rows.append(("cache", self.cache))
         if self.wait_p50_s is not None:
-            rows.insert(8, ("wait per batch", (
+            rows.insert([k for k, _ in rows].index("loop worked") + 1, ("wait per batch", (
                 f"p50 {_ms(self.wait_p50_s)}, p95 {_ms(self.wait_p95_s)}, p99 "
                 f"{_ms(self.wait_p99_s)}; the first batch {_ms(self.first_wait_s)}")))
         busy = ("not measured" if self.cores_busy is None else
@@ -484,7 +489,8 @@ class Recorder:
         return Stats(
             epochs=len(self._epochs) if epoch is None else 1,
             batches=int(c["batches"]), rows=int(c["rows"]), nbytes=int(c["nbytes"]),
-            wall_s=c["wall_s"], read_s=c["read_s"], transform_s=c["transform_s"],
+            wall_s=c["wall_s"], read_s=c["read_s"], decode_s=c["decode_s"],
+            transform_s=c["transform_s"],
             convert_s=c["convert_s"], wait_s=c["wait_s"], step_s=c["step_s"],
             rows_read=int(c["rows_read"]), rows_skipped=int(c["rows_skipped"]),
             rows_undelivered=int(c["rows_read"] - c["rows"] - c["rows_skipped"]),

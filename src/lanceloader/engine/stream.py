@@ -156,12 +156,16 @@ class Stream(Iterator[Any]):
         if reading.worker_type == "thread":  # this process reads
             reuse_freed_memory(TRAINING_TRIM_THRESHOLD)
         pool = ProcessPool if reading.worker_type == "process" else OrderedPrefetcher
+        began = time.perf_counter()
         self._pool: OrderedPrefetcher[Any, TaskResult] | ProcessPool = pool(
             work, tasks, reading.num_workers, reading.reads_in_flight, reading.stall_timeout)
         self._workers = (reading.num_workers, reading.worker_type)
         self._finish = reading.finish
         self._placement = reading.placement
-        self._started = self._handed_out = time.perf_counter()
+        # Starting the pool (process workers: ~0.2 s each) is part of the first batch's wait and
+        # of the epoch's wall time: the loop waits for it inside iter().
+        self._handed_out = time.perf_counter()
+        self._started, self._startup_s = began, self._handed_out - began
 
     @property
     def next_batch(self) -> int:
@@ -187,7 +191,8 @@ class Stream(Iterator[Any]):
         if self._placement is not None:  # each batch's device wait just before its own step
             batch = self._placement(batch)
         now = time.perf_counter()
-        count_delivered(self._counters, rows, nbytes, now - asked, asked - self._handed_out,
+        waited = now - asked if self._delivered else now - asked + self._startup_s
+        count_delivered(self._counters, rows, nbytes, waited, asked - self._handed_out,
                         now - self._started)
         if self._tracing:
             index = self.next_batch

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, ReadTask, read_tasks
 from lanceloader.rows.dataset import is_object_store
 from lanceloader.rows.lance.fragment_tails import SLIVER_FRACTION
+from lanceloader.rows.protocol import RowSource
 
 
 def stream_tasks(
@@ -49,6 +49,7 @@ def stream_tasks(
     200,000 rows in 4 fragments of 50,000, batches of 256: 17 requests an epoch where reads
     cut only at fragment starts that were batch starts made 29, and Lance's own scan 20.
     """
+    hints = work.source.hints
     if batches.step != 1 or not store_ranges(work.source, work.order):
         # Ramping up from one batch pays the store's latency per small read: reads at full size
         # from the first ran a full shuffle's first 20,000 rows 39x faster on S3 emulated with
@@ -56,24 +57,26 @@ def stream_tasks(
         # per source) ramps from that many batches, so each call ramps as on its source's own
         # Loader.
         yield from read_tasks(
-            epoch, plan, per_read, batches, window_rows=work.order.window_rows,
-            ramp=not is_object_store(work.source.uri),
-            first_read=getattr(work.source, "read_parts", 1),
+            epoch, plan, per_read, batches,
+            window_rows=work.order.window_rows or hints.window_rows,
+            ramp=not is_object_store(work.source.dataset_name.uri),
+            first_read=hints.read_parts,
         )
         return
-    first_batches = fragment_batches(plan, work.source.fragment_positions())
+    assert hints.fragment_starts is not None  # store_ranges
+    first_batches = fragment_batches(plan, hints.fragment_starts)
     for chosen in fragment_read_ranges(batches, per_read, first_batches):
         samples, sizes = plan.samples(chosen)
         yield ReadTask(epoch, chosen, samples, tuple(sizes))
 
 
-def store_ranges(source: Any, order: Any) -> bool:
-    """Whether a stream's reads are sequential ranges of Lance rows on an object store (with or
-    without a cache): :func:`stream_tasks` cuts them at fragments, and
+def store_ranges(source: RowSource, order: Order) -> bool:
+    """Whether a stream's reads are sequential ranges of data files on an object store (with or
+    without a cache; the rows' ``hints.fragment_starts`` say where each file begins):
+    :func:`stream_tasks` cuts them at fragments, and
     :func:`~lanceloader.engine.sizing.batches_per_read` sizes them up to ``READ_BYTES_MOST``.
     """
-    return (getattr(source, "fragment_positions", None) is not None
-            and is_object_store(source.uri) and isinstance(order, Order) and not order.shuffle)
+    return source.hints.fragment_starts is not None and not order.shuffle
 
 
 def fragment_batches(plan: Plan, starts: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ them) and of where the workers ran (:class:`Machine`: workers, worker type, usab
 busy they were, all measured or configured, never guessed). Its rules, each a constant below:
 
 - the training loop is the limit when it waited less than ``LOOP_WAIT_SHARE`` of the wall time;
-- a worker stage (read, transform, convert) is blamed only when it took at least
+- a worker stage (read, decode, transform, convert) is blamed only when it took at least
   ``STAGE_SHARE`` of the workers' time; otherwise the verdict is ``startup`` (the first batch)
   or ``hand-off`` (between the workers and the loop);
 - more workers are advised only when cores were idle (``IDLE_SHARE``);
@@ -117,7 +117,7 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool,
     """Name the limiting stage from an epoch's (or a run's) counters, and what to try.
 
     Rules: the training loop is the limit when it waited less than ``LOOP_WAIT_SHARE`` of the
-    wall time; a worker stage (read, transform, convert) is blamed only when it took at least
+    wall time; a worker stage (read, decode, transform, convert) is blamed only when it took at least
     ``STAGE_SHARE`` of the workers' time (wall × the workers that had a read); otherwise the workers sat idle while
     the loop waited, and the verdict is ``startup`` (the first batch's wait) or ``hand-off``.
     More workers are advised only when cores were idle (measured; unmeasured: fewer workers
@@ -144,14 +144,23 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool,
     # the workers' time: wall time × the workers that had a read (an epoch of one read keeps
     # one worker busy, however many there are)
     capacity = wall * max(1, min(machine.workers, int(s.get("depth_samples", 0))))
-    shares = {k: s[f"{k}_s"] / capacity for k in ("read", "transform", "convert")}
+    shares = {k: s.get(f"{k}_s", 0.0) / capacity
+              for k in ("read", "decode", "transform", "convert")}
     stage = max(shares, key=lambda k: shares[k])
     evidence = (f"the loop waited {100 * waited:.0f}% of the time; workers spent "
-                + ", ".join(f"{100 * v:.0f}% of their time in {k}" for k, v in shares.items()))
+                + ", ".join(f"{100 * v:.0f}% of their time in {k}" for k, v in shares.items()
+                            if k != "decode" or v))
     if shares[stage] < STAGE_SHARE:
         return _idle_workers(s, machine, evidence)
     if stage == "read":
         return _read_verdict(s, machine, evidence, shuffle_random, cache)
+    if stage == "decode":
+        return Verdict("decode", evidence, _try(
+            machine.more_workers(cpu_bound=True),
+            f"worker_type='process' (num_workers={machine.cores})"
+            if machine.gil_bound else None,
+            "decode less per sample: a smaller video_clips(size=...), fewer frames= or a "
+            "larger stride=; for audio a lower sample_rate= or shorter seconds="))
     if stage == "transform":
         if machine.gil_bound:
             return Verdict(

@@ -37,8 +37,7 @@ from lanceloader.batch.transforms import (
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import ReadTask
 from lanceloader.rows.dataset import ReadError
-from lanceloader.rows.lance.source import Source
-from lanceloader.rows.protocol import Pieces, as_table, to_record_batch
+from lanceloader.rows.protocol import Pieces, RowSource, as_table, to_record_batch
 
 Transform = Callable[[Any], Any]
 
@@ -85,7 +84,7 @@ class TaskResult:
 class BatchWork:
     """Everything a worker needs besides the task: picklable, so process workers can use it."""
 
-    source: Source
+    source: RowSource
     order: Order
     transform: Transform | None
     output: str | Conversion
@@ -132,7 +131,7 @@ class BatchWork:
     def __call__(self, task: ReadTask) -> TaskResult:
         clock = time.perf_counter
         spans: list[tuple[str, float, float, dict[str, Any]]] = []
-        seconds = {"read": 0.0, "transform": 0.0, "convert": 0.0}
+        seconds = {"read": 0.0, "decode": 0.0, "transform": 0.0, "convert": 0.0}
         t0 = clock()
         sizes = task.sizes
         positions = self.order.positions(task.epoch, task.samples)
@@ -145,12 +144,18 @@ class BatchWork:
         rows = read.rows
         if rows.num_rows != len(positions):  # batches are counted and sliced by position
             raise RuntimeError(f"lanceloader: a read of {len(positions)} positions from "
-                               f"{self.source.uri!r} returned {rows.num_rows} rows; this is a "
+                               f"{self.source.dataset_name.uri!r} returned {rows.num_rows} rows; "
+                               "this is a "
                                "bug, please report it")
         t1 = clock()
-        seconds["read"] = t1 - t0
+        # a read that decodes (clips) says how long it decoded: booked as decode, not storage
+        decoded = t1 - min(read.decode_s, t1 - t0)
+        seconds["read"], seconds["decode"] = decoded - t0, t1 - decoded
         if self.trace:
-            spans.append(("read", t0, t1, {"first_batch": task.batches[0], "rows": len(positions)}))
+            spans.append(("read", t0, decoded,
+                          {"first_batch": task.batches[0], "rows": len(positions)}))
+            if t1 > decoded:
+                spans.append(("decode", decoded, t1, {"first_batch": task.batches[0]}))
         lane = f"{threading.current_thread().name} (pid {os.getpid()})"
         result = TaskResult([], [], [], seconds, read.io_bytes, read.io_iops, read.rows_cached,
                             spans=spans, lane=lane, cache_damaged=read.cache_damaged)
@@ -215,7 +220,8 @@ class BatchWork:
                     exc,
                     f"lanceloader: raised while preparing batch {task.batches[i]} of epoch "
                     f"{task.epoch}: preparing rows {_preview(rows)} of Lance dataset "
-                    f"{self.source.uri!r} (version {self.source.version}), "
+                    f"{self.source.dataset_name.uri!r} (version "
+                    f"{self.source.dataset_name.version}), "
                     f"{self.source.describe_rows(rows)}{self._row_note(exc, rows)}",
                 )
                 raise

@@ -61,6 +61,7 @@ from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import ReadTask
 from lanceloader.pipeline import TENSOR_OUTPUTS, RowsSettings
 from lanceloader.rows.clips.source import AudioClips, VideoClips
+from lanceloader.rows.clips.windows import refuse_random_starts
 from lanceloader.state.cursor import Cursor
 from lanceloader.state.format import StateMismatchError
 
@@ -144,12 +145,7 @@ class DataSource:
     ) -> None:
         self.transform = as_transform(transform)
         self.conversion = row_conversion(output)
-        if getattr(clips, "per_video", None) or getattr(clips, "per_file", None):
-            raise ValueError(
-                "DataSource(clips=...) takes every clip (an index has no epoch to "
-                "draw per_video/per_file starts from); use "
-                "lanceloader.grain.IterDataset for random clips"
-            )
+        refuse_random_starts(clips, "DataSource", "lanceloader.grain.IterDataset")
         self.source = RowsSettings(
             columns,
             filter,
@@ -219,8 +215,9 @@ class DataSource:
         # Deterministic (no memory address): grain.DataLoader compares it on restore.
         src = self.source
         return (
-            f"lanceloader.grain.DataSource(uri={src.uri!r}, version={src.version}, "
-            f"dataset={src.identity!r}, rows={src.num_rows}, columns={list(src.columns)}, "
+            f"lanceloader.grain.DataSource(uri={src.dataset_name.uri!r}, "
+            f"version={src.dataset_name.version}, "
+            f"dataset={src.dataset_name.identity!r}, rows={src.num_rows}, columns={list(src.columns)}, "
             f"settings={src.settings()}, output={self.conversion.output!r})"
         )
 
@@ -351,7 +348,7 @@ class IterDataset(grain.IterDataset):  # type: ignore[misc]
                 "processes; use output='numpy' (the default) and make JAX arrays in the training "
                 "process (jax.device_put, or a Grain .map after mp_prefetch)"
             )
-        if self.loader._pipeline.workers.worker_type != "thread":
+        if self.loader.worker_type != "thread":
             raise ValueError(
                 "worker_type='process' inside Grain's mp_prefetch workers: they are the "
                 "processes; drop worker_type (threads read in each worker)"
@@ -399,7 +396,7 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
         self._start(dataset.loader.state_dict(), delivered=0)  # the Loader's place
 
     def _start(self, state: dict[str, Any], delivered: int) -> None:
-        cursor = Cursor(self._dataset.loader._cursor.spec)
+        cursor = Cursor(self._dataset.loader.stream_spec)
         if isinstance(state, dict):
             state = {k: v for k, v in state.items() if k != "grain"}
         cursor.load_state_dict(state, self._dataset.allow_changes)  # checks it, names problems

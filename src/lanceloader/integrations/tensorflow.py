@@ -57,7 +57,7 @@ def as_tf_dataset(loader: Loader, element_spec: Any = None) -> Any:
         name: _spec(tf, name, value, sample, fixed) for name, value in sample.items()
     }
     dataset = tf.data.Dataset.from_generator(lambda: iter(loader), output_signature=signature)
-    if loader._cursor.sample == 0:  # at an epoch's start, every epoch is this long
+    if loader.sample == 0:  # at an epoch's start, every epoch is this long
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
     return dataset
 

@@ -200,7 +200,7 @@ def serve(prefix: str) -> None:
         try:
             read = source.read_rows(positions)
             path = SHM_DIR / f"{prefix}-{n}"
-            table = read.rows.table() if hasattr(read.rows, "table") else read.rows  # Pieces
+            table = read.rows  # Lance rows read as one table (a mix's Pieces never come here)
             with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
                 w.write_table(table)
             answer: tuple[Any, ...] = ("ok", dataclasses.replace(read, rows=str(path)))

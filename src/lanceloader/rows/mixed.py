@@ -65,7 +65,6 @@ import pyarrow as pa
 from lanceloader.ordering.interleave import (
     MAX_PERIOD,
     Interleave,
-    MixOrder,
     Runs,
     check_weights,
     consumed,
@@ -76,7 +75,15 @@ from lanceloader.ordering.order import Order
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.ordered import OrderedSource, mean_tokens
 from lanceloader.rows.placement import mixed_rows
-from lanceloader.rows.protocol import Read, as_table, empty_table
+from lanceloader.rows.protocol import (
+    DatasetName,
+    Read,
+    ReadHints,
+    RowsBase,
+    RowsFacts,
+    as_table,
+    empty_table,
+)
 from lanceloader.state.format import StateMismatchError, fingerprint
 
 EPOCH_LENGTHS = ("first_exhausted", "all_exhausted")
@@ -297,17 +304,17 @@ def _schema_text(schema: pa.Schema) -> str:
     return "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
 
 
-class MixedSource:
+class MixedSource(RowsBase):
     """The rows of a :class:`Mix` (the rows protocol, :mod:`lanceloader.rows.protocol`):
-    position *p* is sample ``p % samples_per_epoch`` of mix epoch ``p // samples_per_epoch``
-    (:class:`~lanceloader.ordering.interleave.MixOrder` makes them), so the epoch travels with
-    every read. Picklable: each source reopens its dataset in a worker process.
+    position *p* of epoch *e* is sample *p* of the mix's epoch *e*, index
+    ``e * samples_per_epoch + p`` of its endless stream, read in order (the sources' own
+    orders live in the reads). Picklable: each source reopens its dataset in a worker process.
 
     A read of mixed samples locates them as :class:`Runs`, reads each source's part with one
     call of its :class:`~lanceloader.rows.ordered.OrderedSource` (its order and transform), and
     puts the rows in mixed order (:func:`mixed_rows`).
 
-    ``read_parts`` (a rows-protocol member, 1 for other rows): the engine sizes a mix's reads
+    ``hints.read_parts`` (1 for other rows): the engine sizes a mix's reads
     as that many reads of one source (``engine/sizing.py`` ``batches_per_read``), so each
     source's Lance call is as large as on its own Loader: ``1 / the largest share``, rounded
     down, at most :data:`MAX_READ_PARTS`. A read of the mix then holds up to ``read_parts``
@@ -319,13 +326,10 @@ class MixedSource:
     >>> from lanceloader.loader import Loader
     >>> a = write_demo_dataset(tempfile.mkdtemp() + "/a.lance", rows=8)
     >>> mix = Mix({"a": Loader(a), "b": Loader(a), "c": Loader(a)})
-    >>> mix.source().read_parts, Mix({"a": a, "b": a}, weights={"a": 3, "b": 1}).source().read_parts
+    >>> parts = lambda m: m.source().hints.read_parts
+    >>> parts(mix), parts(Mix({"a": a, "b": a}, weights={"a": 3, "b": 1}))
     (3, 1)
     """
-
-    cache = None
-    plan_origin = "none"
-    version = None
 
     def __init__(self, mix: Mix) -> None:
         self.mix = mix
@@ -333,26 +337,32 @@ class MixedSource:
         self.sources = mix.sources
         self.schema = mix.schema
         self.columns = list(mix.schema.names)
-        self.uri = "mix:" + "+".join(self.names)
-        self.identity = fingerprint("mix", None, mix.settings())
+        self.dataset_name = DatasetName("mix:" + "+".join(self.names), None,
+                                        fingerprint("mix", None, mix.settings()))
         shares = list(mix.weights.values())
         self.bytes_per_row = sum(
             s.source.bytes_per_row * w for s, w in zip(self.sources, shares, strict=True)
         )
-        self.random_reads = any(s.order.random_reads for s in self.sources)
         # floor(1 / the largest share), at most MAX_READ_PARTS: no source reads more rows in a
         # mix read than in a read of its own (the engine's read bound holds per Lance call).
         quotas = mix.interleave.quotas
-        self.read_parts = max(1, min(MAX_READ_PARTS, sum(quotas) // max(quotas)))
+        self._hints = ReadHints(
+            random_reads=any(s.order.random_reads or s.source.hints.random_reads
+                             for s in self.sources),
+            read_parts=max(1, min(MAX_READ_PARTS, sum(quotas) // max(quotas))),
+            # every source is storage range reads in order with no transform: so is the mix
+            waits_on_storage=all(s.source.hints.waits_on_storage and not s.order.random_reads
+                                 and s.transform is None for s in self.sources),
+            window_rows=mix.window_samples)
 
     @property
-    def waits_on_lance(self) -> bool:
-        """Every source is Lance rows read in order, with no cache and no transform: each read
-        is ``read_parts`` Lance range reads (the rows protocol's member). A mix of 3 such
-        sources ran 1.14x (sample by sample) and 1.08x (one source per batch) as fast with 4
-        thread workers as with 2 on 2 cores; a single source 1.17x."""
-        return all(getattr(s.source, "waits_on_lance", False) and not s.order.random_reads
-                   and s.transform is None for s in self.sources)
+    def hints(self) -> ReadHints:
+        return self._hints
+
+    @property
+    def facts(self) -> RowsFacts:
+        """The sources' padding, weighed (no cache or plan of its own: its sources have them)."""
+        return RowsFacts(padding_fraction=self._padding_fraction())
 
     @property
     def num_rows(self) -> int:
@@ -368,17 +378,16 @@ class MixedSource:
             "mix": self.mix.settings(),
         }
 
-    @property
-    def padding_fraction(self) -> float | None:
+    def _padding_fraction(self) -> float | None:
         """The share of padding tokens among the packed tokens an epoch delivers (each packed
         source's padding, weighted by its samples per epoch and row length), or ``None`` when
         no source is packed."""
         padded = tokens = 0.0
         for source, count in zip(self.sources, self.mix.per_epoch, strict=True):
-            fraction = source.source.padding_fraction
-            if fraction is not None:
-                slots = count * source.source.packing.seq_len  # type: ignore[attr-defined]
-                padded, tokens = padded + fraction * slots, tokens + slots
+            facts = source.source.facts
+            if facts.padding_fraction is not None and facts.packing is not None:
+                slots = count * facts.packing.seq_len
+                padded, tokens = padded + facts.padding_fraction * slots, tokens + slots
         return padded / tokens if tokens else None if not padded else 0.0
 
     def resumed(
@@ -414,14 +423,20 @@ class MixedSource:
         mix = self.mix
         return locate(mix.interleave, mix.samples_per_epoch, mix.per_epoch, mix.offsets, stream)
 
+    def stream(self, positions: np.ndarray, epoch: int) -> np.ndarray:
+        """The indices into the endless stream of samples ``positions`` of mix epoch ``epoch``."""
+        positions = np.asarray(positions, dtype=np.int64)
+        return positions + epoch * self.mix.samples_per_epoch
+
     def read_rows(self, positions: np.ndarray, epoch: int = 0) -> Read:
-        """The mixed samples at ``positions`` (their epochs are in them)."""
-        runs = self.locate(positions)
+        """The mixed samples ``positions`` of epoch ``epoch``."""
+        runs = self.locate(self.stream(positions, epoch))
         if not len(runs.source):
             return Read(self.schema_table())
         parts: list[pa.Table] = []
         wheres: list[np.ndarray | None] = []
         io_bytes = iops = cached = damaged = 0
+        decode_s = 0.0
         for k in range(len(self.names)):
             index = runs.indices(k)
             if not len(index):
@@ -434,6 +449,7 @@ class MixedSource:
             io_bytes, iops = io_bytes + read.io_bytes, iops + read.io_iops
             cached += read.rows_cached
             damaged += read.cache_damaged
+            decode_s += read.decode_s
             table = self._conform(k, as_table(read.rows))
             if self.mix.source_column:
                 label = self.mix.labels[k]
@@ -442,7 +458,7 @@ class MixedSource:
                 )
             parts.append(table)
             wheres.append(where)
-        return Read(mixed_rows(parts, wheres, runs), io_bytes, iops, cached, damaged)
+        return Read(mixed_rows(parts, wheres, runs), io_bytes, iops, cached, damaged, decode_s)
 
     def _conform(self, k: int, table: pa.Table) -> pa.Table:
         """Source ``k``'s rows (transformed already), checked against the common schema."""
@@ -461,15 +477,35 @@ class MixedSource:
                 ) from None
         return table
 
-    def order(self, seed: int) -> MixOrder:
-        """The order a Loader reads this mix in (the sources' own orders live in the reads)."""
-        return MixOrder(self.num_rows, seed=seed, window_samples=self.mix.window_samples)
+    def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]:
+        """The ledger's columns: each sample's source (name), its place in that source's own
+        stream of epochs, and the source's lineage of the row."""
+        runs = self.locate(self.stream(positions, epoch))
+        which = np.repeat(runs.source, runs.length)
+        n = len(which)
+        index = np.repeat(runs.index - (np.cumsum(runs.length) - runs.length), runs.length) + \
+            np.arange(n)
+        out: dict[str, Any] = {
+            "source": np.array(self.names, dtype=object)[which].tolist(),
+            "source_epoch": np.zeros(n, np.int64),
+            "source_sample": np.zeros(n, np.int64),
+        }
+        parts: list[tuple[np.ndarray, dict[str, Any]]] = []
+        for k, ordered in enumerate(self.sources):
+            at = np.flatnonzero(which == k)
+            if len(at):
+                epochs, sample, rows = ordered.positions(index[at])
+                out["source_epoch"][at], out["source_sample"][at] = epochs, sample
+                parts.append((at, ordered.source.lineage(rows, int(epochs[0]))
+                              if epochs[0] == epochs[-1] else
+                              _lineage_by_epoch(ordered.source, rows, epochs)))
+        return {**out, **_placed(parts, n)}
 
     def schema_table(self) -> pa.Table:
         return empty_table(self.schema)
 
-    def describe_rows(self, stream: np.ndarray) -> str:
-        runs, parts = self.locate(stream), []
+    def describe_rows(self, positions: np.ndarray) -> str:
+        runs, parts = self.locate(self.stream(positions, 0)), []
         for k in range(len(self.names)):
             index = runs.indices(k)
             if not len(index):
@@ -482,3 +518,32 @@ class MixedSource:
 
     def __repr__(self) -> str:
         return repr(self.mix)
+
+
+def _lineage_by_epoch(source: Any, positions: np.ndarray, epochs: np.ndarray) -> dict[str, Any]:
+    """A source's lineage of rows read over several of its epochs (each part for its epoch)."""
+    parts = [(np.flatnonzero(epochs == e), source.lineage(positions[epochs == e], e))
+             for e in np.unique(epochs).tolist()]
+    return _placed(parts, len(positions))
+
+
+def _placed(parts: list[tuple[np.ndarray, dict[str, Any]]], n: int) -> dict[str, pa.Array]:
+    """Columns of ``n`` rows from parts that each give some columns for rows ``at``: a column a
+    part lacks is null for its rows (sources of different kinds report different columns)."""
+    names = list(dict.fromkeys(name for _, columns in parts for name in columns))
+    back = np.empty(n, np.int64)
+    back[np.concatenate([at for at, _ in parts])] = np.arange(n)
+    out = {}
+    for name in names:
+        given = [_array(c[name]) for _, c in parts if name in c]
+        typ = given[0].type
+        arrays = [_array(c[name]).cast(typ) if name in c else pa.nulls(len(at), typ)
+                  for at, c in parts]
+        out[name] = pa.concat_arrays(arrays).take(pa.array(back))
+    return out
+
+
+def _array(value: Any) -> pa.Array:
+    if isinstance(value, pa.ChunkedArray):
+        return value.combine_chunks()
+    return value if isinstance(value, pa.Array) else pa.array(value)

@@ -16,6 +16,7 @@ by count. So its ``on_error`` must be ``"raise"``; skipping belongs on the mix's
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,7 @@ class OrderedSource:
                 f"mix source {name!r} has on_error={on_error!r}: a source's transform must keep "
                 "every row (its rows are placed in the mixed order by count). Put on_error= "
                 "(and transforms that may skip rows) on the mix's Loader")
-        if hasattr(source, "mix"):
+        if "mix" in source.settings():
             raise TypeError(f"mix source {name!r} is itself a mix: a mix of mixes is one mix "
                             "with the weights multiplied out; list its sources in one Mix")
         self.name, self.source, self.order, self.transform = name, source, order, transform
@@ -66,9 +67,10 @@ class OrderedSource:
 
     def settings(self) -> dict[str, Any]:
         """What defines this source's stream: its dataset, version and order (hashed)."""
-        src = self.source
-        return {"dataset": src.identity, "version": src.version,
-                "order": fingerprint(src.identity, src.version, order_settings(src, self.order))}
+        name = self.source.dataset_name
+        return {"dataset": name.identity, "version": name.version,
+                "order": fingerprint(name.identity, name.version,
+                                     order_settings(self.source, self.order))}
 
     def positions(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The source epoch, sample and position of each stream index."""
@@ -87,13 +89,28 @@ class OrderedSource:
         (sorted, unique); with one, each sample is a row of its own (a row read in two epochs
         draws twice), transformed under its keys."""
         epoch, sample, positions = self.positions(index)
+        if epoch[0] != epoch[-1]:  # the stream wraps into the source's next epoch
+            return self._read_epochs(epoch, sample, positions), None
         if self.transform is None:
             unique, where = sorted_unique(positions)
-            return self.source.read_rows(unique), where
-        read = self.source.read_rows(positions)
+            return self.source.read_rows(unique, int(epoch[0])), where
+        read = self.source.read_rows(positions, int(epoch[0]))
         rows = self.conform(as_table(read.rows), epoch, sample)
-        return Read(rows, read.io_bytes, read.io_iops, read.rows_cached,
-                    read.cache_damaged), None
+        return replace(read, rows=rows), None
+
+    def _read_epochs(self, epoch: np.ndarray, sample: np.ndarray, positions: np.ndarray) -> Read:
+        """The rows of a stream read over two (or more) of the source's epochs, each epoch's
+        part read for its own epoch (clips draw their starts per epoch), in stream order."""
+        parts, totals = [], [0, 0, 0, 0, 0.0]
+        for e in np.unique(epoch).tolist():
+            at = epoch == e
+            read = self.source.read_rows(positions[at], e)
+            parts.append(self.conform(as_table(read.rows), e, sample[at]))
+            for i, value in enumerate((read.io_bytes, read.io_iops, read.rows_cached,
+                                       read.cache_damaged, read.decode_s)):
+                totals[i] += value
+        rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        return Read(rows, *totals)
 
     def conform(self, table: pa.Table, epoch: np.ndarray | int, sample: np.ndarray) -> pa.Table:
         """``table`` (the rows of ``sample`` of ``epoch``) through the transform, which must

@@ -46,7 +46,16 @@ import pyarrow.compute as pc
 from lanceloader.batch.transforms import tensor_array
 from lanceloader.rows.cache.disk import DiskCache
 from lanceloader.rows.lance.source import Source
-from lanceloader.rows.protocol import Read, RowSource, as_table, empty_table, read_table
+from lanceloader.rows.protocol import (
+    Read,
+    ReadHints,
+    RowsBase,
+    RowsFacts,
+    RowSource,
+    as_table,
+    empty_table,
+    read_table,
+)
 
 DEFAULT_WINDOW = 1024  # documents packed together: padding falls as it grows, cost grows with it
 LENGTH_READ_ROWS = 65_536  # rows per read while measuring the documents' lengths
@@ -268,15 +277,14 @@ def _lengths(inner: Source, column: str) -> np.ndarray:
     return lengths
 
 
-class PackedSource:
-    """The packed rows of a source (the rows protocol, :mod:`lanceloader.rows.protocol`):
-    position *r* is packed row *r*; the dataset, version and cache are the inner source's.
+class PackedSource(RowsBase):
+    """The packed rows of Lance rows (the rows protocol, :mod:`lanceloader.rows.protocol`): a
+    view of one :class:`~lanceloader.rows.lance.source.Source`, whose dataset, version and
+    cache it reports; position *r* is packed row *r*.
 
     Reading packed rows reads each document they hold once (one call of the inner source) and
     copies the tokens into place with NumPy. Picklable (the plan travels to process workers).
     """
-
-    random_reads = False  # packed rows are documents in storage order
 
     def __init__(self, inner: Source, packing: Packing) -> None:
         column = packing.column
@@ -306,8 +314,7 @@ class PackedSource:
         self.inner, self.packing = inner, packing
         self.plan = pack_plan(_lengths(inner, column), packing.seq_len, packing.window,
                               packing.long_documents, packing.algorithm)
-        self.uri, self.version, self.identity = inner.uri, inner.version, inner.identity
-        self.cache, self.plan_origin = inner.cache, inner.plan_origin
+        self.dataset_name = inner.dataset_name
         self.columns = [column, "segment_ids", "position_ids"]
         value = pa.from_numpy_dtype(self.dtype)
         self.schema = pa.schema([
@@ -322,17 +329,36 @@ class PackedSource:
         return self.plan.num_rows
 
     @property
-    def padding_fraction(self) -> float:
-        return self.plan.padding_fraction
+    def hints(self) -> ReadHints:
+        """Packed rows are documents in storage order, read through the inner cache if any."""
+        return ReadHints(cached=self.inner.hints.cached)
+
+    @property
+    def facts(self) -> RowsFacts:
+        inner = self.inner.facts
+        return RowsFacts(cache_choice=inner.cache_choice,
+                         cache_per_process=inner.cache_per_process,
+                         plan_origin=inner.plan_origin,
+                         padding_fraction=self.plan.padding_fraction, packing=self.plan)
+
+    def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]:
+        """The ledger's columns: each packed row's documents (their row offsets and ids) and
+        each piece's tokens in its document, in the order the row holds them."""
+        plan = self.plan
+        pieces, counts = plan.pieces(positions)
+        offsets = self.inner.row_offsets(plan.doc[pieces])
+        bounds = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+        return {
+            **super().lineage(positions, epoch),
+            "document_offsets": pa.ListArray.from_arrays(bounds, pa.array(offsets)),
+            "document_ids": pa.ListArray.from_arrays(bounds, self.inner.row_ids(offsets)),
+            "token_starts": pa.ListArray.from_arrays(bounds, pa.array(plan.offset[pieces])),
+            "token_counts": pa.ListArray.from_arrays(bounds, pa.array(plan.length[pieces])),
+        }
 
     def settings(self) -> dict[str, Any]:
         """The inner source's settings and the packing's."""
         return {**self.inner.settings(), "pack": self.packing.settings()}
-
-    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
-                ) -> tuple[PackedSource, int]:
-        """These rows continue any state of them (the protocol's: a mix's rows may not)."""
-        return self, state["sample"]
 
     def read_rows(self, positions: np.ndarray, epoch: int = 0) -> Read:
         plan, seq_len = self.plan, self.packing.seq_len
@@ -349,7 +375,9 @@ class PackedSource:
         out = pa.table({self.packing.column: tensor_array(ids),
                         "segment_ids": tensor_array(segments),
                         "position_ids": tensor_array(positions_in)})
-        return Read(out, read.io_bytes, read.io_iops, read.rows_cached, read.cache_damaged)
+        # rows from the cache in packed rows (the read's unit): each its share of documents
+        cached = round(len(positions) * read.rows_cached / len(docs)) if len(docs) else 0
+        return Read(out, read.io_bytes, read.io_iops, cached, read.cache_damaged, read.decode_s)
 
     def schema_table(self) -> pa.Table:
         return empty_table(self.schema)
@@ -361,7 +389,7 @@ class PackedSource:
 
     def __repr__(self) -> str:
         return (f"PackedSource({self.inner!r}, seq_len={self.packing.seq_len}, "
-                f"rows={self.num_rows}, padding={self.padding_fraction:.1%})")
+                f"rows={self.num_rows}, padding={self.plan.padding_fraction:.1%})")
 
 
 def pack_tokens(values: np.ndarray, first: np.ndarray, length: np.ndarray, counts: np.ndarray,

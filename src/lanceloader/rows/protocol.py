@@ -1,45 +1,42 @@
 """The rows protocol: what every kind of rows is, and what a read of them returns.
 
 A *source of rows* (:class:`RowSource`) has ``num_rows`` positions per epoch, ``[0, num_rows)``,
-and reads any array of them, in that order, as :class:`Read`: the rows plus what the read cost.
-Every kind of rows implements it and may wrap another: ``Source`` (one pinned Lance dataset,
-filter, split, cache), ``PackedSource`` (packed token rows of any source), ``OrderedSource`` (a
-source read through its own order and row-preserving transform: what a mix draws from) and
-``MixedSource`` (an exact interleave of ordered sources). The Loader, the engine and the state
-never ask which kind they hold.
+and reads any array of them, in that order, for an epoch, as :class:`Read`: the rows plus
+everything the read did. The protocol is closed: every member a reader may use is declared
+here, with its default in :class:`RowsBase`, so a new kind of rows is one class that states
+only what differs, and the Loader, the engine, the state, the ledger, the stats and the
+adapters never ask which kind they hold.
 
-What each member is for:
+The kinds: ``Source`` (``rows/lance/``: one pinned Lance dataset, filter, split, cache, blobs);
+two *views of Lance rows* that hold a ``Source`` and say so in their types, ``PackedSource``
+(packed token rows) and ``ClipSource`` (``rows/clips/``: video clips and audio windows); and
+``MixedSource``, an exact interleave of other loaders' rows (any kind but a mix), each read
+through an ``OrderedSource`` (a stream reader, not a kind of rows).
 
-* ``num_rows``, ``schema_table()`` (an empty table of what reads return), ``columns``;
-* ``bytes_per_row``: Arrow bytes per row, which sizes reads (``engine/stream.py``);
-* ``random_reads``: whether a read of consecutive positions is random takes underneath (a mix
-  of shuffled sources), which sizes reads like a shuffle;
-* ``read_parts`` (optional, default 1): how many Lance calls of a full read size one read
-  makes (a mix: its sources), so the engine makes the read that many times larger;
-* ``waits_on_lance`` (optional, default False): whether a read of consecutive positions in
-  storage order is Lance range reads alone (no cache, no transform), during which a worker
-  thread holds no core while Lance's own threads read and decode, so the engine runs two
-  thread workers per core (``engine/sizing.py`` ``default_workers``);
-* ``settings()``: JSON-safe settings that define which rows the positions are, for the state
-  and its fingerprint (``state/format.py``): filter, split, packing, mix;
-* ``uri``, ``version``, ``identity``: the dataset (or ``mix:...`` and ``None`` for a mix);
-* ``cache``: the cache the rows are read through, or ``None``; ``plan_origin``;
-* ``padding_fraction``: the share of padding tokens of packed rows, ``None`` when not packed;
+What a kind declares:
+
+* ``dataset_name`` (:class:`DatasetName`: uri, version, identity; a mix's is ``mix:...``),
+  ``columns``, ``bytes_per_row`` (Arrow bytes per row, which sizes reads) and ``num_rows``;
+* ``schema_table()``: an empty table of what reads return;
 * ``read_rows(positions, epoch)``: exactly ``len(positions)`` rows in that order (a
   :class:`Pieces` or a table), raising ``ReadError`` on a failed read;
-* ``describe_rows(positions)``: where positions lie, for error messages;
-* ``resumed(state, allow_changes)``: the rows that continue a (checked) state and its sample:
-  itself, or for a mix whose weights changed, the mix with offsets (pure: refusing a state
-  changes nothing).
+* ``settings()``: JSON-safe settings that define which rows the positions are (state and
+  fingerprint): filter, split, packing, clips, mix;
+* ``describe_rows(positions)`` (for errors) and ``lineage(positions, epoch)`` (for the ledger:
+  the rows of the dataset(s) that the positions are);
+* ``resumed(state, allow_changes)``: the rows that continue a state (pure);
+* ``hints`` (:class:`ReadHints`: how the engine sizes and cuts reads, plain data) and
+  ``facts`` (:class:`RowsFacts`: what ``stats()`` and the Loader report);
+* ``check_nulls(conversion)``: refuse nulls a conversion cannot hold, at construction, where a
+  scan is cheap (Lance rows); a no-op elsewhere.
 
-Nestings: a packed source wraps Lance rows; a mix holds ordered sources of Lance or packed rows.
-A mix inside a mix and a packing of a mix are refused (a mix has no storage order to pack
-documents in, and a mix of mixes is one mix with multiplied weights).
+Nestings: packing and clips are views of one ``Source``; a mix holds ordered sources of any
+kind but a mix (a mix of mixes is one mix with multiplied weights).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -48,34 +45,89 @@ import pyarrow as pa
 
 @dataclass(frozen=True)
 class Read:
-    """What a read of rows returns: the rows (exactly one per position, in order) and what the
-    read cost: Lance's bytes and IOPS, the rows served by the cache, and the cache files that
-    failed their check during the read (dropped and read again, never delivered)."""
+    """What a read of rows returns: the rows (exactly one per position, in order) and
+    everything the read did: the storage bytes and requests it made (Lance's, and any ranges
+    read past Lance), the rows served by the cache (in the read's own rows: at most
+    ``len(rows)``), the cache files that failed their check during the read (dropped and read
+    again, never delivered), and the seconds it spent decoding (clips decode inside the read,
+    so fetch and decode overlap on object stores; ``stats()`` books them as decode)."""
 
     rows: pa.Table | Pieces
     io_bytes: int = 0
     io_iops: int = 0
     rows_cached: int = 0
     cache_damaged: int = 0
+    decode_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DatasetName:
+    """Which dataset rows come from: its URI, pinned version and identity (what a state
+    records and checks); a mix's is ``mix:<names>``, no version, and its settings' hash."""
+
+    uri: str
+    version: int | None = None
+    identity: str | None = None
+
+
+@dataclass(frozen=True)
+class ReadHints:
+    """How to size and cut reads of these rows: plain data that ``engine/sizing.py`` and
+    ``engine/tasks.py`` read, never a question about the kind.
+
+    ``random_reads``: consecutive positions are random takes underneath (a mix of shuffled
+    sources). ``read_parts``: the reads of a full read's size one read makes underneath (a
+    mix: its sources), so the engine makes the read that many times larger. ``waits_on_storage``:
+    a read of consecutive positions in storage order is storage range reads alone (no cache,
+    no transform), during which a worker thread holds no core, so the engine runs two thread
+    workers per core. ``cached``: reads go through a cache (a shuffle costs no random takes).
+    ``gathers``: a shuffled read gathers rows from cache pieces (sized larger). ``fragment_starts``:
+    on an object store, the positions at which each data file's rows begin, then ``num_rows``
+    (sequential reads are cut there). ``window_rows``: reads are cut on windows of that many
+    samples (a mix's)."""
+
+    random_reads: bool = False
+    read_parts: int = 1
+    waits_on_storage: bool = False
+    cached: bool = False
+    gathers: bool = False
+    fragment_starts: np.ndarray | None = None
+    window_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class RowsFacts:
+    """What the rows report about themselves, for ``stats()``, the Loader and the checks:
+    the cache and why (``cache_choice``), whether that cache lives in one process's memory
+    (process workers would each fill a copy), how a filter/split plan was got
+    (``plan_origin``: none, scan or cache), the padding of packed rows, the packing plan, and
+    media too short for one clip, and how blob columns are read (``{column: "bytes" | "file" |
+    "descriptor"}``: a copy keeps blobs read as bytes as blobs)."""
+
+    cache_choice: str | None = None
+    cache_per_process: bool = False
+    plan_origin: str = "none"
+    padding_fraction: float | None = None
+    packing: Any = None
+    short_media: int = 0
+    blobs: dict[str, str] = field(default_factory=dict)
 
 
 class RowSource(Protocol):
     """The contract every kind of rows keeps (see the module's text)."""
 
-    uri: str
-    version: int | None
-    identity: str | None
+    dataset_name: DatasetName
     columns: list[str]
-    cache: Any
-    plan_origin: str
     bytes_per_row: float
-    random_reads: bool
 
     @property
     def num_rows(self) -> int: ...
 
     @property
-    def padding_fraction(self) -> float | None: ...
+    def hints(self) -> ReadHints: ...
+
+    @property
+    def facts(self) -> RowsFacts: ...
 
     def schema_table(self) -> pa.Table: ...
 
@@ -85,8 +137,69 @@ class RowSource(Protocol):
 
     def describe_rows(self, positions: np.ndarray) -> str: ...
 
+    def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]: ...
+
     def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
                 ) -> tuple[RowSource, int]: ...
+
+    def check_nulls(self, conversion: Any) -> None: ...
+
+
+class RowsBase:
+    """The protocol's defaults, so a kind states only what differs: no read hints, no facts,
+    resumes any state of itself, positions described and traced by number, no null scan.
+
+    >>> class Squares(RowsBase):
+    ...     dataset_name, columns, bytes_per_row, num_rows = DatasetName("squares"), ["x"], 8.0, 4
+    ...     def schema_table(self): return pa.table({"x": pa.array([], pa.int64())})
+    ...     def settings(self): return {}
+    ...     def read_rows(self, positions, epoch=0): return Read(pa.table({"x": positions ** 2}))
+    >>> Squares().read_rows(np.array([3, 1])).rows["x"].to_pylist(), Squares().hints.read_parts
+    ([9, 1], 1)
+    """
+
+    dataset_name: DatasetName
+    columns: list[str]
+    bytes_per_row: float
+
+    @property
+    def uri(self) -> str:
+        return self.dataset_name.uri
+
+    @property
+    def version(self) -> int | None:
+        return self.dataset_name.version
+
+    @property
+    def identity(self) -> str | None:
+        return self.dataset_name.identity
+
+    @property
+    def hints(self) -> ReadHints:
+        return ReadHints()
+
+    @property
+    def facts(self) -> RowsFacts:
+        return RowsFacts()
+
+    def describe_rows(self, positions: np.ndarray) -> str:
+        positions = np.asarray(positions)
+        return f"positions {positions[:4].tolist()}{'...' if len(positions) > 4 else ''}"
+
+    def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]:
+        """The ledger's columns for ``positions``: the dataset and the positions themselves
+        (kinds over Lance rows add the rows' offsets and ids)."""
+        n = len(positions)
+        return {"uri": [self.uri] * n, "version": [self.version] * n,
+                "position": np.asarray(positions, np.int64)}
+
+    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
+                ) -> tuple[RowsBase, int]:
+        """These rows continue any state of them (a mix whose weights changed may not)."""
+        return self, state["sample"]
+
+    def check_nulls(self, conversion: Any) -> None:
+        """Nothing to scan at construction: the batch that holds a null raises."""
 
 
 def empty_table(schema: pa.Schema) -> pa.Table:

@@ -84,9 +84,9 @@ def lineage(loader: Any, epoch: int) -> dict[str, Any]:
         (None, None) if loader.transform is None else transform_identity(loader.transform)
     )
     return {
-        "source": src.uri,
-        "version": src.version,
-        "identity": src.identity,
+        "source": src.dataset_name.uri,
+        "version": src.dataset_name.version,
+        "identity": src.dataset_name.identity,
         "filter": rows["filter"],
         "splits": rows["splits"],
         "split": rows["split"],
@@ -354,7 +354,7 @@ def write_piece(
 def kept_blob_columns(schema: pa.Schema, source: Any) -> pa.Schema:
     """``schema`` (of the batches written) with the blob columns ``source`` read as bytes
     marked as blob columns again, where they are still binary: a copy keeps blobs as blobs."""
-    blobs = getattr(source, "blobs", {})
+    blobs = source.facts.blobs
     names = [
         name
         for name, choice in blobs.items()

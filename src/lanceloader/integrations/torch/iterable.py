@@ -77,7 +77,7 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         # at the cursor (after construction, set_epoch, load_state_dict or an epoch's end);
         # otherwise it starts the next epoch (torch calls iter() once per epoch and worker).
         # ``_token`` names the newest iteration, the only one that moves the cursor.
-        self._cursor = Cursor(self.loader._cursor.spec)
+        self._cursor = Cursor(self.loader.stream_spec)
         self._fresh, self._token = True, 0
 
     def __len__(self) -> int:

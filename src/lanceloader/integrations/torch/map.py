@@ -33,8 +33,9 @@ from lanceloader.engine.work import BatchWork
 from lanceloader.integrations.torch.collation import Rows, watch_training_process
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, ReadTask
-from lanceloader.pipeline import RowsSettings, check_nulls
+from lanceloader.pipeline import RowsSettings
 from lanceloader.rows.clips.source import AudioClips, VideoClips
+from lanceloader.rows.clips.windows import refuse_random_starts
 
 
 class MapDataset(torch.utils.data.Dataset):
@@ -123,16 +124,14 @@ class MapDataset(torch.utils.data.Dataset):
         check_on_error(on_error, max_skip_fraction)
         self.on_error, self.max_skip_fraction = on_error, max_skip_fraction
         self.conversion = check_output(with_fill_nulls(output, fill_nulls))
-        if getattr(clips, "per_video", None) or getattr(clips, "per_file", None):
-            raise ValueError("MapDataset(clips=...) takes every clip (a MapDataset index has "
-                             "no epoch to draw per_video/per_file starts from); use "
-                             "ll.Loader or lanceloader.torch.IterableDataset for random clips")
+        refuse_random_starts(clips, "MapDataset",
+                             "ll.Loader or lanceloader.torch.IterableDataset")
         self.source = RowsSettings(columns, filter, version, storage_options, splits, split,
                                    split_key, cache, cache_size, clips=clips,
                                    blobs=blobs).build(dataset)
         if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)
-            check_nulls(self.source, self.conversion)
+            self.source.check_nulls(self.conversion)
         check_bool("read_ahead", read_ahead)
         self.read_ahead = read_ahead
         self.recorder = Recorder()

@@ -74,8 +74,9 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         self._cursor = Cursor(StreamSpec(
             num_rows=self.num_rows, order=order_settings(source, self.order, self.num_rows),
             batch_size=batch_size, world_size=world_size, rank=rank, drop_last=bool(drop_last),
-            uri=source.uri if source else None, version=source.version if source else None,
-            dataset=source.identity if source else None))
+            uri=source.dataset_name.uri if source else None,
+            version=source.dataset_name.version if source else None,
+            dataset=source.dataset_name.identity if source else None))
         # torch makes iterators it never advances (a DataLoader calls iter(sampler) twice when
         # it starts), so the newest iterator moves the cursor (``_token``) and replaces the
         # previous one at the same place unless that one was advanced (``_consumed``), in which

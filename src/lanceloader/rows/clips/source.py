@@ -80,6 +80,7 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,7 @@ import pyarrow.compute as pc
 
 from lanceloader.batch.transforms import tensor_array
 from lanceloader.rows.cache.auto import auto_cache
-from lanceloader.rows.cache.pieces import AUTO
+from lanceloader.rows.cache.pieces import AUTO, MemoryCache
 from lanceloader.rows.clips.fetch import (
     FETCH_CHUNKS,
     FETCH_WAIT_S,
@@ -101,7 +102,9 @@ from lanceloader.rows.clips.fetch import (
 )
 from lanceloader.rows.clips.index import (
     ClipError,
+    MediaIndex,
     build_index,
+    check_short_media,
     import_audio_ranges,
     import_video,
     index_names,
@@ -125,7 +128,14 @@ from lanceloader.rows.dataset import (
 )
 from lanceloader.rows.lance.inline_blobs import take_inline_io
 from lanceloader.rows.lance.source import Source
-from lanceloader.rows.protocol import Read, as_table, empty_table
+from lanceloader.rows.protocol import (
+    Read,
+    ReadHints,
+    RowsBase,
+    RowsFacts,
+    as_table,
+    empty_table,
+)
 
 # the stage's names, with those of two of its helper modules (importable here too); the media
 # index's (MediaIndex, build_index, ClipError) are rows/clips/index.py's
@@ -199,33 +209,35 @@ def clip_source(
         storage_options=storage_options,
         **rows,
     )
-    source = ClipSource(inner, spec, seed, row_columns)
-    if rows.get("cache", AUTO) == AUTO:
+    return ClipSource(inner, spec, seed, row_columns, auto=rows.get("cache", AUTO) == AUTO,
+                      cache_size=rows.get("cache_size"))
+
+
+def clips_cache(inner: Source, index: MediaIndex, auto: bool, cache_size: int | None
+                ) -> tuple[Any, str]:
+    """The cache the clips' byte ranges go through and why: the inner source's, or with the
+    automatic cache a choice made again on what they hold, the media's bytes."""
+    if auto:
         # The automatic cache decided on the rows' columns; the clips' byte ranges go through
         # it too, so decide again on what they can hold: the media's bytes. A clip is a few
         # ranged reads whatever the order, so only an object store (a round trip per request)
         # makes caching them pay; local ranges come from the page cache.
-        media = int(pc.sum(source.index.table.column("size")).as_py() or 0)
+        media = int(pc.sum(index.table.column("size")).as_py() or 0)
         if is_object_store(inner.uri):
-            source.cache, source.cache_choice = auto_cache(
-                False, True, media + inner.bytes_per_row * inner.num_rows, rows.get("cache_size")
-            )
-        else:
-            source.cache = None
-            source.cache_choice = (
-                "auto: none for the clips (local media are read by byte range; a cache would "
-                "only copy them)"
-            )
-    return source
+            return auto_cache(False, True, media + inner.bytes_per_row * inner.num_rows,
+                              cache_size)
+        return None, ("auto: none for the clips (local media are read by byte range; a cache "
+                      "would only copy them)")
+    return inner.cache, inner.cache_choice
 
 
 # --- the rows -----------------------------------------------------------------------------
 
 
-class ClipSource:
-    """The clips of a source's media (the rows protocol, :mod:`lanceloader.rows.protocol`):
-    position *p* is clip *p*; the dataset, version, filter, split and cache are the inner
-    source's (whose positions are the media rows).
+class ClipSource(RowsBase):
+    """The clips of Lance rows' media (the rows protocol, :mod:`lanceloader.rows.protocol`): a
+    view of one :class:`~lanceloader.rows.lance.source.Source`, whose positions are the media
+    rows and whose dataset, version, filter and split it reports; position *p* is clip *p*.
 
     Built once per Loader: the index (:func:`~lanceloader.rows.clips.index.build_index`) and the
     windows (:func:`clip_windows`). Picklable (the index travels to process workers as Arrow;
@@ -237,11 +249,15 @@ class ClipSource:
     in this process).
     """
 
-    random_reads = False  # clips are in storage order of their media
-    padding_fraction = None
-
     def __init__(
-        self, inner: Source, spec: Clips, seed: int = 0, row_columns: list[str] | None = None
+        self,
+        inner: Source,
+        spec: Clips,
+        seed: int = 0,
+        row_columns: list[str] | None = None,
+        *,
+        auto: bool = False,
+        cache_size: int | None = None,
     ) -> None:
         if not isinstance(spec, VideoClips | AudioClips):
             raise TypeError(
@@ -271,9 +287,8 @@ class ClipSource:
             )
         self.inner, self.spec, self.seed = inner, spec, seed
         self.index = build_index(inner, spec)
-        self.uri, self.version, self.identity = inner.uri, inner.version, inner.identity
-        self.cache, self.plan_origin = inner.cache, inner.plan_origin
-        self.cache_choice: str | None = getattr(inner, "cache_choice", None)
+        self.dataset_name = inner.dataset_name
+        self.cache, self.cache_choice = clips_cache(inner, self.index, auto, cache_size)
         skip = {spec.column, *index_names(spec)}
         self.row_columns = [
             c for c in (inner.columns if row_columns is None else row_columns) if c not in skip
@@ -293,7 +308,7 @@ class ClipSource:
             lengths, window, step, self._shape = self._audio_windows()
             self.windows = clip_windows(lengths, window, 1, step, spec.per_file)
             dtype = pa.float32()
-        self.short_media = int((self.windows.counts == 0).sum())
+        self.short_media = check_short_media(inner, spec, self.index, self.windows.counts)
         self.tensor = pa.fixed_shape_tensor(dtype, self._shape)
         row_schema = inner.schema_table().schema
         self.schema = pa.schema(
@@ -371,11 +386,26 @@ class ClipSource:
         """The inner source's settings and the clips' (a state of other clips is refused)."""
         return {**self.inner.settings(), "clips": self.spec.settings()}
 
-    def resumed(
-        self, state: dict[str, Any], allow_changes: tuple[str, ...]
-    ) -> tuple[ClipSource, int]:
-        """These clips continue any state of them (the protocol's: a mix's rows may not)."""
-        return self, state["sample"]
+    @property
+    def hints(self) -> ReadHints:
+        """Clips are in storage order of their media; their ranges go through a cache if any."""
+        return ReadHints(cached=self.cache is not None)
+
+    @property
+    def facts(self) -> RowsFacts:
+        inner = self.inner.facts
+        return RowsFacts(cache_choice=self.cache_choice,
+                         cache_per_process=isinstance(self.cache, MemoryCache),
+                         plan_origin=inner.plan_origin, short_media=self.short_media)
+
+    def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]:
+        """The ledger's columns: the media row's (offset and id), and each clip's first frame
+        (audio: sample, at the file's own rate), drawn for ``epoch`` where clips are
+        ``per_video``/``per_file``."""
+        positions = np.asarray(positions, np.int64)
+        return {**self.inner.lineage(self.windows.media(positions), epoch),
+                "position": positions,
+                "clip_start": self.windows.starts(positions, self.seed, epoch)}
 
     def schema_table(self) -> pa.Table:
         return empty_table(self.schema)
@@ -422,9 +452,9 @@ class ClipSource:
                     rows = concurrent.futures.Future()
                     rows.set_result(self.inner.read_rows(unique, epoch))
             if fetches is not None:
-                clips = self._decode_fetched(ds, fetches)
+                clips, decode_s = self._decode_fetched(ds, fetches)
             else:
-                clips = self._read_audio(ds, media, offsets, starts)
+                clips, decode_s = self._read_audio(ds, media, offsets, starts)
             if rows is not None:
                 read = wait_fetched(rows)
                 table = as_table(read.rows).select(self.row_columns).take(pa.array(where))
@@ -465,6 +495,7 @@ class ClipSource:
             io_iops + io.read_iops + local_reads,
             cached,
             damaged,
+            decode_s,
         )
 
     def _ranges(
@@ -558,18 +589,20 @@ class ClipSource:
             futures.append(pool.submit(self._ranges, ds, wanted))
         return VideoFetches(clips, chunks, futures)
 
-    def _decode_fetched(self, ds: Any, fetches: VideoFetches) -> np.ndarray:
+    def _decode_fetched(self, ds: Any, fetches: VideoFetches) -> tuple[np.ndarray, float]:
         """Decode each clip of ``fetches`` into its place in the read's output (in the spec's
-        layout) as soon as its chunk's bytes are there."""
+        layout) as soon as its chunk's bytes are there; and the seconds spent decoding."""
         video, out = import_video(), np.empty((len(fetches.clips), *self._shape), np.uint8)
         got: dict[tuple[int, int, int], bytes] = {}
+        decode_s = 0.0
         for chunk, future in zip(fetches.chunks, fetches.futures, strict=True):
             got.update(fetches.wait(future))
             for i in chunk:
                 clip = fetches.clips[i]
                 parts = [(o, got[(offset, o, n)]) for offset, o, n in clip.ranges]
-                self._decode_video(ds, video, parts, clip.info, clip.size, clip.clip, out[i])
-        return out
+                decode_s += self._decode_video(ds, video, parts, clip.info, clip.size,
+                                               clip.clip, out[i])
+        return out, decode_s
 
     def _decode_video(
         self,
@@ -580,15 +613,17 @@ class ClipSource:
         size: int,
         clip: Undecodable,
         out: np.ndarray,
-    ) -> np.ndarray:
+    ) -> float:
         """One clip, decoded into ``out`` (its place in the read's output, in the spec's layout),
         serving a decoder's request for bytes outside its ranges with one more ranged read each
-        (at most :data:`MAX_EXTRA_READS`)."""
+        (at most :data:`MAX_EXTRA_READS`); returns the seconds spent in the decoder."""
         spec, offset, start = self.spec, clip.offset, clip.start
         assert isinstance(spec, VideoClips)
+        decode_s = 0.0
         for _ in range(MAX_EXTRA_READS + 1):
+            began = time.perf_counter()
             try:
-                return video.decode_clip(
+                video.decode_clip(
                     parts,
                     size,
                     info,
@@ -599,7 +634,9 @@ class ClipSource:
                     out=out,
                     channels_first=spec.layout == "NFCHW",
                 )
+                return decode_s + time.perf_counter() - began
             except video.MissingBytes as missing:
+                decode_s += time.perf_counter() - began
                 request = (offset, int(missing.offset), int(missing.length))
                 parts = [*parts, (request[1], self._ranges(ds, [request])[request])]
                 self.extra_reads += 1
@@ -613,9 +650,10 @@ class ClipSource:
 
     def _read_audio(
         self, ds: Any, media: np.ndarray, offsets: np.ndarray, starts: np.ndarray
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, float]:
         """Each window from only its bytes (``media/audio_ranges.py``: the header and the run
-        of frames it spans; a file without a byte index whole), all in one ranged read."""
+        of frames it spans; a file without a byte index whole), all in one ranged read; and
+        the seconds spent decoding."""
         spec = self.spec
         assert isinstance(spec, AudioClips)
         ranges, unique = import_audio_ranges(), np.unique(media)
@@ -637,6 +675,7 @@ class ClipSource:
             for asked, (m, _, start), length in zip(wanted, clips, lengths, strict=True)
         ]
         # the read's FLAC windows decode in one FFmpeg call per kind of file
+        began = time.perf_counter()
         decoded = ranges.decode_flac_windows(windows, spec.sample_rate)
         out = np.empty((len(media), *self._shape), np.float32)
         for i, (m, offset, start) in enumerate(clips):
@@ -651,7 +690,7 @@ class ClipSource:
                 raise
             except Exception as exc:
                 raise Undecodable("audio", i, m, offset, start) from exc
-        return out
+        return out, time.perf_counter() - began
 
     def _clip_error(self, bad: Undecodable, table: pa.Table | None) -> ClipError:
         """The error for a clip that failed to decode, naming the clip, its row (with the

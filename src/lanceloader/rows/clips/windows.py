@@ -40,6 +40,11 @@ class VideoClips:
     kind = "video"
 
     @property
+    def random_starts(self) -> bool:
+        """Whether clips start at random places drawn per epoch (``per_video``)."""
+        return self.per_video is not None
+
+    @property
     def span(self) -> int:
         """Frames from a clip's first to its last, both included."""
         return (self.frames - 1) * self.stride + 1
@@ -69,6 +74,11 @@ class AudioClips:
     channels: int | None = None
 
     kind = "audio"
+
+    @property
+    def random_starts(self) -> bool:
+        """Whether windows start at random places drawn per epoch (``per_file``)."""
+        return self.per_file is not None
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -304,3 +314,24 @@ def clip_windows(
         step.astype(np.int64),
         per_media,
     )
+
+
+def refuse_random_starts(clips: VideoClips | AudioClips | None, reader: str, instead: str) -> None:
+    """A reader by index (no epoch) takes every clip: refuse clips with random starts, naming
+    the reader that has an epoch to draw them from (``instead``)."""
+    if clips is not None and clips.random_starts:
+        raise ValueError(f"{reader}(clips=...) takes every clip (an index has no epoch to draw "
+                         f"per_video/per_file starts from); use {instead} for random clips")
+
+
+def clips_of(settings: dict[str, Any]) -> VideoClips | AudioClips:
+    """The clip spec whose ``settings()`` a state records (``state["order"]["clips"]``).
+
+    >>> clips_of(VideoClips(frames=4, size=(8, 8)).settings()) == VideoClips(frames=4, size=(8, 8))
+    True
+    """
+    values = {k: v for k, v in settings.items() if k != "kind"}
+    if settings["kind"] == "video":
+        size = values.pop("size")
+        return VideoClips(**values, size=tuple(size) if size else None)
+    return AudioClips(**values)

@@ -48,12 +48,7 @@ import pyarrow as pa
 from lanceloader.arguments import check_optional_str, check_storage_options
 from lanceloader.lifecycle import forksafe
 from lanceloader.rows.cache.auto import auto_cache
-from lanceloader.rows.lance.blobs import (
-    attach_blobs,
-    check_blob_choices,
-    payload_bytes_per_row,
-    rows_schema,
-)
+from lanceloader.rows.cache.disk import DiskCache
 from lanceloader.rows.cache.pieces import (
     AUTO,
     MemoryCache,
@@ -75,13 +70,24 @@ from lanceloader.rows.dataset import (
     reaching_store,
     redact_exception,
 )
-from lanceloader.rows.cache.disk import DiskCache
+from lanceloader.rows.lance.blobs import (
+    attach_blobs,
+    check_blob_choices,
+    payload_bytes_per_row,
+    rows_schema,
+)
 from lanceloader.rows.lance.first_reads import FirstReads
 from lanceloader.rows.lance.fragment_tails import FragmentTails
 from lanceloader.rows.lance.inline_blobs import take_inline_io
+from lanceloader.rows.lance.nulls import check_nulls
+from lanceloader.rows.lance.splits import split_mask
 from lanceloader.rows.protocol import (
+    DatasetName,
     Intervals,
     Read,
+    ReadHints,
+    RowsBase,
+    RowsFacts,
     distinct,
     empty_table,
     inverse_permutation,
@@ -90,7 +96,6 @@ from lanceloader.rows.protocol import (
     sorted_unique,
     to_record_batch,
 )
-from lanceloader.rows.lance.splits import split_mask
 from lanceloader.state.format import local_uri
 
 _logger = logging.getLogger("lanceloader")
@@ -105,7 +110,7 @@ MIN_RANGE_ROWS = 4096
 FEW_SHORT_RUNS = 2
 
 
-class Source:
+class Source(RowsBase):
     """One Lance dataset, pinned to one version, with columns, filter and split applied once.
 
     Args:
@@ -168,8 +173,9 @@ class Source:
         self.storage_options = dict(storage_options) if storage_options else None
         version = int(version) if isinstance(version, numbers.Integral) else version
         ds = open_dataset(dataset, version, self.storage_options)
-        self.uri: str = local_uri(ds.uri)
-        self.version: int = ds.version
+        self._fragments = ds.get_fragments()
+        self.dataset_name = DatasetName(local_uri(ds.uri), ds.version,
+                                        dataset_identity(ds.schema, self._fragments))
         self.schema: pa.Schema = ds.schema
         self.columns: list[str] = check_columns(columns, ds.schema)
         self.blobs: dict[str, str] = check_blob_choices(blobs, ds.schema, self.columns)
@@ -181,7 +187,6 @@ class Source:
         self._ds = ds
         self._reader: forksafe.CleanReader | None = None
         self._reader_pid = 0
-        self._fragments = ds.get_fragments()
         # which fragments this process's dataset has read (their file metadata cached): made
         # by _opening() at the first read on an object store, anew with each reopened dataset
         self._first_reads: FirstReads | None = None
@@ -190,14 +195,11 @@ class Source:
         self._on_store = is_object_store(self.uri)
         self._store_fragment_positions: np.ndarray | None = None
         self._fragment_ids = [f.fragment_id for f in self._fragments]
-        self.identity: str = dataset_identity(ds.schema, self._fragments)
         self._fragment_starts = np.cumsum(
             [0] + [f.count_rows() for f in self._fragments], dtype=np.int64
         )
         self._fragments_at = Intervals(self._fragment_starts)  # before any read (its errors)
         self.plan_origin = "none"
-        self.random_reads = False  # positions are storage order: consecutive ones are ranges
-        self.padding_fraction: float | None = None
         self._rows: np.ndarray | None = self._select_rows(ds)
         self.bytes_per_row: float = self._bytes_per_row()
         if auto:  # decided once the rows and their size are known
@@ -430,11 +432,6 @@ class Source:
                 return exc, share
         return None
 
-    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
-                ) -> tuple[Source, int]:
-        """These rows continue any state of them (the protocol's: a mix's rows may not)."""
-        return self, state["sample"]
-
     def settings(self) -> dict[str, Any]:
         """Which rows the positions are (``state["order"]``): the filter and the split."""
         return {"filter": self.filter, "splits": self.splits, "split": self.split,
@@ -581,10 +578,39 @@ class Source:
         return first
 
     @property
-    def waits_on_lance(self) -> bool:
-        """Reads in storage order are Lance range reads alone when there is no cache (the rows
-        protocol's member)."""
-        return self.cache is None
+    def hints(self) -> ReadHints:
+        """Positions are storage order (consecutive ones are ranges); without a cache a read in
+        order is Lance range reads alone; through a cache a shuffled read gathers from pieces;
+        on an object store, where each data file's rows begin."""
+        cached = self.cache is not None
+        return ReadHints(waits_on_storage=not cached, cached=cached, gathers=cached,
+                         fragment_starts=self.fragment_positions() if self._on_store else None)
+
+    @property
+    def facts(self) -> RowsFacts:
+        return RowsFacts(cache_choice=self.cache_choice,
+                         cache_per_process=isinstance(self.cache, MemoryCache),
+                         plan_origin=self.plan_origin, blobs=self.blobs)
+
+    def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]:
+        """The ledger's columns: the dataset, the positions, and each row's offset in the
+        pinned version and Lance ``_rowid`` there."""
+        offsets = self.row_offsets(positions)
+        return {**super().lineage(positions, epoch), "row_offset": offsets,
+                "row_id": self.row_ids(offsets)}
+
+    def row_ids(self, offsets: np.ndarray) -> pa.Array:
+        """Lance's ``_rowid`` of the rows at ``offsets`` in the pinned version, in order: Lance
+        takes it from its metadata (a deletion file, row id sequences), not the data."""
+        if not len(offsets):
+            return pa.array([], pa.uint64())
+        taken = self.dataset.take(np.asarray(offsets, dtype=np.int64), columns=["_rowid"])
+        return taken.column("_rowid").combine_chunks()
+
+    def check_nulls(self, conversion: Any) -> None:
+        """Refuse, at construction, nulls that ``conversion`` cannot hold, when a scan is cheap
+        (:func:`lanceloader.rows.lance.nulls.check_nulls`)."""
+        check_nulls(self, conversion)
 
     def schema_table(self) -> pa.Table:
         """An empty table with the projected schema."""

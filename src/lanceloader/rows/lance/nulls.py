@@ -1,0 +1,57 @@
+"""The construction-time null scan of Lance rows: nulls a conversion cannot hold, found before
+any worker starts where a scan is cheap (a local dataset, a few fixed-width columns)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lanceloader.batch.checks import null_checked_columns, nulls_error
+from lanceloader.lifecycle import forksafe
+from lanceloader.rows.dataset import is_object_store
+
+if TYPE_CHECKING:
+    from lanceloader.rows.lance.source import Source
+
+# The scan reads at most this many bytes of a local dataset's columns (1M rows of three 4-8 byte
+# columns, 20 MB: 10 ms); beyond, or on object storage, nulls are found in the batch that holds
+# them, whose error names the batch and the row.
+NULL_SCAN_BYTES = 128 << 20
+_logger = logging.getLogger("lanceloader")
+
+
+def check_nulls(source: Source, conversion: Any) -> None:
+    """Refuse nulls that ``conversion`` cannot hold in the rows of ``source``, in the
+    fixed-width columns of :func:`~lanceloader.batch.checks.null_checked_columns`, at most
+    :data:`NULL_SCAN_BYTES` of them; otherwise the batch that holds a null raises, naming the
+    batch and the row. One Lance scan with the source's filter; a split keeps the nulls of its
+    own rows."""
+    if is_object_store(source.uri) or forksafe.tainted():
+        return  # a tainted process reads through a clean reader only: no scans here
+    columns = null_checked_columns(source.schema_table().schema, conversion)
+    ds = source.dataset
+    if not columns or ds.count_rows() * sum(columns.values()) > NULL_SCAN_BYTES:
+        return
+    nulls = " OR ".join(f"`{name}` IS NULL" for name in columns)
+    try:
+        table = ds.to_table(columns=["_rowoffset", *columns], filter=nulls if source.filter is None
+                            else f"({source.filter}) AND ({nulls})")
+    except Exception as exc:  # an unusual name or type: the batches still check
+        _logger.debug("lanceloader: no construction-time null scan of %r: %s", source.uri, exc)
+        return
+    finally:
+        ds.io_stats_incremental()  # this scan's I/O is not the first read's (stats())
+    offsets = table.column("_rowoffset").to_numpy().astype(np.int64)
+    if source.splits is not None and len(offsets):
+        kept = np.isin(offsets, source.row_offsets(np.arange(source.num_rows)))
+        table, offsets = table.filter(kept), offsets[kept]
+    for name in columns:
+        null = table.column(name).is_null().to_numpy(zero_copy_only=False)
+        if null.any():
+            first = offsets[null][:1]
+            raise nulls_error(name, table.schema.field(name).type, int(null.sum()),
+                              source.num_rows,
+                              f"Lance row {int(first[0])}, {source.describe_offsets(first)}",
+                              source.filter)
