@@ -460,12 +460,21 @@ def test_a_corrupt_video_is_a_clip_error_from_a_process_worker_too(tmp_path, vid
     at = int(media_video.probe_video(videos[2]).keyframe_offsets[1])
     broken[at : at + 400] = bytes(400)
     table = video_table([videos[0], bytes(broken)])
-    table = table.set_column(table.schema.get_field_index("video_frames"), "video_frames",
-                             pa.array([FRAMES[0], FRAMES[2]], pa.int64()))
+    table = table.set_column(
+        table.schema.get_field_index("video_frames"),
+        "video_frames",
+        pa.array([FRAMES[0], FRAMES[2]], pa.int64()),
+    )
     out = str(tmp_path / "broken.lance")
     lance.write_dataset(table, out, data_storage_version="2.2")
-    loader = ll.Loader(out, batch_size=2, clips=ll.video_clips(frames=4, stride=1, step=6),
-                       cache=None, num_workers=1, worker_type="process")
+    loader = ll.Loader(
+        out,
+        batch_size=2,
+        clips=ll.video_clips(frames=4, stride=1, step=6),
+        cache=None,
+        num_workers=1,
+        worker_type="process",
+    )
     with pytest.raises(ll.ClipError, match=r"frame 6 of Lance row 1 .*path=.v1.mp4"):
         list(loader)
 
@@ -534,3 +543,72 @@ def test_audio_clips_are_every_window_of_every_file(tmp_path) -> None:
         out, batch_size=2, clips=ll.audio_clips(seconds=0.25, sample_rate=4000, channels=1)
     )
     assert next(iter(mono))["audio"].shape == (2, 1, 1000)  # [N, C, T] at the asked rate
+
+
+# --- media shorter than one clip ------------------------------------------------------------
+
+
+def test_clips_longer_than_every_media_are_refused_naming_the_longest(uri, tmp_path) -> None:
+    """A clip longer than every video (or window longer than every file) made an empty epoch
+    with no word (len 0, 0 batches); now the construction says so, with the longest and the
+    fix. Only some too short: one warning saying how many are left out."""
+    with pytest.raises(ValueError, match=r"all 5 videos of column 'video' are shorter than one "
+                       r"clip of video_clips\(frames=500, stride=1\).*every epoch would be empty; "
+                       r"the longest, Lance row 2 \(.*'v2\.mp4'\), has 45 frames: pass "
+                       r"video_clips\(\.\.\., frames=45\) or fewer"):  # fmt: skip
+        ll.Loader(uri, batch_size=2, clips=ll.video_clips(frames=500))
+    with pytest.raises(ValueError, match=r"frames=23\) or fewer \(or a smaller stride\)"):
+        ll.Loader(uri, batch_size=2, clips=ll.video_clips(frames=30, stride=2))
+    rate = 8000
+    for i, seconds in enumerate([2.0, 3.0, 2.5]):
+        write_audio(tmp_path / "sounds" / f"s{i}.wav", seconds, rate, 1)
+    ll.convert(tmp_path / "sounds", tmp_path / "sounds.lance", progress=False)
+    with pytest.raises(ValueError, match=r"all 3 audio files .* shorter than one window of "
+                       r"audio_clips\(seconds=10\).*'s1\.wav'.*3\.000 s: pass "
+                       r"audio_clips\(\.\.\., seconds=3\) or less"):  # fmt: skip
+        ll.Loader(str(tmp_path / "sounds.lance"), clips=ll.audio_clips(seconds=10))
+
+
+def test_media_too_short_for_a_clip_are_left_out_with_one_warning(uri, caplog) -> None:
+    with caplog.at_level("WARNING", logger="lanceloader"):
+        loader = ll.Loader(uri, batch_size=4, clips=ll.video_clips(frames=27))
+    said = [r.getMessage() for r in caplog.records if "shorter than" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "3 of the 5 videos of column 'video' are shorter than one clip" in said[0]
+    assert "left out of every epoch; the shortest has 9 frames" in said[0]
+    assert loader.source.short_media == 3 and loader.source.num_rows == 2  # 30 and 45 frames
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lanceloader"):
+        ll.Loader(uri, batch_size=4, clips=ll.video_clips(frames=9))
+    assert not [r for r in caplog.records if "shorter than" in r.getMessage()]
+
+
+# --- variable frame rate through the Loader -------------------------------------------------
+
+
+def test_variable_frame_rate_clips_equal_the_whole_file_decode(tmp_path) -> None:
+    """A phone's or screen recorder's variable frame rate: every clip after the first GOP was
+    a ClipError ("asked for bytes outside the clip's ranges 5 times"); each is now the whole
+    file's frames, from the index convert writes and from one written before the keyframes'
+    timestamps were (the column dropped)."""
+    from mediagen import vfr_pts
+
+    folder = tmp_path / "phone"
+    for i, bframes in enumerate([0, 2]):
+        write_video(folder / f"v{i}.mp4", 30, 30, SIZE, gop=8, bframes=bframes,
+                    pts=vfr_pts(30, first=700 * i, seed=i))  # fmt: skip
+    ll.convert(folder, tmp_path / "phone.lance", progress=False)
+    whole = {f"v{i}.mp4": media_video.decode_whole(folder / f"v{i}.mp4", 0, 30) for i in range(2)}
+    old = lance.dataset(str(tmp_path / "phone.lance"))
+    for index in ("with keyframe_pts", "without"):
+        if index == "without":
+            old.drop_columns(["video_keyframe_pts"])
+        loader = ll.Loader(str(tmp_path / "phone.lance"), batch_size=4, output="numpy",
+                           clips=ll.video_clips(frames=3, step=1, layout="NFHWC"))  # fmt: skip
+        seen = 0
+        for batch in loader:
+            for path, start, clip in zip(batch["path"], batch["clip_start"], batch["video"],
+                                         strict=True):  # fmt: skip
+                assert np.array_equal(clip, whole[path][start : start + 3]), (index, path, start)
+                seen += 1
+        assert seen == 2 * 28

@@ -32,6 +32,8 @@ Example::
 from __future__ import annotations
 
 import io
+import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,11 +55,13 @@ __all__ = [
     "ClipError",
     "MediaIndex",
     "build_index",
+    "check_short_media",
     "import_audio_ranges",
     "import_video",
     "index_names",
 ]
 
+_logger = logging.getLogger("lanceloader")
 INDEX_READ_ROWS = 4096  # rows per read while building the index at construction
 PROBE_READ_BYTES = 64 << 20  # bytes of media read per call while probing files without an index
 VIDEO_INDEX = (
@@ -236,3 +240,69 @@ def _probe(spec: Clips, data: bytes, inner: Source, offset: int) -> dict[str, An
             f"{type(exc).__name__}: {exc}; remove the row (filter=) or reconvert "
             "the files with ll.convert, which lists and skips bad files"
         ) from exc
+
+
+# --- media shorter than one clip ----------------------------------------------------------
+
+
+def check_short_media(inner: Source, spec: Clips, index: MediaIndex, counts: np.ndarray) -> int:
+    """How many media are too short for one clip (``counts``: clips per media). None long
+    enough (and some media): ``ValueError`` naming how many, the longest and the fix (every
+    epoch would be empty); some: one warning saying how many are left out. Returns the count."""
+    short = counts == 0
+    if not short.any():
+        return 0
+    lengths = _seconds_or_frames(spec, index)
+    kind = "videos" if isinstance(spec, VideoClips) else "audio files"
+    if isinstance(spec, VideoClips):
+        clip = (
+            f"one clip of video_clips(frames={spec.frames}, stride={spec.stride}) "
+            f"({spec.span} frames)"
+        )
+    else:
+        clip = f"one window of audio_clips(seconds={spec.seconds:g})"
+    if short.all():
+        longest = int(np.argmax(lengths))
+        raise ValueError(
+            f"clips: all {len(counts)} {kind} of column {spec.column!r} are shorter than {clip}, "
+            f"so every epoch would be empty; the longest, {_describe_media(inner, spec, longest)}, has "
+            f"{_fit(spec, lengths[longest])}"
+        )
+    shortest = int(np.flatnonzero(short)[np.argmin(lengths[short])])
+    _logger.warning(
+        "clips: %d of the %d %s of column %r are shorter than %s: they have no clip and are left "
+        "out of every epoch; the shortest has %s to keep them all",
+        int(short.sum()), len(counts), kind, spec.column, clip, _fit(spec, lengths[shortest]),
+    )  # fmt: skip
+    return int(short.sum())
+
+
+def _seconds_or_frames(spec: Clips, index: MediaIndex) -> np.ndarray:
+    """Each media's length: frames (video), seconds (audio)."""
+    frames = index.table.column(f"{spec.column}_frames").to_numpy(zero_copy_only=False)
+    if isinstance(spec, VideoClips):
+        return frames.astype(np.int64)
+    rates = index.table.column(f"{spec.column}_sample_rate").to_numpy(zero_copy_only=False)
+    return frames / np.maximum(rates, 1)
+
+
+def _fit(spec: Clips, length: float) -> str:
+    """``length`` (frames or seconds) and the clip setting that fits it."""
+    if isinstance(spec, VideoClips):
+        fits = (int(length) - 1) // spec.stride + 1
+        more = " (or a smaller stride)" if spec.stride > 1 else ""
+        return f"{int(length)} frames: pass video_clips(..., frames={fits}) or fewer{more}"
+    seconds = math.floor(length * 1000) / 1000
+    return f"{length:.3f} s: pass audio_clips(..., seconds={seconds:g}) or less"
+
+
+def _describe_media(inner: Source, spec: Clips, position: int) -> str:
+    """Media ``position`` for a message: its Lance row, fragment and text columns (its path),
+    the index's left out."""
+    offsets = inner.row_offsets(np.array([position], np.int64))
+    index = set(index_names(spec))
+    schema = inner.dataset.schema
+    text = [f.name for f in schema if pa.types.is_string(f.type) and f.name not in index][:3]
+    values = inner.dataset.take(offsets.tolist(), columns=text).to_pylist()[0] if text else {}
+    shown = "".join(f", {name} {value!r}" for name, value in values.items())
+    return f"Lance row {int(offsets[0])} ({inner.describe_offsets(offsets)}{shown})"

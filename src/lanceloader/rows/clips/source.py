@@ -429,6 +429,8 @@ class ClipSource(RowsBase):
         ``per_video`` clips): the rows' other columns through the inner source, the media
         bytes in one ranged blob read, decoded here (see the module's text)."""
         positions = np.asarray(positions, dtype=np.int64)
+        if not len(positions):  # no clips: no decoder (Arrow makes no empty tensor of NumPy)
+            return Read(self.schema_table())
         media = self.windows.media(positions)
         starts = self.windows.starts(positions, self.seed, epoch)
         columns: dict[str, Any] = {}
