@@ -45,6 +45,9 @@ def test_a_video_folder_becomes_blobs_labels_and_the_keyframe_index(video_folder
     out = tmp_path / "videos.lance"
     summary = convert(video_folder, out, progress=False)
     assert summary.rows == 3
+    # the files written per label (the damaged one is skipped, not counted)
+    assert summary.labelled == (("cat", 2), ("dog", 1))
+    assert "; files per label: cat 2, dog 1;" in str(summary)
     reasons = dict(summary.skipped)
     assert "truncated" in reasons["cat/broken.mp4"]
     assert "not a video file" in reasons["dog/notes.txt"]
@@ -100,6 +103,8 @@ def test_a_labels_csv_is_joined_by_file_name_and_gaps_are_listed(tmp_path):
     labels.write_text("file,label,speed\na.mp4,walk,1.5\nb.mp4,run,3.0\nzzz.mp4,walk,1.0\n")
     summary = convert(root, tmp_path / "out.lance", labels=labels, progress=False)
     assert summary.rows == 2
+    assert summary.labelled == (("run", 1), ("walk", 1))  # zzz.mp4's walk matched no file
+    assert "files per label: run 1, walk 1" in str(summary)
     assert dict(summary.skipped) == {
         "c.mp4": "no row in the labels file labels.csv",
         "labels.csv: zzz.mp4": "names no file in the folder",
@@ -114,8 +119,9 @@ def test_a_labels_csv_is_joined_by_file_name_and_gaps_are_listed(tmp_path):
     labels.write_text(
         json.dumps({n: {"take": i} for i, n in enumerate(["a.mp4", "b.mp4", "c.mp4"])})
     )
-    convert(root, tmp_path / "json.lance", labels=labels, progress=False)
+    summary = convert(root, tmp_path / "json.lance", labels=labels, progress=False)
     assert [r["take"] for r in read_rows(tmp_path / "json.lance", "take")] == [0, 1, 2]
+    assert summary.labelled == (("a row of labels.json", 3),)  # no label column: matches
 
 
 def test_rerun_semantics_are_those_of_convert(video_folder, tmp_path):

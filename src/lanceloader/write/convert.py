@@ -113,7 +113,9 @@ class ConvertSummary:
 
     ``skipped`` lists ``(item, reason)`` of each input left out (an unreadable image, a Lance
     dataset inside the source folder); ``removed`` is ``(files, bytes)`` of the data files a
-    killed earlier run into the same output had left, removed by this run.
+    killed earlier run into the same output had left, removed by this run; ``labelled``, for a
+    folder of videos or audio files, ``(label, files)`` written per label (class folder or
+    ``labels=``' ``label``; without one, the files that matched a row of the labels file).
     """
 
     uri: str
@@ -123,6 +125,7 @@ class ConvertSummary:
     seconds: float
     skipped: tuple[tuple[str, str], ...] = field(default=())
     removed: tuple[int, int] = (0, 0)
+    labelled: tuple[tuple[str, int], ...] = field(default=())
 
     def __str__(self) -> str:
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
@@ -136,6 +139,8 @@ class ConvertSummary:
                 f"; removed {self.removed[0]:,} data files ({self.removed[1] / 1e6:,.1f} MB)"
                 " that a killed earlier run into this output had left"
             )
+        if self.labelled:
+            text += "; files per label: " + ", ".join(f"{k} {n:,}" for k, n in self.labelled)
         if not self.skipped:
             return text + "; nothing skipped"
         shown = "; ".join(f"{item}: {why}" for item, why in self.skipped[:10])
@@ -223,10 +228,12 @@ def convert(
                 "rows"
             )
         skipped: list[tuple[str, str]] = []
+        labelled: dict[str, int] = {}  # a media folder's files per label
         decodes = resize is not None or check_images == "decode"
         schema, batches, total = open_source(
             source,
             skipped=skipped,
+            labelled=labelled,
             on_error=on_error,
             resize=resize,
             batch_rows=batch_rows,
@@ -262,8 +269,9 @@ def convert(
             removed = (stats.data_files_removed, stats.bytes_removed)
         journal.unlink(missing_ok=True)
     return ConvertSummary(
-        out, ds.version, rows, nbytes, time.perf_counter() - started, tuple(skipped), removed
-    )
+        out, ds.version, rows, nbytes, time.perf_counter() - started, tuple(skipped), removed,
+        tuple(sorted(labelled.items())),
+    )  # fmt: skip
 
 
 def _write(

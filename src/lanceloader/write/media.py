@@ -205,10 +205,13 @@ def from_media_folder(
     resize: int | None = None,
     batch_rows: int | None = None,
     num_workers: int = 1,
+    labelled: dict[str, int] | None = None,
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch], int | None]:
     """The schema, a stream of batches and the number of files of a folder of ``kind``
     (``"video"`` or ``"audio"``) files: see the module's text. ``skip_dir`` says which folders
-    to leave out (Lance datasets, the output)."""
+    to leave out (Lance datasets, the output). ``labelled``: filled, as the stream runs, with
+    the files written per label (class folder, or the labels file's ``label``; without one,
+    the files that matched a row of the labels file), for the summary."""
     if resize is not None:
         raise ValueError(
             f"resize={resize} re-encodes images; {kind} files are stored as they are: drop it "
@@ -275,6 +278,8 @@ def from_media_folder(
         if chunk:
             yield chunk
 
+    count = _label_counter(labelled, schema, labels, classes)
+
     def stream() -> Iterator[pa.RecordBatch]:
         # The next chunk is read and probed while Lance writes this one.
         with concurrent.futures.ThreadPoolExecutor(max(num_workers, 1)) as pool:
@@ -282,16 +287,47 @@ def from_media_folder(
             for chunk in chunks():
                 ahead = pool.map(row_of, chunk)  # submitted now, results in order
                 if pending is not None:
-                    yield _batch(pending, schema)
+                    yield _batch(pending, schema, count)
                 pending = ahead
             if pending is not None:
-                yield _batch(pending, schema)
+                yield _batch(pending, schema, count)
 
     return schema, stream(), len(files)
 
 
-def _batch(rows: Any, schema: pa.Schema) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([row for row in rows if row is not None], schema=schema)
+def _batch(rows: Any, schema: pa.Schema, count: Callable[[dict[str, Any]], None]) -> pa.RecordBatch:
+    kept = [row for row in rows if row is not None]
+    for row in kept:
+        count(row)
+    return pa.RecordBatch.from_pylist(kept, schema=schema)
+
+
+def _label_counter(
+    labelled: dict[str, int] | None,
+    schema: pa.Schema,
+    labels: str | os.PathLike | None,
+    classes: dict[str, int],
+) -> Callable[[dict[str, Any]], None]:
+    """What counts a written row in ``labelled``: under its label's name (class names from
+    the schema's metadata), ``"(no label)"`` for a missing one; without a ``label`` column,
+    under ``"a row of <labels file>"``."""
+    if labelled is None or (labels is None and not classes):
+        return lambda row: None
+    names = json.loads((schema.metadata or {}).get(CLASSES_KEY, b"[]"))
+    matched = f"a row of {Path(labels).name}" if labels is not None else ""
+
+    def count(row: dict[str, Any]) -> None:
+        if "label" not in schema.names:
+            key = matched
+        else:
+            label = row.get("label")
+            key = "(no label)" if label is None else (
+                names[label] if names and isinstance(label, int) and 0 <= label < len(names)
+                else str(label)
+            )  # fmt: skip
+        labelled[key] = labelled.get(key, 0) + 1
+
+    return count
 
 
 def _suffixes(kind: str) -> tuple[str, ...]:

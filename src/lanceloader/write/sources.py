@@ -47,6 +47,7 @@ def open_source(
     batch_rows = options["batch_rows"] = options["batch_rows"] or TABLE_BATCH_ROWS
     exclude = options.pop("exclude")
     labels = options.pop("labels")
+    labelled = options.pop("labelled", None)  # media folders: files per label, for the summary
     if labels is not None and not (isinstance(source, str | os.PathLike) and Path(source).is_dir()):
         raise ValueError("labels= is for a folder of videos or audio files; drop it")
     kind = f"{type(source).__module__.split('.')[0]}.{type(source).__name__}"
@@ -88,7 +89,9 @@ def open_source(
     kind = media_kind(path, skip, IMAGE_SUFFIXES + TABLE_SUFFIXES) if path.is_dir() else None
     if kind is not None:  # videos or audio: write/media.py
         media = {k: options[k] for k in MEDIA_OPTIONS}
-        return from_media_folder(path, kind, labels=labels, skip_dir=skip, **media)
+        return from_media_folder(
+            path, kind, labels=labels, skip_dir=skip, labelled=labelled, **media
+        )
     if labels is not None:
         raise ValueError(f"labels= is for a folder of videos or audio files: {path} holds none")
     if path.is_file():
