@@ -24,11 +24,13 @@ from conftest import ids_of
 from lanceloader.demo import demo_table, write_demo_dataset
 from lanceloader.engine.sizing import READ_BYTES, READ_BYTES_GATHER
 from lanceloader.rows.cache import auto as autocache_module
+from lanceloader.rows.cache import held as held_module
+from lanceloader.rows.cache import locks as locks_module
 from lanceloader.rows.cache import pieces as cache_module
-from lanceloader.rows.cache import disk as disk_cache_module
-from lanceloader.rows.cache.pieces import MemoryCache, make_cache
-from lanceloader.rows.cache.files import TEMPORARY, in_memory_filesystem
 from lanceloader.rows.cache.disk import DiskCache
+from lanceloader.rows.cache.files import TEMPORARY, in_memory_filesystem
+from lanceloader.rows.cache.held import HeldPieces
+from lanceloader.rows.cache.pieces import MemoryCache, make_cache
 from lanceloader.rows.lance.source import Source
 
 COLUMNS = ["id", "label", "x"]
@@ -43,8 +45,7 @@ ROWS = 6000
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     """6,000 demo rows in 3 fragments."""
-    return write_demo_dataset(tmp_path_factory.mktemp("cache") / "d.lance", rows=ROWS,
-                              fragments=3)
+    return write_demo_dataset(tmp_path_factory.mktemp("cache") / "d.lance", rows=ROWS, fragments=3)
 
 
 @pytest.fixture
@@ -68,13 +69,13 @@ def rows_of(loader: ll.Loader) -> tuple[list[int], bytes]:
 
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("kind", ["directory", "memory", "directory, process workers"])
-def test_every_order_delivers_what_it_delivers_without_a_cache(uri, tmp_path, small_pieces,
-                                                               order, kind):
+def test_every_order_delivers_what_it_delivers_without_a_cache(
+    uri, tmp_path, small_pieces, order, kind
+):
     cache = "memory" if kind == "memory" else str(tmp_path / "cache")
     worker_type = "process" if "process" in kind else "thread"
     plain = loader_of(uri, **ORDERS[order])
-    cached = loader_of(uri, cache=cache, worker_type=worker_type, num_workers=2,
-                       **ORDERS[order])
+    cached = loader_of(uri, cache=cache, worker_type=worker_type, num_workers=2, **ORDERS[order])
     assert rows_of(cached) == rows_of(plain)
     first = cached.stats(epoch=-1)  # the first reads are small: their rows come from Lance
     assert first.rows_read == ROWS and 0 < first.rows_cached < ROWS
@@ -84,8 +85,7 @@ def test_every_order_delivers_what_it_delivers_without_a_cache(uri, tmp_path, sm
     assert stats.io_iops == 0  # the second epoch made no storage request at all
 
 
-def test_a_second_loader_and_a_new_order_read_what_the_first_cached(uri, tmp_path,
-                                                                    small_pieces):
+def test_a_second_loader_and_a_new_order_read_what_the_first_cached(uri, tmp_path, small_pieces):
     cache = str(tmp_path / "cache")
     rows_of(loader_of(uri, cache=cache))
     for order in ORDERS.values():  # another loader, another order: all local
@@ -95,12 +95,18 @@ def test_a_second_loader_and_a_new_order_read_what_the_first_cached(uri, tmp_pat
         assert loader.source.cache.fills == 0
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
-@given(positions=st.lists(st.integers(0, ROWS - 1), max_size=300),
-       warm=st.lists(st.integers(0, ROWS - 1), max_size=30))
-def test_any_positions_from_any_cache_state_are_the_rows_lance_has(uri, tmp_path, small_pieces,
-                                                                   positions, warm):
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    positions=st.lists(st.integers(0, ROWS - 1), max_size=300),
+    warm=st.lists(st.integers(0, ROWS - 1), max_size=30),
+)
+def test_any_positions_from_any_cache_state_are_the_rows_lance_has(
+    uri, tmp_path, small_pieces, positions, warm
+):
     """Positions in any order, with duplicates, after any earlier reads filled some pieces."""
     plain = Source(uri, columns=COLUMNS)
     cached = Source(uri, columns=COLUMNS, cache=str(tmp_path / "prop"), cache_size=1 << 30)
@@ -110,8 +116,9 @@ def test_any_positions_from_any_cache_state_are_the_rows_lance_has(uri, tmp_path
 
 
 def test_filter_and_split_through_the_cache(uri, tmp_path, small_pieces):
-    options = dict(filter="label < 5", splits={"train": 0.8, "val": 0.2}, split="train",
-                   shuffle=True)
+    options = dict(
+        filter="label < 5", splits={"train": 0.8, "val": 0.2}, split="train", shuffle=True
+    )
     cached = loader_of(uri, cache=str(tmp_path / "c"), **options)
     plain = loader_of(uri, **options)
     assert rows_of(cached) == rows_of(plain)
@@ -126,18 +133,25 @@ def test_a_sparse_filter_reads_from_lance_and_keeps_nothing(uri, tmp_path, small
     assert loader.source.cache.fills == 0 and loader.stats().rows_cached == 0
 
 
-def test_a_full_shuffle_bigger_than_the_cache_does_not_download_pieces(uri, tmp_path,
-                                                                       small_pieces):
+def test_a_full_shuffle_bigger_than_the_cache_does_not_download_pieces(uri, tmp_path, small_pieces):
     """Each read wants a few rows of every piece: filling would thrash a too-small cache."""
-    small = ll.Loader(uri, batch_size=100, columns=COLUMNS, shuffle=True, rows_per_read=100,
-                      cache=str(tmp_path / "c"), cache_size=500_000)
+    small = ll.Loader(
+        uri,
+        batch_size=100,
+        columns=COLUMNS,
+        shuffle=True,
+        rows_per_read=100,
+        cache=str(tmp_path / "c"),
+        cache_size=500_000,
+    )
     assert sorted(rows_of(small)[0]) == list(range(ROWS))
     assert small.source.cache.fills == 0
 
 
 @pytest.mark.parametrize("kind", ["directory", "memory"])
 def test_a_shuffled_read_of_local_data_fills_a_piece_per_rows_it_reads(
-        uri, tmp_path, small_pieces, monkeypatch, kind):
+    uri, tmp_path, small_pieces, monkeypatch, kind
+):
     """A full shuffle's first read wants a sliver of every piece; filling all of them before
     the first batch made it late. A read of local data fills one per ``ROWS_PER_FILL`` rows it
     reads (its largest groups first) and takes its other rows from Lance; the epoch still fills
@@ -184,20 +198,23 @@ def test_memory_cache_stays_within_its_budget(uri, small_pieces):
 
 # --- keys: never another dataset's, version's or projection's rows ----------------------------
 
+
 def test_two_datasets_share_a_directory_without_mixing(tmp_path, small_pieces):
     cache = str(tmp_path / "c")
     a = write_demo_dataset(tmp_path / "a.lance", rows=3000, fragments=2)
     table = demo_table(3000)
     b = str(tmp_path / "b.lance")
-    lance.write_dataset(table.set_column(0, "id", pa.array(np.arange(3000) + 10**6)), b,
-                        max_rows_per_file=1500)
+    lance.write_dataset(
+        table.set_column(0, "id", pa.array(np.arange(3000) + 10**6)), b, max_rows_per_file=1500
+    )
     for _ in range(2):
         assert rows_of(loader_of(a, cache=cache))[0] == list(range(3000))
         assert rows_of(loader_of(b, cache=cache))[0] == list(range(10**6, 10**6 + 3000))
 
 
-def test_an_overwritten_dataset_at_the_same_uri_is_not_served_from_the_cache(tmp_path,
-                                                                             small_pieces):
+def test_an_overwritten_dataset_at_the_same_uri_is_not_served_from_the_cache(
+    tmp_path, small_pieces
+):
     cache, uri = str(tmp_path / "c"), str(tmp_path / "d.lance")
     lance.write_dataset(demo_table(3000), uri, max_rows_per_file=1500)
     assert rows_of(loader_of(uri, cache=cache))[0] == list(range(3000))
@@ -239,6 +256,7 @@ def test_an_appended_version_reuses_the_pieces_of_the_fragments_it_kept(tmp_path
 
 # --- concurrency and damage -----------------------------------------------------------------
 
+
 def read_epoch(uri: str, cache: str, order: str) -> tuple[list[int], int]:
     """In a fresh process: one epoch through the shared directory; its ids and downloads."""
     cache_module.PIECE_BYTES = 1
@@ -246,48 +264,52 @@ def read_epoch(uri: str, cache: str, order: str) -> tuple[list[int], int]:
     return rows_of(loader)[0], loader.source.cache.fills
 
 
-def test_a_shuffle_over_more_pieces_than_are_held_keeps_the_held_ones(uri, tmp_path,
-                                                                      small_pieces, monkeypatch):
+def test_a_shuffle_over_more_pieces_than_are_held_keeps_the_held_ones(
+    uri, tmp_path, small_pieces, monkeypatch
+):
     """Room in memory for 3 of the 6 pieces, each read wanting all 6: least-recently-used
     eviction dropped each piece just before its next use and read all 6 whole for every read;
     now the 3 held stay and only the other 3 are read from their files."""
-    loader = loader_of(uri, cache=str(tmp_path / "c"), shuffle=True, rows_per_read=1000,
-                       num_workers=1)
+    loader = loader_of(
+        uri, cache=str(tmp_path / "c"), shuffle=True, rows_per_read=1000, num_workers=1
+    )
     rows_of(loader)
     cache = loader.source.cache
-    piece = max(table.nbytes for _, table, _ in cache._held.values())
-    monkeypatch.setattr(disk_cache_module, "HELD_BYTES", 3 * piece + piece // 2)
-    cache._held.clear()
-    cache._held_bytes, cache.reads_whole = 0, 0
+    assert not cache.in_memory
+    piece = max(table.nbytes for _, table, _ in cache.held._tables.values())
+    monkeypatch.setattr(held_module, "HELD_BYTES", 3 * piece + piece // 2)
+    cache.held, cache.reads_whole = HeldPieces(cache._root_text, False), 0
     assert sorted(rows_of(loader)[0]) == list(range(ROWS))
-    assert len(cache._held) == 3
+    assert len(cache.held) == 3
     assert cache.reads_whole <= 3 * 6 + 3  # 6 reads: 3 unheld pieces each, the first 3 once
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
-def test_the_automatic_cache_maps_its_pieces_and_reads_none_whole(uri, tmp_path, small_pieces,
-                                                                  monkeypatch, worker_type):
-    """Pieces a process copies into its memory are capped (``HELD_BYTES``); a full shuffle over
-    more pieces than that read every piece beyond it whole, for every read (the second epoch of
-    the default shuffle of 1M rows ran at 0.13x a scan). The automatic cache maps its files: no
-    piece is read whole or copied into a process, in threads or processes, and every row is the
-    one Lance has, in the same order."""
+def test_the_automatic_cache_holds_its_pieces_beyond_the_disk_budget(
+    uri, tmp_path, small_pieces, monkeypatch, worker_type
+):
+    """Pieces of a directory on a disk held in a process are capped (``HELD_BYTES``); a full
+    shuffle over more pieces than that reads every piece beyond it whole, for every read (the
+    second epoch of the default shuffle of 1M rows ran at 0.13x a scan). The automatic cache's
+    directory is in memory: its pieces are held within a share of the memory available, so
+    none is read again from its file, in threads or processes, and every row is the one Lance
+    has, in the same order."""
     monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)
-    monkeypatch.setattr(disk_cache_module, "HELD_BYTES", 1)  # room for no piece
+    monkeypatch.setattr(held_module, "HELD_BYTES", 1)  # no room on a disk's budget
     plain = loader_of(uri, shuffle=True, cache=None)
-    loader = loader_of(uri, shuffle=True, rows_per_read=1000, num_workers=1,
-                       worker_type=worker_type)
+    loader = loader_of(
+        uri, shuffle=True, rows_per_read=1000, num_workers=1, worker_type=worker_type
+    )
     cache = loader.source.cache
-    assert isinstance(cache, DiskCache) and cache.mapped
+    assert isinstance(cache, DiskCache) and cache.in_memory
     assert rows_of(loader) == rows_of(plain)  # the first epoch fills the directory
     if worker_type == "thread":
         cache.reads_whole = 0
     assert rows_of(loader) == rows_of(plain)
     assert loader.stats(epoch=-1).rows_cached == ROWS
     if worker_type == "thread":  # process workers each have their own copy of the cache
-        assert cache.reads_whole == 0
-        assert len(cache._mapped) == 6 and cache._held_bytes == 0
-    assert pickle.loads(pickle.dumps(cache)).mapped  # workers map too
+        assert cache.reads_whole == 0 and len(cache.held) == 6  # held since they were filled
+    assert pickle.loads(pickle.dumps(cache)).in_memory  # workers too
 
 
 @pytest.fixture
@@ -305,58 +327,69 @@ def shm_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def test_a_directory_given_in_memory_is_mapped_and_reads_no_piece_whole(uri, shm_dir,
-                                                                        small_pieces,
-                                                                        monkeypatch):
+def test_a_directory_given_in_memory_holds_its_pieces_and_reads_each_once(
+    uri, shm_dir, small_pieces, monkeypatch
+):
     """``cache="/dev/shm/..."`` (what the guide and the process-worker error advise) was read
     with ``pread`` and held within ``HELD_BYTES``: a full shuffle over more than that read every
-    piece whole for every read (2M rows of 272 B: epoch 2 at 0.62M rows/s, 6.5-7.1M mapped).
-    A directory on tmpfs is mapped like the automatic cache: no piece read whole or held, and
+    piece whole for every read (2M rows of 272 B: epoch 2 at 0.62M rows/s). A directory on
+    tmpfs is held like the automatic cache: each piece read whole once, checked and held, and
     the rows are Lance's, in the same order."""
-    monkeypatch.setattr(disk_cache_module, "HELD_BYTES", 1)  # room for no piece
+    monkeypatch.setattr(held_module, "HELD_BYTES", 1)  # no room on a disk's budget
     plain = loader_of(uri, shuffle=True, cache=None)
-    loader = loader_of(uri, shuffle=True, rows_per_read=1000, num_workers=1,
-                       cache=str(shm_dir / "given"))
+    loader = loader_of(
+        uri, shuffle=True, rows_per_read=1000, num_workers=1, cache=str(shm_dir / "given")
+    )
     cache = loader.source.cache
-    assert isinstance(cache, DiskCache) and cache.mapped
+    assert isinstance(cache, DiskCache) and cache.in_memory
     assert rows_of(loader) == rows_of(plain)  # the first epoch fills the directory
-    cache.reads_whole = 0
+    cache.held, cache.reads_whole = HeldPieces(cache._root_text, True), 0  # as a new process
     assert rows_of(loader) == rows_of(plain)
     assert loader.stats(epoch=-1).rows_cached == ROWS
-    assert cache.reads_whole == 0 and len(cache._mapped) == 6 and cache._held_bytes == 0
+    assert cache.reads_whole == 6 and len(cache.held) == 6
 
 
-def test_a_directory_given_on_a_disk_is_read_with_pread(tmp_path):
-    """On a disk a mapped read would meet a media error or a truncation as SIGBUS: ``pread``."""
+def test_a_directory_given_on_a_disk_is_held_within_the_disk_budget(tmp_path):
+    """A directory on a disk keeps the per-process budget of ``HELD_BYTES``."""
     if in_memory_filesystem(tmp_path):
         pytest.skip("the temporary directory is on tmpfs here")
-    assert not make_cache(str(tmp_path / "c"), 1 << 20).mapped
+    cache = make_cache(str(tmp_path / "c"), 1 << 20)
+    assert not cache.in_memory and cache.held.room() == held_module.HELD_BYTES
 
 
 def test_a_path_is_in_memory_by_the_longest_mount_point_holding_it(tmp_path):
     mounts = tmp_path / "mounts"
-    mounts.write_text("/dev/vda / ext4 rw 0 0\n"
-                      "tmpfs /dev/shm tmpfs rw 0 0\n"
-                      "/dev/vdb /dev/shm/disk ext4 rw 0 0\n"
-                      "none /mnt/my\\040ram ramfs rw 0 0\n"
-                      "tmpfs /run tmpfs rw 0 0\n")
+    mounts.write_text(
+        "/dev/vda / ext4 rw 0 0\n"
+        "tmpfs /dev/shm tmpfs rw 0 0\n"
+        "/dev/vdb /dev/shm/disk ext4 rw 0 0\n"
+        "none /mnt/my\\040ram ramfs rw 0 0\n"
+        "tmpfs /run tmpfs rw 0 0\n"
+    )
+
     def on(path: str) -> bool:
         return in_memory_filesystem(path, str(mounts))
+
     assert on("/dev/shm") and on("/dev/shm/lance-cache") and on("/mnt/my ram/c")
     assert not on("/dev/shm/disk/c") and not on("/dev/shmx/c") and not on("/data")
     assert not in_memory_filesystem("/dev/shm", str(tmp_path / "missing"))  # not Linux: a disk
 
 
-def test_rows_of_a_mapped_piece_are_copied_out(uri, tmp_path, small_pieces):
-    """Consecutive rows of one piece were a slice of it: of a mapped piece, read-only pages,
-    which a torch tensor wraps as writable, so the first in-place write would crash."""
+def test_rows_of_a_piece_held_for_a_directory_in_memory_are_copied_out(uri, tmp_path, small_pieces):
+    """Consecutive rows of one piece were a slice of it: of a piece every read of the process
+    shares, which a torch tensor wraps as writable, so an in-place write would change it."""
     source = Source(uri, columns=COLUMNS, cache=str(tmp_path / "c"), cache_size=1 << 30)
     want = source.read_table(np.arange(ROWS))  # fills every piece
-    source.cache = DiskCache(source.cache.root, source.cache.size, mapped=True)
+    source.cache = DiskCache(source.cache.root, source.cache.size, in_memory=True)
     table = source.read_table(np.arange(10, 110))  # consecutive rows of one piece
-    assert source.cache._mapped and table.equals(want.slice(10, 100))
-    assert all(buffer.is_mutable for column in table.columns for chunk in column.chunks
-               for buffer in chunk.buffers() if buffer is not None)
+    assert len(source.cache.held) and table.equals(want.slice(10, 100))
+    assert all(
+        buffer.is_mutable
+        for column in table.columns
+        for chunk in column.chunks
+        for buffer in chunk.buffers()
+        if buffer is not None
+    )
 
 
 @pytest.mark.parametrize("order", ["sequential", "full"])
@@ -406,14 +439,15 @@ def test_a_stuck_holder_makes_waiters_fail_with_a_bound(tmp_path, monkeypatch):
     root = str(tmp_path)
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
-    holders = [context.Process(target=hold_lock, args=(root, name, ready))
-               for name in ("piece", "plan")]
+    holders = [
+        context.Process(target=hold_lock, args=(root, name, ready)) for name in ("piece", "plan")
+    ]
     try:
         for holder in holders:
             ready.clear()
             holder.start()
             assert ready.wait(60)
-        monkeypatch.setattr(disk_cache_module, "LOCK_WAIT_S", 0.3)
+        monkeypatch.setattr(locks_module, "LOCK_WAIT_S", 0.3)
         cache = DiskCache(root, 1 << 20)
         started = time.monotonic()
         with pytest.raises(TimeoutError, match=r"\.piece\.lock.*seems stuck.*fuser"):
@@ -427,8 +461,9 @@ def test_a_stuck_holder_makes_waiters_fail_with_a_bound(tmp_path, monkeypatch):
             holder.join(10)
 
 
-def test_a_damaged_piece_is_filled_again_and_a_half_written_one_never_read(uri, tmp_path,
-                                                                           small_pieces):
+def test_a_damaged_piece_is_filled_again_and_a_half_written_one_never_read(
+    uri, tmp_path, small_pieces
+):
     cache = str(tmp_path / "c")
     rows_of(loader_of(uri, cache=cache))
     pieces = sorted(Path(cache).glob("*.arrow"))
@@ -452,6 +487,7 @@ def test_stale_temporary_files_are_removed_by_the_next_eviction(tmp_path):
 
 # --- byte ranges that are not rows (fetch_bytes) ----------------------------------------------
 
+
 def fetch_counted(root: str, key: str, log: str, start) -> bytes:
     """In a fresh process: fetch ``key``; each make() appends a line to ``log`` (slowly, so the
     others arrive while it runs)."""
@@ -462,6 +498,7 @@ def fetch_counted(root: str, key: str, log: str, start) -> bytes:
             file.write(f"{os.getpid()}\n")
         time.sleep(0.3)
         return key.encode() * 1000
+
     return DiskCache(root, 1 << 20).fetch_bytes(key, make)
 
 
@@ -480,6 +517,7 @@ def test_processes_fetching_one_key_make_it_once(tmp_path):
 @pytest.mark.parametrize("kind", ["disk", "memory"])
 def test_threads_fetching_one_key_make_it_once(tmp_path, kind):
     from concurrent.futures import ThreadPoolExecutor
+
     cache = DiskCache(tmp_path, 1 << 20) if kind == "disk" else MemoryCache(1 << 20)
     made = []
 
@@ -487,6 +525,7 @@ def test_threads_fetching_one_key_make_it_once(tmp_path, kind):
         made.append(1)
         time.sleep(0.1)
         return b"range"
+
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda _: cache.fetch_bytes("k", make), range(4)))
     assert got == [b"range"] * 4 and len(made) == 1 and cache.fills == 1
@@ -539,6 +578,7 @@ def test_fetch_bytes_bad_input_names_the_fix(tmp_path):
 
 # --- the automatic cache (cache="auto", the default) ------------------------------------------
 
+
 def auto_epoch(uri: str, shm: str, results) -> None:
     """In a fresh process: a default Loader (full shuffle) with the automatic cache's directory
     under ``shm``; reports its ids, downloads, choice and sweeper; then waits to be killed."""
@@ -546,22 +586,28 @@ def auto_epoch(uri: str, shm: str, results) -> None:
     cache_module.PIECE_BYTES = 1
     loader = loader_of(uri, shuffle=True)
     ids = rows_of(loader)[0]
-    results.put((sorted(ids) == list(range(ROWS)), loader.source.cache.fills,
-                 loader.source.cache_choice, autocache_module._sweepers[-1].pid))
+    results.put(
+        (
+            sorted(ids) == list(range(ROWS)),
+            loader.source.cache.fills,
+            loader.source.cache_choice,
+            autocache_module._sweepers[-1].pid,
+        )
+    )
     time.sleep(600)
 
 
 def wait_gone(pid: int, bound_s: float = 60.0) -> None:
     """Wait (at most ``bound_s``) until process ``pid`` has exited."""
     from lanceloader.lifecycle.lifetime import alive
+
     deadline = time.monotonic() + bound_s
     while alive(pid):
         assert time.monotonic() < deadline, f"process {pid} still runs after {bound_s} s"
         time.sleep(0.05)
 
 
-def test_two_processes_share_the_automatic_cache_and_the_last_ones_death_removes_it(uri,
-                                                                                     tmp_path):
+def test_two_processes_share_the_automatic_cache_and_the_last_ones_death_removes_it(uri, tmp_path):
     """Both SIGKILLed (no atexit, no finally): the directory stays while one of them uses it
     and is gone once the last is dead."""
     context = multiprocessing.get_context("spawn")
@@ -595,6 +641,7 @@ def test_a_forked_child_does_not_keep_the_automatic_cache_alive(tmp_path, monkey
     """A fork inherits the user's lock: held by a child that outlives its parent, the
     directory would stay after every user died. The child closes it."""
     import fcntl
+
     monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)
     autocache_module.auto_cache(True, False, 1000.0)
     lock = autocache_module.auto_cache_root() / autocache_module.USERS_LOCK
@@ -626,17 +673,20 @@ def test_leftovers_of_dead_users_are_removed_when_the_next_joins(tmp_path, monke
     assert not (root / "stale.arrow").exists()
 
 
-@pytest.mark.parametrize(("order", "chosen"), [("sequential", False), ("block", True),
-                                               ("full", True)])
-def test_the_default_caches_shuffles_that_fit_and_says_why(uri, tmp_path, monkeypatch, order,
-                                                           chosen):
+@pytest.mark.parametrize(
+    ("order", "chosen"), [("sequential", False), ("block", True), ("full", True)]
+)
+def test_the_default_caches_shuffles_that_fit_and_says_why(
+    uri, tmp_path, monkeypatch, order, chosen
+):
     monkeypatch.setattr(autocache_module, "AUTO_SHM_DIR", tmp_path)
     loader = loader_of(uri, **ORDERS[order])
     assert rows_of(loader) == rows_of(loader_of(uri, cache=None, **ORDERS[order]))
     assert isinstance(loader.source.cache, DiskCache) == chosen
     stats = loader.stats()
     assert stats.cache == loader.source.cache_choice and f"cache           {stats.cache}" in str(
-        stats)
+        stats
+    )
     if chosen:
         assert rows_of(loader)[0] and loader.stats(epoch=-1).rows_cached == ROWS
     else:
@@ -667,6 +717,7 @@ def test_auto_is_for_loaders_only(uri):
 
 # --- plans: once per machine, not once per rank ------------------------------------------------
 
+
 def test_a_filter_plan_is_scanned_once_and_shared_through_the_directory(uri, tmp_path):
     cache = str(tmp_path / "c")
     options = dict(filter="label = 3", splits={"a": 0.5, "b": 0.5}, split="a")
@@ -682,13 +733,17 @@ def test_a_filter_plan_is_scanned_once_and_shared_through_the_directory(uri, tmp
 
 # --- arguments ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("cache", "size", "error", "says"), [
-    (None, 100, ValueError, "cache_size= needs cache="),
-    (3, None, TypeError, "cache must be 'auto', None, 'memory' or a directory"),
-    ("memory", 0, ValueError, "cache_size must be a number of bytes >= 1"),
-    ("memory", True, ValueError, "cache_size must be a number of bytes"),
-    ("memory", 1.5, ValueError, "cache_size must be a number of bytes"),
-])
+
+@pytest.mark.parametrize(
+    ("cache", "size", "error", "says"),
+    [
+        (None, 100, ValueError, "cache_size= needs cache="),
+        (3, None, TypeError, "cache must be 'auto', None, 'memory' or a directory"),
+        ("memory", 0, ValueError, "cache_size must be a number of bytes >= 1"),
+        ("memory", True, ValueError, "cache_size must be a number of bytes"),
+        ("memory", 1.5, ValueError, "cache_size must be a number of bytes"),
+    ],
+)
 def test_bad_cache_arguments_name_the_fix(cache, size, error, says):
     with pytest.raises(error, match=says):
         make_cache(cache, size)
@@ -708,8 +763,10 @@ def test_an_unwritable_cache_directory_is_a_clear_error(uri, tmp_path):
 
 def test_default_sizes_are_half_of_what_is_free(tmp_path):
     disk = make_cache(str(tmp_path), None)
-    assert isinstance(disk, DiskCache) and 0 < disk.size <= os.statvfs(tmp_path).f_bavail * \
-        os.statvfs(tmp_path).f_frsize
+    assert (
+        isinstance(disk, DiskCache)
+        and 0 < disk.size <= os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    )
     memory = make_cache("memory", None)
     assert isinstance(memory, MemoryCache) and memory.size > 0
 
@@ -724,7 +781,8 @@ def test_stats_and_the_verdict_know_the_cache(uri, tmp_path):
     # Never storage: the reads were the cache's. Which other stage limits depends on the
     # machine's load (a read share under STAGE_SHARE is "hand-off" or "startup").
     assert stats.bottleneck.stage in {"training loop", "cache reads", "hand-off", "startup"}, (
-        stats.bottleneck)
+        stats.bottleneck
+    )
     assert "block shuffle" not in stats.bottleneck.suggestion  # no advice for storage
 
 
@@ -756,8 +814,11 @@ def test_a_shuffle_through_a_cache_reads_more_per_read_than_an_ordered_one(tmp_p
     assert cached.batches_per_read > ordered.batches_per_read > plain.batches_per_read
     assert ordered_cached.batches_per_read == ordered.batches_per_read  # slices, not gathers
     assert ordered.batches_per_read * 256 * ordered.source.bytes_per_row <= READ_BYTES
-    assert READ_BYTES < cached.batches_per_read * 256 * cached.source.bytes_per_row \
+    assert (
+        READ_BYTES
+        < cached.batches_per_read * 256 * cached.source.bytes_per_row
         <= READ_BYTES_GATHER
+    )
 
 
 def test_a_read_fills_its_largest_piece_before_a_sliver_of_another(uri, tmp_path, small_pieces):
@@ -778,6 +839,7 @@ def test_a_read_fills_its_largest_piece_before_a_sliver_of_another(uri, tmp_path
     table = source.read(np.arange(1990, 3024))
     assert table.column("id").to_pylist() == list(range(1990, 3024))
     size = source._piece_rows
-    assert filled == [cache_module.piece_name(source._fragment_keys[1], size, 0),
-                      cache_module.piece_name(source._fragment_keys[0], size, 1)]
-
+    assert filled == [
+        cache_module.piece_name(source._fragment_keys[1], size, 0),
+        cache_module.piece_name(source._fragment_keys[0], size, 1),
+    ]

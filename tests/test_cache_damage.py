@@ -30,9 +30,10 @@ import pytest
 
 import lanceloader as ll
 from lanceloader.demo import write_demo_dataset
-from lanceloader.rows.cache import pieces as cache_module
-from lanceloader.rows.cache import files as cache_files
 from lanceloader.rows.cache import disk as disk_cache_module
+from lanceloader.rows.cache import files as cache_files
+from lanceloader.rows.cache import locks as locks_module
+from lanceloader.rows.cache import pieces as cache_module
 from lanceloader.rows.cache.files import CacheError
 from lanceloader.rows.lance.source import Source
 
@@ -45,8 +46,7 @@ HERE = Path(__file__).resolve().parent
 def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     """6,000 demo rows in 3 fragments: 6 pieces of 1,024 rows (2 per fragment) with
     ``small_pieces``."""
-    return write_demo_dataset(tmp_path_factory.mktemp("damage") / "d.lance", rows=ROWS,
-                              fragments=3)
+    return write_demo_dataset(tmp_path_factory.mktemp("damage") / "d.lance", rows=ROWS, fragments=3)
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +73,7 @@ def pieces(cache: Path) -> list[Path]:
 
 # --- what the cache serves is checked ----------------------------------------------------------
 
+
 def test_random_bytes_written_into_a_piece_are_caught_and_read_again(uri, tmp_path):
     cache = tmp_path / "c"
     filled(uri, cache)
@@ -97,8 +98,8 @@ def test_pieces_an_older_version_wrote_are_read_again_without_a_warning(uri, tmp
     want = read_all(Source(uri, columns=COLUMNS))
     for piece in pieces(cache):
         data = piece.read_bytes()
-        payload = data[:-cache_files.TRAILER.size]
-        _, extra, _, _ = cache_files.TRAILER.unpack(data[-cache_files.TRAILER.size:])
+        payload = data[: -cache_files.TRAILER.size]
+        _, extra, _, _ = cache_files.TRAILER.unpack(data[-cache_files.TRAILER.size :])
         old = struct.pack("<QQI8s", len(payload), extra, zlib.crc32(payload), b"LLCACHE1")
         piece.write_bytes(payload + old)
     source = Source(uri, columns=COLUMNS, cache=str(cache), cache_size=1 << 30)
@@ -119,8 +120,15 @@ def test_damaged_pieces_are_counted_in_the_loaders_stats(uri, tmp_path, worker_t
         with open(piece, "r+b") as file:
             file.seek(piece.stat().st_size // 2)
             file.write(b"\xff" * 8)
-    loader = ll.Loader(uri, batch_size=500, columns=COLUMNS, cache=str(cache),
-                       cache_size=1 << 30, num_workers=2, worker_type=worker_type)
+    loader = ll.Loader(
+        uri,
+        batch_size=500,
+        columns=COLUMNS,
+        cache=str(cache),
+        cache_size=1 << 30,
+        num_workers=2,
+        worker_type=worker_type,
+    )
     ids = [int(i) for batch in loader for i in batch["id"]]
     assert ids == list(range(ROWS))
     stats = loader.stats()
@@ -129,8 +137,9 @@ def test_damaged_pieces_are_counted_in_the_loaders_stats(uri, tmp_path, worker_t
 
 
 def mapped(source: Source) -> Source:
-    """``source`` reading its directory as the automatic cache does: pieces mapped."""
-    source.cache = disk_cache_module.DiskCache(source.cache.root, source.cache.size, mapped=True)
+    """``source`` reading its directory as the automatic cache does (in memory: every piece
+    read whole and held)."""
+    source.cache = disk_cache_module.DiskCache(source.cache.root, source.cache.size, in_memory=True)
     return source
 
 
@@ -176,7 +185,7 @@ def test_a_damaged_filter_plan_is_caught_and_scanned_again(uri, tmp_path, where)
     data = bytearray(plan.read_bytes())
     if where == "header":  # the header's dict left open: NumPy's parser raised TokenError
         at = data.index(b"}")
-        data[at:at + 1] = b" "
+        data[at : at + 1] = b" "
     else:  # a row offset
         data[len(data) // 2] ^= 0x41
     plan.write_bytes(bytes(data))
@@ -187,6 +196,7 @@ def test_a_damaged_filter_plan_is_caught_and_scanned_again(uri, tmp_path, where)
 
 
 # --- a file truncated under a reader ----------------------------------------------------------
+
 
 def read_while_truncated(uri: str, cache: str, done, result) -> None:
     """In a fresh process: epochs of random reads through the cache until ``done``; the number
@@ -236,6 +246,7 @@ def test_pieces_truncated_while_read_never_kill_the_reader(uri, tmp_path):
 
 # --- the cap --------------------------------------------------------------------------------
 
+
 def directory_bytes(cache: Path) -> int:
     total = 0
     try:
@@ -255,8 +266,10 @@ def fill_concurrently(uri: str, cache: str, cap: int, seed: int) -> None:
     cache_module.PIECE_BYTES = 1
     source = Source(uri, columns=COLUMNS, cache=cache, cache_size=cap)
     blocks = np.array_split(np.random.default_rng(seed).permutation(ROWS // 500) * 500, 8)
-    threads = [threading.Thread(target=lambda b=b: [source.read_table(np.arange(s, s + 500))
-                                                     for s in b]) for b in blocks]
+    threads = [
+        threading.Thread(target=lambda b=b: [source.read_table(np.arange(s, s + 500)) for s in b])
+        for b in blocks
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -280,8 +293,10 @@ def test_the_cap_holds_at_every_instant_under_concurrent_fills(uri, tmp_path):
     poller.start()
     context = multiprocessing.get_context("spawn")
     try:
-        workers = [context.Process(target=fill_concurrently, args=(uri, str(cache), cap, s))
-                   for s in range(2)]
+        workers = [
+            context.Process(target=fill_concurrently, args=(uri, str(cache), cap, s))
+            for s in range(2)
+        ]
         for worker in workers:
             worker.start()
         for worker in workers:
@@ -305,8 +320,11 @@ def test_a_cap_below_one_piece_reads_what_no_cache_reads_and_says_so(uri, tmp_pa
         for chunk in np.array_split(positions, 12):
             a, b = plain.read_rows(chunk), small.read_rows(chunk)
             assert a.rows.equals(b.rows)
-            io_plain, io_small, cached = (io_plain + a.io_bytes, io_small + b.io_bytes,
-                                          cached + b.rows_cached)
+            io_plain, io_small, cached = (
+                io_plain + a.io_bytes,
+                io_small + b.io_bytes,
+                cached + b.rows_cached,
+            )
         assert io_small <= io_plain and cached == 0
         assert small.cache.used_bytes() <= 100_000
 
@@ -343,19 +361,23 @@ def can_mount() -> bool:
     return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
 
 
-def run_child(uri: str, cache: str, size: int | None, options: dict, mount: str = "",
-              fsize: int | None = None) -> tuple[dict, str]:
+def run_child(
+    uri: str, cache: str, size: int | None, options: dict, mount: str = "", fsize: int | None = None
+) -> tuple[dict, str]:
     """The ``CHILD`` script in a fresh process (under ``mount``, shell commands run in a new
     mount namespace first; with ``fsize``, RLIMIT_FSIZE); its result and its log."""
     script = CHILD.format(tests=str(HERE), uri=uri, cache=cache, size=size, options=options)
     if fsize is not None:
-        script = (f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, "
-                  f"{fsize}))\n" + script)
+        script = (
+            f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({fsize}, "
+            f"{fsize}))\n" + script
+        )
     command = [sys.executable, "-c", script]
     if mount:
         command = ["unshare", "-m", "sh", "-c", f'{mount} && exec "$@"', "sh", *command]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          cwd=str(HERE.parent))
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=str(HERE.parent)
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
@@ -368,8 +390,9 @@ def test_a_full_disk_degrades_to_uncached_reads_with_one_warning(uri, tmp_path, 
         if not can_mount():
             pytest.skip("no mount namespace here (needs root and unshare)")
         # 600 kB of tmpfs, a cap of 100 MB: the disk fills long before the cap
-        result, log = run_child(uri, str(cache), 100 << 20, {},
-                                mount=f"mount -t tmpfs -o size=600k tmpfs {cache}")
+        result, log = run_child(
+            uri, str(cache), 100 << 20, {}, mount=f"mount -t tmpfs -o size=600k tmpfs {cache}"
+        )
     else:
         # no file may exceed 100 kB (a piece is 280 kB): every write fails with EFBIG
         result, log = run_child(uri, str(cache), 100 << 20, {}, fsize=100_000)
@@ -418,8 +441,7 @@ def test_a_cache_directory_removed_while_in_use_is_made_again(uri, tmp_path, cap
     assert "dataset may be" not in caplog.text
 
 
-def test_a_cache_failure_names_the_cache_directory_never_the_dataset(uri, tmp_path,
-                                                                     monkeypatch):
+def test_a_cache_failure_names_the_cache_directory_never_the_dataset(uri, tmp_path, monkeypatch):
     """A lock held by a stuck process: the error names the directory and the lock, through a
     Loader read as well, and is no dataset ReadError text."""
     cache = tmp_path / "c"
@@ -433,9 +455,15 @@ def test_a_cache_failure_names_the_cache_directory_never_the_dataset(uri, tmp_pa
     holder.start()
     try:
         assert ready.wait(60)
-        monkeypatch.setattr(disk_cache_module, "LOCK_WAIT_S", 0.2)
-        loader = ll.Loader(source.uri, batch_size=100, columns=COLUMNS, cache=str(cache),
-                           cache_size=1 << 30, num_workers=1)
+        monkeypatch.setattr(locks_module, "LOCK_WAIT_S", 0.2)
+        loader = ll.Loader(
+            source.uri,
+            batch_size=100,
+            columns=COLUMNS,
+            cache=str(cache),
+            cache_size=1 << 30,
+            num_workers=1,
+        )
         with pytest.raises(ll.ReadError) as info:
             list(loader)
     finally:

@@ -5,7 +5,8 @@ A shuffle, or any order on an object store, gets a :class:`~lanceloader.rows.cac
 one directory per user and machine under ``/dev/shm`` (:func:`auto_cache_root`), when the
 projected columns fit the budget (:func:`auto_budget`: the lesser of half the free ``/dev/shm``
 and a quarter of the available memory); a sequential local read gets none (:func:`auto_choice`,
-pure). Its pieces are mapped, not copied (``DiskCache(mapped=True)``). Every process using the
+pure). Its directory is in memory (``DiskCache(in_memory=True)``: every piece read whole,
+checked and held in each process that reads it, within a share of the memory available). Every process using the
 directory holds a shared ``flock`` on it; the last one's sweeper process removes it once that
 process has exited, even SIGKILLed (:func:`join_auto_cache`).
 
@@ -28,8 +29,10 @@ from pathlib import Path
 
 from lanceloader.lifecycle import lifetime
 from lanceloader.rows.cache.budget import ESTIMATE_MARGIN, used_bytes
+from lanceloader.rows.cache.disk import DiskCache
 from lanceloader.rows.cache.files import CacheLockTimeout
-from lanceloader.rows.cache.disk import LOCK_WAIT_S, DiskCache
+from lanceloader.rows.cache.held import memory_available
+from lanceloader.rows.cache.locks import LOCK_WAIT_S
 from lanceloader.units import format_bytes
 
 # The automatic cache's budget: at most these shares of the free space of /dev/shm and of the
@@ -87,16 +90,6 @@ def _forget_joined_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_joined_in_child)
 
 
-def memory_available() -> int:
-    """Bytes of memory the kernel could still give (``MemAvailable``: free memory and caches it
-    can reclaim); the free pages where ``/proc/meminfo`` is missing."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/meminfo") as file:
-            line = next(line for line in file if line.startswith("MemAvailable:"))
-        return int(line.split()[1]) * 1024
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def auto_budget(shm_free: int, memory: int, used: int = 0) -> int:
     """The automatic cache's cap: :data:`AUTO_SHM_SHARE` of the free space of ``/dev/shm`` and
     :data:`AUTO_MEMORY_SHARE` of the available memory, whichever is less; ``used``, the bytes
@@ -110,8 +103,9 @@ def auto_budget(shm_free: int, memory: int, used: int = 0) -> int:
     return int(min(AUTO_SHM_SHARE * (shm_free + used), AUTO_MEMORY_SHARE * (memory + used)))
 
 
-def auto_choice(random_order: bool, object_store: bool, data_bytes: float, budget: int
-                ) -> str | None:
+def auto_choice(
+    random_order: bool, object_store: bool, data_bytes: float, budget: int
+) -> str | None:
     """Why the automatic cache is not used, or None when it is: it is used when it pays (a
     shuffle, full or block, reads at random; an object store pays a round trip per request) and
     fits (the projected columns, ``data_bytes`` with :data:`ESTIMATE_MARGIN`, within
@@ -127,8 +121,10 @@ def auto_choice(random_order: bool, object_store: bool, data_bytes: float, budge
     if not (random_order or object_store):
         return "a sequential read of local data gains nothing from a cache"
     if data_bytes * ESTIMATE_MARGIN > budget:
-        return (f"the projected columns (~{data_bytes * ESTIMATE_MARGIN / 1e9:,.1f} GB with "
-                f"margin) exceed the budget ({budget / 1e9:,.1f} GB)")
+        return (
+            f"the projected columns (~{data_bytes * ESTIMATE_MARGIN / 1e9:,.1f} GB with "
+            f"margin) exceed the budget ({budget / 1e9:,.1f} GB)"
+        )
     return None
 
 
@@ -180,7 +176,8 @@ def join_auto_cache(root: Path) -> None:
                             f"could not join the automatic cache {key!r} within "
                             f"{LOCK_WAIT_S:.0f} s: a process holds {USERS_LOCK} exclusively. "
                             "Pass cache=None (no cache) or cache= a directory of your own",
-                            key) from None
+                            key,
+                        ) from None
                     time.sleep(0.01)
                     continue
             try:  # removed by a sweeper between open and lock: that file is gone, join again
@@ -195,18 +192,25 @@ def join_auto_cache(root: Path) -> None:
             with contextlib.suppress(OSError):
                 os.close(old[1])
         _joined[key] = (os.getpid(), fd)
-        _sweepers.append(subprocess.Popen(
-            [sys.executable, "-c", _SWEEPER, str(os.getpid()), key], stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
-            start_new_session=True))
+        _sweepers.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _SWEEPER, str(os.getpid()), key],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
+            )
+        )
 
 
-def auto_cache(random_order: bool, object_store: bool, data_bytes: float,
-               cache_size: int | None = None) -> tuple[DiskCache | None, str]:
+def auto_cache(
+    random_order: bool, object_store: bool, data_bytes: float, cache_size: int | None = None
+) -> tuple[DiskCache | None, str]:
     """The cache ``cache="auto"`` chooses (see :func:`auto_choice`; ``cache_size`` replaces
     the budget), and why, in words for ``stats()``: a :class:`DiskCache` in
-    :func:`auto_cache_root` that maps its pieces (``mapped=True``: the pages in ``/dev/shm``
-    are shared, not copied into each process), joined by this process
+    :func:`auto_cache_root` (``in_memory=True``: pieces read whole and held, within a share of
+    the memory available, :mod:`lanceloader.rows.cache.held`), joined by this process
     (:func:`join_auto_cache`), or None."""
     root = auto_cache_root()
     used = 0
@@ -216,8 +220,7 @@ def auto_cache(random_order: bool, object_store: bool, data_bytes: float,
         shm_free = shutil.disk_usage(auto_parent()).free
     except OSError:
         return None, f"auto: none ({os.fspath(auto_parent())} is missing)"
-    budget = (auto_budget(shm_free, memory_available(), used) if cache_size is None
-              else cache_size)
+    budget = auto_budget(shm_free, memory_available(), used) if cache_size is None else cache_size
     why_not = auto_choice(random_order, object_store, data_bytes, budget)
     if why_not is not None:
         return None, f"auto: none ({why_not})"
@@ -225,8 +228,10 @@ def auto_cache(random_order: bool, object_store: bool, data_bytes: float,
         join_auto_cache(root)
     except OSError as exc:
         return None, f"auto: none ({os.fspath(root)}: {exc.strerror or exc})"
-    disk = DiskCache(root, budget, mapped=True)
+    disk = DiskCache(root, budget, in_memory=True)
     disk.remove_dead_temporaries()
     why = "a shuffle reads at random" if random_order else "an object store pays per request"
-    return disk, (f"auto: {os.fspath(root)} ({why}; ~{format_bytes(data_bytes)} of projected "
-                  f"columns within a {budget / 1e9:,.1f} GB budget)")
+    return disk, (
+        f"auto: {os.fspath(root)} ({why}; ~{format_bytes(data_bytes)} of projected "
+        f"columns within a {budget / 1e9:,.1f} GB budget)"
+    )

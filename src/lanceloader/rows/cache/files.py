@@ -70,8 +70,11 @@ class CacheError(ReadError):
 
     def __reduce__(self) -> Any:
         cause = self.__cause__
-        return (type(self), (self.detail, self.root),
-                {**self.__dict__, "__cause__": None if cause is None else picklable_error(cause)})
+        return (
+            type(self),
+            (self.detail, self.root),
+            {**self.__dict__, "__cause__": None if cause is None else picklable_error(cause)},
+        )
 
 
 class CacheLockTimeout(CacheError, TimeoutError):
@@ -139,7 +142,7 @@ def check_sealed(fd: int, size: int, name: str) -> tuple[int, int]:
     def chunks() -> Iterator[memoryview]:
         done = 0
         while done < length:
-            got = os.preadv(fd, [view[:min(CHECK_CHUNK, length - done)]], done)
+            got = os.preadv(fd, [view[: min(CHECK_CHUNK, length - done)]], done)
             if got <= 0:
                 raise DamagedFile("truncated while read")
             yield view[:got]
@@ -148,6 +151,40 @@ def check_sealed(fd: int, size: int, name: str) -> tuple[int, int]:
     if checksum(name, chunks(), extra) != want:
         raise DamagedFile("checksum mismatch: its bytes changed, or it is another piece's file")
     return length, extra
+
+
+def read_sealed(fd: int, name: str) -> tuple[pa.Buffer, int, tuple[int, int, int]]:
+    """The whole file ``fd`` copied into this process's memory with ``pread`` and checked
+    there: its payload (a slice of the copy), the trailer's ``extra`` and the version read
+    (:func:`version_of`). The checksum is summed over the copy itself, so the bytes returned are
+    the bytes checked: a file truncated or written in place before, during or after the copy
+    raises :class:`DamagedFile` (:class:`OlderFile` for a file of an older version) or leaves
+    the copy intact, never wrong rows and never SIGBUS (nothing is mapped)."""
+    stat = os.fstat(fd)
+    size = stat.st_size
+    if size < TRAILER.size:
+        raise DamagedFile(f"{size} bytes, shorter than its trailer")
+    copy = pa.allocate_buffer(size)
+    view, done = memoryview(copy).cast("B"), 0
+    while done < size:
+        got = os.preadv(fd, [view[done:]], done)
+        if got <= 0:
+            raise DamagedFile(f"truncated while read ({done} of its {size} bytes)")
+        done += got
+    length, extra, want, magic = TRAILER.unpack(view[size - TRAILER.size :])
+    if magic in OLD_MAGICS:
+        raise OlderFile("written by an older lanceloader")
+    if magic != MAGIC or length != size - TRAILER.size:
+        raise DamagedFile("no lanceloader trailer (damaged, truncated, or not a lanceloader file)")
+    if checksum(name, [view[:length]], extra) != want:
+        raise DamagedFile("checksum mismatch: its bytes changed, or it is another piece's file")
+    return copy.slice(0, length), extra, version_of(stat)
+
+
+def version_of(stat: os.stat_result) -> tuple[int, int, int]:
+    """A file version: inode, size and mtime (a write in place changes the mtime; touching a
+    file's access time, as readers do, keeps it)."""
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def checked_record(name: str, stat: os.stat_result) -> bytes:
@@ -177,24 +214,36 @@ def was_checked(fd: int, name: str, stat: os.stat_result) -> bool:
 
 
 class PieceFile:
-    """A checked piece in the cache directory, open: rows are read on demand, with ``pread``,
-    from the record batches that hold them (never mapped, so a file truncated or overwritten
-    under a reader raises :class:`DamagedFile`, never SIGBUS). Holds one file descriptor until
-    it is garbage-collected."""
+    """A checked piece in the cache directory too large to read whole, open: rows are read on
+    demand, with ``pread``, from the record batches that hold them, into this process's memory
+    (never mapped). After each read the file's version (:func:`version_of`) is compared with
+    the one checked: a file truncated or written in place since raises :class:`DamagedFile`,
+    never SIGBUS and never changed rows (but for a write within the same timestamp tick as the
+    check on a kernel without fine-grained timestamps). A read wanting most of the piece reads
+    it whole through ``read_whole`` (a checked copy, :func:`read_sealed`), which returns it and
+    whether it is held now (one chunk). Holds one file descriptor until garbage-collected."""
 
-    def __init__(self, file: pa.NativeFile, length: int, batch_rows: int,
-                 on_read_whole: Callable[[pa.Table], pa.Table | None] | None = None) -> None:
-        self._file, self._length = file, length
+    def __init__(
+        self,
+        file: pa.NativeFile,
+        length: int,
+        batch_rows: int,
+        version: tuple[int, int, int],
+        read_whole: Callable[[], tuple[pa.Table, bool]],
+    ) -> None:
+        self._file, self._length, self._version = file, length, version
         self._reader = pa.ipc.open_file(file, footer_offset=length)
         self.batch_rows = max(1, batch_rows)
-        # given the whole piece when a read copied it all; returns it held (one chunk) or None
-        self._on_read_whole = on_read_whole
+        self._read_whole = read_whole
 
     @property
     def num_rows(self) -> int:
         count = self._reader.num_record_batches
-        return 0 if not count else ((count - 1) * self.batch_rows
-                                    + self._reader.get_batch(count - 1).num_rows)
+        return (
+            0
+            if not count
+            else ((count - 1) * self.batch_rows + self._reader.get_batch(count - 1).num_rows)
+        )
 
     def take(self, rows: np.ndarray) -> pa.Table:
         """The piece's ``rows`` (row numbers in the piece, any order), reading only their
@@ -210,20 +259,23 @@ class PieceFile:
         try:
             batch = rows // self.batch_rows
             needed = distinct(batch)
-            source = self._reader
-            if len(needed) * 2 > source.num_record_batches:  # most of it: one pread
-                whole = pa.ipc.open_file(pa.py_buffer(self._file.read_at(self._length, 0)))
-                if self._on_read_whole is not None:
-                    held = self._on_read_whole(whole.read_all())
-                    if held is not None:  # held now: one chunk, the rows are its row numbers
-                        if len(rows) and int(rows.max()) >= held.num_rows:
-                            raise DamagedFile(f"has {held.num_rows} rows where row "
-                                              f"{int(rows.max())} is read")
-                        return held, rows
-                source = whole
-            table = pa.Table.from_batches([source.get_batch(int(b)) for b in needed],
-                                          self._reader.schema)
-        except (pa.ArrowInvalid, OSError, ValueError) as exc:
+            if len(needed) * 2 > self._reader.num_record_batches:  # most of it: read whole
+                whole, held = self._read_whole()
+                if held:  # one chunk: the rows are its row numbers
+                    if len(rows) and int(rows.max()) >= whole.num_rows:
+                        raise DamagedFile(
+                            f"has {whole.num_rows} rows where row {int(rows.max())} is read"
+                        )
+                    return whole, rows
+                batches = whole.to_batches()
+                table = pa.Table.from_batches([batches[int(b)] for b in needed], whole.schema)
+            else:
+                table = pa.Table.from_batches(
+                    [self._reader.get_batch(int(b)) for b in needed], self._reader.schema
+                )
+                if version_of(os.fstat(self._file.fileno())) != self._version:
+                    raise DamagedFile("truncated or written while read")
+        except (pa.ArrowInvalid, OSError, ValueError, IndexError) as exc:
             raise DamagedFile(f"unreadable ({exc})") from exc
         where = np.searchsorted(needed, batch) * self.batch_rows + rows % self.batch_rows
         if len(where) and int(where.max()) >= table.num_rows:
@@ -260,9 +312,11 @@ def bytes_name(key: str) -> str:
     'bytes-695deffaf550302708a8e191841b37f6'
     """
     if not isinstance(key, str):
-        raise TypeError(f"fetch_bytes needs a str key naming the bytes (e.g. "
-                        f"f'{{uri}}#{{row}}:{{start}}-{{end}}'), got the {type(key).__name__} "
-                        f"{key!r}")
+        raise TypeError(
+            f"fetch_bytes needs a str key naming the bytes (e.g. "
+            f"f'{{uri}}#{{row}}:{{start}}-{{end}}'), got the {type(key).__name__} "
+            f"{key!r}"
+        )
     return "bytes-" + hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
 
 
@@ -272,8 +326,10 @@ def made_bytes(key: str, make: Callable[[], bytes]) -> bytes:
     if isinstance(data, bytearray | memoryview):
         return bytes(data)
     if not isinstance(data, bytes):
-        raise TypeError(f"fetch_bytes({key!r}, make): make() must return bytes (the range's "
-                        f"content), it returned a {type(data).__name__}")
+        raise TypeError(
+            f"fetch_bytes({key!r}, make): make() must return bytes (the range's "
+            f"content), it returned a {type(data).__name__}"
+        )
     return data
 
 
@@ -283,16 +339,20 @@ def cache_failure(root: Path, what: str, exc: OSError, reading: bool = False) ->
     why = exc.strerror or str(exc)
     code = exc.errno
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        fix = ("free space there, or pass a smaller cache_size= (the cap must fit the free "
-               "space)")
+        fix = "free space there, or pass a smaller cache_size= (the cap must fit the free space)"
     elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
-        fix = ("it is read-only: pieces already there are read, others come from the dataset; "
-               "give a writable directory to fill it")
+        fix = (
+            "it is read-only: pieces already there are read, others come from the dataset; "
+            "give a writable directory to fill it"
+        )
     else:
         fix = "check the disk, or give another cache directory"
-    then = ("that file is read from the dataset" if reading else
-            "reads go on without keeping new pieces (as without a cache)")
-    return (f"cache directory {os.fspath(root)!r}: {what} failed ({why}); {then}. Fix: {fix}")
+    then = (
+        "that file is read from the dataset"
+        if reading
+        else "reads go on without keeping new pieces (as without a cache)"
+    )
+    return f"cache directory {os.fspath(root)!r}: {what} failed ({why}); {then}. Fix: {fix}"
 
 
 # Filesystems whose files are pages of memory: no disk under them, so no media error a mapped

@@ -127,6 +127,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lanceloader.rows.cache.disk import DiskCache
+
 # Some re-exported for code that finds them here (see __all__): their homes are
 # lanceloader.rows.cache.files and lanceloader.rows.cache.disk, where a limit is patched.
 from lanceloader.rows.cache.files import (
@@ -142,7 +144,6 @@ from lanceloader.rows.cache.files import (
     rows_at,
 )
 from lanceloader.rows.dataset import reaching_store
-from lanceloader.rows.cache.disk import DiskCache
 from lanceloader.rows.gather import gather_rows, group_order
 from lanceloader.rows.protocol import distinct, is_identity
 
@@ -237,7 +238,7 @@ def make_cache(cache: object, cache_size: object) -> DiskCache | MemoryCache | N
                          f"({exc.strerror}); give a writable local directory") from exc
     if cache_size is None:
         cache_size = shutil.disk_usage(root).free // 2
-    disk = DiskCache(root, cache_size, mapped=in_memory_filesystem(root))
+    disk = DiskCache(root, cache_size, in_memory=in_memory_filesystem(root))
     disk.remove_dead_temporaries()
     return disk
 
@@ -371,7 +372,7 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
     piece numbers keeps the request's order within each piece), and every row is copied once,
     from its piece straight into its place in the result
     (:func:`~lanceloader.rows.gather.gather_rows`); rows consecutive in one piece are a slice
-    of it (no copy), unless the piece is mapped (read-only pages: always copied out). Lance
+    of it (no copy), unless the directory is in memory (its held pieces: copied out). Lance
     calls on an object store end within seconds when the store is gone
     (:func:`~lanceloader.rows.dataset.reaching_store`).
     """
@@ -486,9 +487,9 @@ def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
                                     source.uri, source.storage_options))
         wheres.append(None)
         placed.append(request)
-    if len(parts) == 1 and is_identity(placed[0]) and not getattr(cache, "mapped", False):
-        # one piece, in order: a slice when it can (never of a mapped piece: its pages are
-        # read-only, and a tensor wrapping them would crash the first in-place write)
+    if len(parts) == 1 and is_identity(placed[0]) and not getattr(cache, "in_memory", False):
+        # one piece, in order: a slice when it can (never of a piece held for a directory in
+        # memory: every read of the process shares it, and a tensor wrapping it is writable)
         where = wheres[0]
         table = parts[0] if where is None else rows_at(parts[0], where)
         if where is not None and table.num_columns and table.column(0).num_chunks > 1:

@@ -1,0 +1,114 @@
+"""The cache under a full shuffle: thread workers against process workers, the default cache.
+
+Each case runs in a fresh interpreter (``Loader(uri, shuffle=True)``, 2 workers, the demo
+dataset's ``id``, ``label`` and ``x``), two epochs; the second epoch's rows/s is what a cached
+shuffle runs at. The cases are interleaved over ``--repeats`` rounds (drift on a shared machine
+hits every case alike), and the ratios are taken within each round (process / thread with the
+same cache), then their median. Each case has its own automatic-cache directory under
+``/dev/shm`` (``LANCELOADER_AUTO_CACHE_DIR``), so no case finds another's pieces. The JSON of
+each run also gives the cache fills that the main process's ``stats()`` reports.
+
+Cases: ``cache="auto"`` (the default) and ``cache=None``, each on thread and on process workers;
+with ``--shm``, also ``cache="/dev/shm/<dir>"`` (a directory given on tmpfs).
+
+    python benchmarks/cache_workers.py --rows 1000000 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CASE = r"""
+import json, os, sys, tempfile, time
+import lanceloader as ll
+uri, worker_type, cache = sys.argv[1:4]
+with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
+    os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
+    kwargs = {} if cache == "auto" else {"cache": None} if cache == "none" else \
+        {"cache": os.path.join(shm, "given")}
+    loader = ll.Loader(uri, batch_size=256, columns=["id", "label", "x"], shuffle=True, seed=0,
+                       output="numpy", num_workers=2, worker_type=worker_type, **kwargs)
+    rates = []
+    for _ in range(2):
+        start, rows = time.perf_counter(), 0
+        for batch in loader:
+            rows += len(batch["id"])
+        rates.append(rows / (time.perf_counter() - start))
+    stats = loader.stats()
+    fills = getattr(stats, "cache_fills", None)
+    loader.close()
+print(json.dumps({"epoch1": rates[0], "epoch2": rates[1], "fills": fills,
+                  "cached": stats.rows_cached}))
+"""
+
+
+def run_case(uri: str, worker_type: str, cache: str) -> dict:
+    """One case in a fresh interpreter: its JSON line."""
+    done = subprocess.run(
+        [sys.executable, "-c", CASE, uri, worker_type, cache],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"case {worker_type}/{cache} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shm", action="store_true", help="also cache='/dev/shm/<dir>'")
+    parser.add_argument("--dataset", help="an existing demo dataset (default: one is written)")
+    args = parser.parse_args()
+    from lanceloader.demo import write_demo_dataset
+
+    caches = ["auto", "none", *(["shm"] if args.shm else [])]
+    with tempfile.TemporaryDirectory() as tmp:
+        uri = args.dataset or str(
+            write_demo_dataset(Path(tmp) / "d.lance", rows=args.rows, fragments=8)
+        )
+        results: dict[tuple[str, str], list[dict]] = {}
+        for _ in range(args.repeats):
+            for cache in caches:
+                for worker_type in ("thread", "process"):
+                    result = run_case(uri, worker_type, cache)
+                    results.setdefault((worker_type, cache), []).append(result)
+                    print(worker_type, cache, json.dumps(result), flush=True)
+    print(f"\n{args.rows:,} rows, full shuffle, 2 workers, {args.repeats} rounds (medians)\n")
+    print("| cache | workers | epoch 1 rows/s | epoch 2 rows/s | fills in stats() |")
+    print("|---|---|---|---|---|")
+    for cache in caches:
+        for worker_type in ("thread", "process"):
+            runs = results[(worker_type, cache)]
+            print(
+                f"| {cache} | {worker_type} | "
+                f"{statistics.median(r['epoch1'] for r in runs):,.0f} | "
+                f"{statistics.median(r['epoch2'] for r in runs):,.0f} | "
+                f"{[r['fills'] for r in runs]} |"
+            )
+    print()
+    for cache in caches:
+        for epoch in ("epoch1", "epoch2"):
+            ratios = [
+                p[epoch] / t[epoch]
+                for p, t in zip(
+                    results[("process", cache)], results[("thread", cache)], strict=True
+                )
+            ]
+            print(
+                f"process / thread, cache={cache}, {epoch}: median "
+                f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f})"
+            )
+
+
+if __name__ == "__main__":
+    main()
