@@ -25,6 +25,7 @@ of the document with id ``d`` is ``d * TOKEN + t``.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -501,6 +502,26 @@ def check_epochs(data: Data, comp: Comp, ref: list[list[Record]], source_rows: l
                               f"different samples of one source's stream (of {len(mixed)})")
 
 
+def check_stats_identities(loader: ll.Loader, comp: Comp) -> None:
+    """``stats()`` is true for every composition: over whole epochs every row read is delivered
+    (none skipped or left behind), rows from the cache are at most the rows read, the stages'
+    seconds fit in the workers' time, and an epoch's wall time (so its rows/s) is the one the
+    loop measures from ``iter()`` to its last batch (within 10%, or 5 ms on these tiny
+    epochs)."""
+    total = loader.stats()
+    assert total.rows == total.rows_read, (total.rows, total.rows_read, comp)
+    assert total.rows_skipped == 0 and total.rows_undelivered == 0
+    assert 0 <= total.rows_cached <= total.rows_read
+    stages = total.read_s + total.decode_s + total.transform_s + total.convert_s
+    assert stages <= loader.num_workers * total.wall_s * 1.05 + 0.01, (stages, total.wall_s)
+    began = time.perf_counter()
+    rows = sum(len(next(iter(batch.values()))) for batch in loader)
+    wall = time.perf_counter() - began
+    epoch = loader.stats(epoch=-1)
+    assert epoch.rows == rows
+    assert abs(epoch.wall_s - wall) <= 0.1 * wall + 0.005, (epoch.wall_s, wall)
+
+
 def check_composition(data: Data, comp: Comp, conformance: bool = True) -> None:
     probe = build(data, comp, batch_size=1, drop_last=False)
     n = len(probe)
@@ -519,6 +540,7 @@ def check_composition(data: Data, comp: Comp, conformance: bool = True) -> None:
     ref = epochs_of(reference, 2)
     assert len(ref[0]) == n
     check_epochs(data, comp, ref, source_rows)
+    check_stats_identities(reference, comp)
     if comp.pack:
         padding = reference.stats().padding_fraction
         assert padding is not None, "stats().padding_fraction of a packed loader is None"

@@ -51,7 +51,7 @@ from lanceloader.rows.clips.windows import clips_of
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mixed import Mix
 from lanceloader.rows.packed import PackedSource, Packing
-from lanceloader.rows.protocol import RowSource
+from lanceloader.rows.protocol import RowsBase, RowSource
 from lanceloader.state.format import StreamSpec, check_keys, order_settings
 
 TENSOR_OUTPUTS = ("torch", "jax", "tf")
@@ -201,6 +201,9 @@ class Pipeline:
         if isinstance(dataset, Mix):  # a builder, not rows: it sets the rows and their order
             refuse_mix_settings(rows, order)
             source: RowSource = dataset.source()
+        elif isinstance(dataset, RowsBase):  # rows already (a kind of the user's own)
+            refuse_rows_settings(rows)
+            source = dataset
         else:
             source = rows.build(dataset, order.seed, random_order=order.shuffle)
         the_order = order.build(source.num_rows)
@@ -318,6 +321,15 @@ def check_settings(order: OrderSettings, batching: Batching, workers: Workers,
     if workers.worker_type not in ("thread", "process"):
         raise ValueError(f"worker_type must be 'thread' or 'process', got "
                          f"{workers.worker_type!r}")
+
+
+def refuse_rows_settings(rows: RowsSettings) -> None:
+    """Rows given as rows have their columns, filter and cache already: say so for any given."""
+    given = [f.name for f in dataclasses.fields(rows)
+             if getattr(rows, f.name) is not None and getattr(rows, f.name) != f.default]
+    if given:
+        raise ValueError(f"Loader(rows) got {', '.join(given)}: rows given as an object of the "
+                         "rows protocol read what they read; give those settings to the rows")
 
 
 def refuse_mix_settings(rows: RowsSettings, order: OrderSettings) -> None:

@@ -530,6 +530,9 @@ def _lineage_by_epoch(source: Any, positions: np.ndarray, epochs: np.ndarray) ->
 def _placed(parts: list[tuple[np.ndarray, dict[str, Any]]], n: int) -> dict[str, pa.Array]:
     """Columns of ``n`` rows from parts that each give some columns for rows ``at``: a column a
     part lacks is null for its rows (sources of different kinds report different columns)."""
+    if not parts:  # no rows: the columns every lineage has, empty
+        return {"uri": pa.array([], pa.string()), "version": pa.array([], pa.int64()),
+                "position": pa.array([], pa.int64())}
     names = list(dict.fromkeys(name for _, columns in parts for name in columns))
     back = np.empty(n, np.int64)
     back[np.concatenate([at for at, _ in parts])] = np.arange(n)

@@ -109,10 +109,10 @@ class StateMismatchError(ValueError):
 
 def order_settings(source: Any, order: Any, num_rows: int | None = None) -> dict[str, Any]:
     """The settings that define an order (``state["order"]``): the rows' ``settings()`` (filter
-    and split; a packing adds ``"pack"`` and a mix ``"mix"``; ``source`` is None for samplers
-    over a plain length) and the ``Order``'s."""
-    rows = source.settings() if source is not None else \
-        {"filter": None, "splits": None, "split": None, "split_key": None}
+    and split, None where the rows have none; a packing adds ``"pack"`` and a mix ``"mix"``;
+    ``source`` is None for samplers over a plain length) and the ``Order``'s."""
+    no_filter = {"filter": None, "splits": None, "split": None, "split_key": None}
+    rows = {**no_filter, **(source.settings() if source is not None else {})}
     return {"rows": order.num_rows if num_rows is None else num_rows, **rows,
             "shuffle": order.shuffle, "block_size": order.block_size, "window": order.window,
             "seed": order.seed}
