@@ -172,3 +172,41 @@ def test_cli_labels_join_a_csv_and_bench_says_how_to_convert(video_folder, tmp_p
     assert sorted(r["take"] for r in read_rows(out, "take")) == [7, 8, 9]
     code, _, err = run_cli(["bench", str(video_folder)], capsys)
     assert_one_line_error(code, err, "bench", "is a folder of video files")
+
+
+def test_cli_bench_times_clips_and_windows_through_the_loader(video_folder, tmp_path, capsys):
+    """``bench`` of a video dataset read raw blob bytes and could not time clips: --clips and
+    --audio take video_clips' / audio_clips' settings and report clips (windows) per second."""
+    out = tmp_path / "bench.lance"
+    convert(video_folder, out, progress=False)
+    code, _, err = run_cli(["bench", str(out), "--workers", "1"], capsys)  # the MKV's nulls
+    assert_one_line_error(code, err, "bench", "has 1 null values", "'video' holds media files, "
+                          "read here as raw bytes; add --clips frames=16,stride=2,size=112x112 to "
+                          "time clips through the Loader")  # fmt: skip
+    mp4 = ["--filter", "path != 'dog/c.mkv'", "--workers", "1"]  # no nulls: it runs
+    code, text, err = run_cli(["bench", str(out), *mp4], capsys)
+    assert code == 0 and "note: 'video' holds media files" in text, err
+    args = ["bench", str(out), "--clips", "frames=4", "--batch-size", "2", "--workers", "1"]
+    code, text, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert "7 clips, batch 2" in text  # 12, 10 and 9 frames: 3 + 2 + 2 clips of 4
+    assert "video uint8 [2, 4, 3, 48, 64]" in text and "clip_start" in text
+    assert "clips: 7 in " in text and " clips/s" in text
+    for bad, fragment in [
+        (["--clips", "frames=four"], "--clips: frames='four' must be an integer"),
+        (["--clips", "fps=4"], "'fps=4' is not KEY=VALUE with KEY one of column, frames"),
+        (["--clips", "frames=4", "--audio", "seconds=1"], "--clips and --audio: give one"),
+        (["--clips", "frames=500"], "all 3 videos of column 'video' are shorter than one clip"),
+    ]:
+        code, _, err = run_cli(["bench", str(out), *bad], capsys)
+        assert_one_line_error(code, err, "bench", fragment)
+    for i, seconds in enumerate([1.0, 0.6]):
+        write_audio(tmp_path / "sounds" / f"s{i}.wav", seconds, 8000, 1)
+    convert(tmp_path / "sounds", tmp_path / "sounds.lance", progress=False)
+    args = ["bench", str(tmp_path / "sounds.lance"), "--audio", "seconds=0.25,sample_rate=4000"]
+    code, text, err = run_cli([*args, "--batch-size", "3", "--workers", "1"], capsys)
+    assert code == 0, err
+    assert "6 windows, batch 3" in text and "audio float32 [3, 1, 1000]" in text
+    assert "windows: 6 in " in text and " windows/s" in text
+    code, text, _ = run_cli(["bench", "--help"], capsys)
+    assert "--clips KEY=VALUE,..." in text and "--audio KEY=VALUE,..." in text

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from lanceloader.cli import bench, convert, demo, inspect
+from lanceloader.cli import bench, bench_clips, convert, demo, inspect
 from lanceloader.cli.errors import INPUT_ERRORS as INPUT_ERRORS
 from lanceloader.cli.errors import CommandError, one_line
 from lanceloader.cli.errors import input_errors as input_errors
@@ -93,6 +93,8 @@ examples:
   lanceloader bench data/train.lance --shuffle --block-size 1024 --window 8 --epochs 2
   lanceloader bench data/train.lance --splits train=0.9,val=0.1 --split val
   lanceloader bench data/images.lance --decode-images image --image-size 224 --shuffle
+  lanceloader bench data/videos.lance --clips frames=16,stride=2 --batch-size 8 --shuffle
+  lanceloader bench data/sounds.lance --audio seconds=2,sample_rate=16000 --batch-size 32
   lanceloader bench data/train.lance --transform mytransforms:decode --max-batches 200 \\
       --json stats.json --plot stats.png --trace trace.json
 
@@ -185,6 +187,7 @@ def add_bench(sub: Any) -> None:
     b.add_argument("--json", metavar="PATH", help="write the stats and a throughput series")
     b.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
     b.add_argument("--trace", metavar="PATH", help="write a Perfetto / Chrome trace")
+    bench_clips.add_clip_options(b)  # --clips, --audio: clips/s through the Loader
     b.set_defaults(run=bench.bench)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lanceloader.batch.images import decode_images
+from lanceloader.cli.bench_clips import clips_setting, media_hint, media_hints
 from lanceloader.cli.errors import CommandError, input_errors, refuse_convertible
 from lanceloader.engine.work import Transform
 from lanceloader.loader import Loader
@@ -176,6 +177,9 @@ def loader_settings(args: argparse.Namespace) -> dict[str, Any]:
     steps = transforms(args)
     if steps:
         settings["transform"] = steps[0] if len(steps) == 1 else steps
+    clips = clips_setting(args)  # --clips / --audio: clips through the Loader (bench_clips.py)
+    if clips is not None:
+        settings["clips"] = clips
     return settings
 
 
@@ -353,6 +357,7 @@ def bench_report(
             "transform": args.transform,
             "epochs": epochs,
             "max_batches": args.max_batches,
+            "clips": clips.settings() if (clips := getattr(loader.source, "spec", None)) else None,
         },
         "stats": loader.stats().to_dict(),
         "epochs": [loader.stats(epoch=e).to_dict() for e in range(epochs)],
@@ -444,16 +449,20 @@ def bench(args: argparse.Namespace) -> int:
     """
     check_output_paths(args)
     refuse_convertible(args.uri, "bench")
-    with input_errors():
+    with media_hints(args), input_errors():  # --clips / --audio named for a media dataset
         loader = Loader(args.uri, **loader_settings(args))
     split = f" of split {args.split!r}" if args.split else ""
+    clips = getattr(loader.source, "spec", None)  # --clips / --audio: rows are clips
+    unit = "rows" if clips is None else "clips" if clips.kind == "video" else "windows"
     print(
         f"lanceloader bench {loader.source.dataset_name.uri} "
         f"(version {loader.source.dataset_name.version}): "
-        f"{loader.source.num_rows:,} rows{split}, batch {loader.batch_size}, "
+        f"{loader.source.num_rows:,} {unit}{split}, batch {loader.batch_size}, "
         f"{describe_order(loader)}, "
         f"{loader.num_workers} {args.worker_type} worker{'s' if loader.num_workers > 1 else ''}"
     )
+    if clips is None and (hint := media_hint(loader.source.schema_table().column_names)):
+        print(hint)  # a dataset of videos or audio read as raw bytes: --clips / --audio
     mixing = loader.mixing_report()  # of the first epoch's order, before it runs
     tracing = loader.trace(args.trace) if args.trace else contextlib.nullcontext()
     with tracing, image_size_errors(args):
@@ -464,6 +473,9 @@ def bench(args: argparse.Namespace) -> int:
     if run.first_batch:
         print("first batch: " + ", ".join(f"{k} {v}" for k, v in run.first_batch.items()))
     print_stats(loader, epochs)
+    if clips is not None:
+        stats = loader.stats()
+        print(f"{unit}: {stats.rows:,} in {stats.wall_s:.2f} s, {stats.rows_per_s:,.1f} {unit}/s")
     print(mixing)
     report = {
         **bench_report(loader, args, run.series, epochs),
