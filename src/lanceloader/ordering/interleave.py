@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from lanceloader.ordering.order import Order
-
 MAX_PERIOD = 1 << 16  # slots of one interleave period at most: a 65,536 x sources table
 
 
@@ -270,26 +268,6 @@ def _ranges(first: np.ndarray, length: np.ndarray) -> np.ndarray:
     return np.repeat(first - begins, length) + np.arange(total)
 
 
-@dataclass(frozen=True)
-class MixOrder(Order):
-    """The (sequential) order of a mixed stream. Its "positions" are indices into the mix's
-    endless stream, ``epoch * samples_per_epoch + sample``, which :class:`MixedSource` maps to
-    each source's own order: the mix's epoch travels with every read.
-
-    Its "windows" are :attr:`Mix.window_samples`: reads are cut on them (as on a block
-    shuffle's windows), so each source reads whole windows of its own order."""
-
-    window_samples: int | None = None
-
-    @property
-    def window_rows(self) -> int | None:
-        return self.window_samples
-
-    def positions(self, epoch: int, samples: np.ndarray) -> np.ndarray:
-        samples = np.asarray(samples, dtype=np.int64)
-        if samples.size and (samples.min() < 0 or samples.max() >= self.num_rows):
-            raise IndexError(f"sample indices must lie in [0, {self.num_rows})")
-        return samples + epoch * self.num_rows
 
 
 def locate(il: Interleave, samples_per_epoch: int, per_epoch: list[int], offsets: list[int],
