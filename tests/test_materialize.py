@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ def test_the_copy_holds_the_loaders_epoch_in_order(uri, tmp_path):
     for epoch in (0, 1):
         copy = ll.materialize(
             loader, tmp_path / f"e{epoch}.lance", epoch=epoch, rows_per_fragment=1000
-        )
+        ).dataset
         want.set_epoch(epoch)
         expected = [b for b in want]
         table = copy.to_table()
@@ -66,7 +67,7 @@ def test_the_copy_holds_the_loaders_epoch_in_order(uri, tmp_path):
 
 def test_lineage_is_recorded_and_inspect_shows_it(uri, tmp_path, capsys):
     loader = ll.Loader(uri, **SETTINGS, transform=ll.map_rows(lambda row: row))
-    copy = ll.materialize(loader, tmp_path / "c.lance")
+    copy = ll.materialize(loader, tmp_path / "c.lance").dataset
     facts = json.loads(copy.schema.metadata[b"lanceloader.lineage"])
     assert facts["source"] == loader.source.uri and facts["version"] == loader.source.version
     assert facts["identity"] == loader.source.identity and facts["filter"] == "label < 7"
@@ -162,7 +163,7 @@ def test_a_second_run_into_the_same_output_fails_at_once(uri, tmp_path):
         pytest.raises(RuntimeError, match="another materialize is writing"),
     ):
         ll.materialize(loader, out)
-    assert ll.materialize(loader, out).count_rows() == 5000  # released: the next run proceeds
+    assert ll.materialize(loader, out).rows == 5000  # released: the next run proceeds
 
 
 def test_modes_and_an_empty_epoch(uri, tmp_path):
@@ -175,7 +176,7 @@ def test_modes_and_an_empty_epoch(uri, tmp_path):
         tmp_path / "o.lance",
         mode="overwrite",
     )
-    assert again.version == 2 and again.count_rows() == 10
+    assert again.version == 2 and again.rows == 10
     with pytest.raises(ValueError, match="no rows"):
         ll.materialize(ll.Loader(uri, batch_size=10, filter="id < 0"), tmp_path / "e.lance")
     with pytest.raises(ValueError, match="mode must be one of"):
@@ -211,7 +212,7 @@ def test_changed_settings_are_refused_naming_both_or_restarted(uri, tmp_path):
     ):
         ll.materialize(other, out, rows_per_fragment=500)
     copy = ll.materialize(other, out, rows_per_fragment=500, restart=True)
-    assert copy.to_table()["id"].to_pylist() == list(range(5000))
+    assert copy.dataset.to_table()["id"].to_pylist() == list(range(5000))
     assert not first & set(os.listdir(out / "data"))  # the old pieces' files are gone
 
 
@@ -226,8 +227,8 @@ def test_nothing_of_its_own_is_left_inside_the_dataset(uri, tmp_path, cache_home
 
 
 def test_a_transform_counts_by_its_value():
-    """The resume check's identity: class and parameters, function code and plain closure
-    values; a closure's lists are state (a counter), not parameters."""
+    """The resume check's identity: class and parameters, function code and closure values;
+    a closure's list counts by its items (a counter that has grown is another transform)."""
 
     def scaled(factor):
         return lambda batch: batch * factor
@@ -252,7 +253,7 @@ def test_a_transform_counts_by_its_value():
     assert ident(scaled(1.0)) == ident(scaled(1.0)) != ident(scaled(2.0))
     before = ident(counting)
     counting(None)
-    assert ident(counting) == before  # its list grew: state, not a parameter
+    assert ident(counting) != before  # its list grew: the transform may act otherwise
     assert ident(ll.compose(decode, counting)) != ident(ll.compose(counting, decode))
     assert ident(ll.map_rows(str)) != ident(ll.map_rows(repr))
 
@@ -367,13 +368,13 @@ def test_a_mix_and_a_packed_loader_materialise_their_epoch(tmp_path):
         source_column="source",
     )
     mixed = ll.Loader(mix, batch_size=16)
-    copy = ll.materialize(mixed, tmp_path / "mix.lance", progress=False).to_table()
+    copy = ll.materialize(mixed, tmp_path / "mix.lance", progress=False).dataset.to_table()
     assert copy["id"].to_pylist() == np.concatenate([b["id"] for b in mixed]).tolist()
     assert copy["source"].to_pylist() == (copy["id"].to_numpy() // 1000 - 1).tolist()
     packed = ll.Loader(
         uris["b"], columns=["input_ids"], batch_size=4, pack=ll.pack("input_ids", seq_len=16)
     )
-    rows = ll.materialize(packed, tmp_path / "packed.lance", progress=False).to_table()
+    rows = ll.materialize(packed, tmp_path / "packed.lance", progress=False).dataset.to_table()
     want = [b for b in packed]
     for name in ("input_ids", "segment_ids", "position_ids"):
         got = np.stack(rows[name].to_numpy(zero_copy_only=False))
@@ -404,3 +405,233 @@ def test_a_decoded_chw_copy_reads_back_as_the_loader_made_it(tmp_path):
         assert [tuple(b["image"].shape) for b in got] == [(8, 3, 8, 8)] * 2 + [(4, 3, 8, 8)]
         for a, b in zip(got, want, strict=True):
             assert np.array_equal(np.asarray(a["image"]), b["image"])
+
+
+RESUMED = """
+import json, os, signal, sys
+import lanceloader as ll
+
+def die_late(batch):
+    if int(batch.column("id")[0].as_py()) == int(os.environ["KILL_AT_ID"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return batch
+
+uri, out = sys.argv[1], sys.argv[2]
+loader = ll.Loader(uri, batch_size=100, columns=["id", "x"], shuffle=True, seed=3,
+                   num_workers=1, transform=die_late)
+summary = ll.materialize(loader, out, rows_per_fragment=500)
+print(json.dumps({"rows": summary.rows, "pieces": summary.pieces, "resumed": summary.resumed,
+                  "redone": summary.redone, "fragments": summary.fragments,
+                  "text": str(summary)}))
+"""
+
+
+@pytest.mark.parametrize("damage", ["removed", "truncated"])
+def test_a_resumed_run_writes_again_the_pieces_whose_files_are_gone(uri, tmp_path, damage):
+    """Killed half-way, its output removed (rm -rf), run again: it trusted the record in the
+    cache directory, committed fragments whose data files did not exist, and every read of
+    the copy then failed 'Not found'."""
+    script = tmp_path / "run.py"
+    script.write_text(RESUMED)
+    order = ll.Loader(uri, batch_size=100, columns=["id"], shuffle=True, seed=3)
+    firsts = [int(b["id"][0]) for b in order]
+    out = tmp_path / "out.lance"
+
+    def run(kill_at: int) -> subprocess.CompletedProcess:
+        env = {**os.environ, "KILL_AT_ID": str(kill_at)}
+        return subprocess.run(
+            [sys.executable, str(script), uri, str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    assert run(firsts[27]).returncode == -9  # during the 6th piece of 500 rows
+    recorded = json.loads(progress_path(str(out)).read_text())["pieces"]
+    assert len(recorded) == 5
+    if damage == "removed":
+        shutil.rmtree(out)
+    else:  # one recorded file cut short: not what was recorded
+        name = recorded["2"]["fragments"][0]["files"][0]["path"]
+        with open(out / "data" / name, "r+b") as file:
+            file.truncate(100)
+    done = run(-1)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    redone = 5 if damage == "removed" else 1
+    assert (summary["resumed"], summary["redone"]) == (5 - redone, redone), summary
+    assert f"wrote again {redone} pieces whose files were missing or changed" in summary["text"]
+    got = lance.dataset(out)
+    assert got.version == 1 and got.count_rows() == 5000 == summary["rows"]
+    want = ll.materialize(
+        ll.Loader(uri, batch_size=100, columns=["id", "x"], shuffle=True, seed=3),
+        tmp_path / "whole.lance",
+        rows_per_fragment=500,
+    )
+    assert got.to_table().equals(want.dataset.to_table())  # every file there, every row read
+    kept = {os.path.basename(f.path) for fr in got.get_fragments() for f in fr.data_files()}
+    assert set(os.listdir(out / "data")) == kept  # the cut-short and damaged files are gone
+
+
+def test_the_summary_says_what_was_written_and_keeps_the_dataset(uri, tmp_path):
+    """materialize returned a bare LanceDataset where convert returns a readable summary."""
+    summary = ll.materialize(
+        ll.Loader(uri, batch_size=100, columns=["id"]), tmp_path / "s.lance", rows_per_fragment=1000
+    )
+    assert isinstance(summary, ll.MaterializeSummary)
+    assert (summary.rows, summary.fragments, summary.pieces, summary.version) == (5000, 5, 5, 1)
+    assert summary.uri == str(tmp_path / "s.lance") and summary.resumed == 0
+    assert summary.nbytes == sum(p.stat().st_size for p in (tmp_path / "s.lance/data").iterdir())
+    assert summary.dataset.count_rows() == 5000 == lance.dataset(summary.uri).count_rows()
+    assert str(summary).startswith(
+        f"materialized 5,000 rows in 5 fragments ({summary.nbytes / 1e6:,.1f} MB) to "
+        f"{summary.uri!r}, version 1"
+    )
+
+
+GLOBALS = """
+import os, signal, sys, types
+import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import config
+import lanceloader as ll
+
+uri, out, kind, value = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+K = [value]
+A = np.array([value])
+NS = types.SimpleNamespace(k=value)
+
+def die_late(batch):
+    if int(batch["id"][0]) == int(os.environ["KILL_AT_ID"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return batch["id"].to_numpy()
+
+def factor():
+    return K[0]
+
+def by_list(batch):
+    return {"y": die_late(batch) * K[0]}
+
+def by_array(batch):
+    return {"y": die_late(batch) * A[0]}
+
+def by_namespace(batch):
+    return {"y": die_late(batch) * NS.k}
+
+def by_helper(batch):
+    return {"y": die_late(batch) * factor()}
+
+def by_config(batch):
+    return {"y": die_late(batch) * config.K}
+
+transform = {"list": by_list, "array": by_array, "namespace": by_namespace,
+             "helper": by_helper, "config": by_config}[kind]
+loader = ll.Loader(uri, batch_size=100, columns=["id"], num_workers=1, transform=transform)
+try:
+    ll.materialize(loader, out, rows_per_fragment=500)
+except ValueError as exc:
+    print(exc)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("kind", ["list", "array", "namespace", "helper", "config"])
+def test_a_changed_global_the_transform_reads_is_another_transform(uri, tmp_path, kind):
+    """A module global list K = [1.0] (or an array, a SimpleNamespace, a helper function, an
+    attribute of an imported config module) read by the transform: killed half-way, changed
+    to 2.0 and rerun, the copy held 2,700 rows x1 and 2,300 rows x2."""
+    script = tmp_path / "run.py"
+    script.write_text(GLOBALS)
+    out = tmp_path / "out.lance"
+
+    def run(value: float, kill_at: int) -> subprocess.CompletedProcess:
+        (tmp_path / "config.py").write_text(f"K = {value}\n")
+        env = {**os.environ, "KILL_AT_ID": str(kill_at), "PYTHONDONTWRITEBYTECODE": "1"}
+        return subprocess.run(
+            [sys.executable, str(script), uri, str(out), kind, str(value)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    assert run(1.0, 2700).returncode == -9  # in the 6th piece of 500 rows
+    refused = run(2.0, -1)
+    assert refused.returncode == 3, refused.stderr
+    assert "had other settings: transform" in refused.stdout
+    assert "restart=True" in refused.stdout
+    with pytest.raises((ValueError, OSError)):
+        lance.dataset(out)  # nothing committed
+    resumed = run(1.0, -1)  # the same value again: the pieces are reused
+    assert resumed.returncode == 0, resumed.stderr
+    assert lance.dataset(out).to_table()["y"].to_pylist() == [float(i) for i in range(5000)]
+
+
+class Shift:
+    offset = 1.0  # a class attribute the method reads
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, batch):
+        return batch * self.scale + self.offset
+
+
+def test_closures_defaults_class_attributes_and_methods_count_by_value(monkeypatch):
+    """Siblings of the globals hole: what a transform reads through its closure, defaults,
+    its class, or the object a method is bound to, counts by value."""
+    from lanceloader.write.identity import identify
+
+    def ident(t):
+        found = identify(t)
+        assert found.doubts == ()
+        return found.identity
+
+    weights = [1.0]
+
+    def closed(batch):
+        return batch * weights[0]
+
+    def defaulted(batch, table=np.array([1.0])):  # noqa: B008 (a default read as a value)
+        return batch * table[0]
+
+    shift = Shift(2.0)
+    rng = np.random.default_rng(0)
+    before = [ident(t) for t in (closed, defaulted, shift, shift.__call__, rng.permutation)]
+    weights[0] = 2.0
+    defaulted.__defaults__[0][0] = 2.0
+    monkeypatch.setattr(Shift, "offset", 2.0)
+    rng.random()  # the generator the bound method uses moved on
+    after = [ident(t) for t in (closed, defaulted, shift, shift.__call__, rng.permutation)]
+    assert [a != b for a, b in zip(before, after, strict=True)] == [True] * 5
+    assert ident(Shift(2.0)) == ident(Shift(2.0)) != ident(Shift(3.0))
+
+
+def test_a_transform_whose_value_cannot_be_read_is_never_resumed(uri, tmp_path):
+    """When the identity cannot be sure (here: a lock it holds), an unfinished run is refused,
+    offering restart=True, instead of being resumed with what may be another transform."""
+    import threading
+
+    from lanceloader.write.identity import identify
+
+    lock = threading.Lock()
+    flag = tmp_path / "fail"
+    flag.touch()
+
+    def locked(batch):
+        with lock:
+            if flag.exists() and int(batch.column("id")[0].as_py()) >= 1000:
+                raise RuntimeError("worker lost")
+        return batch
+
+    assert "a _thread.lock that cannot be read" in identify(locked).doubts[0]
+    out = tmp_path / "o.lance"
+    loader = ll.Loader(uri, batch_size=100, columns=["id"], transform=locked)
+    with pytest.raises(RuntimeError, match="worker lost"):
+        ll.materialize(loader, out, rows_per_fragment=500)
+    flag.unlink()
+    with pytest.raises(ValueError, match=r"cannot be resumed.*_thread\.lock.*restart=True"):
+        ll.materialize(loader, out, rows_per_fragment=500)
+    summary = ll.materialize(loader, out, rows_per_fragment=500, restart=True)
+    assert summary.rows == 5000 and summary.resumed == 0 and summary.removed[0] == 2

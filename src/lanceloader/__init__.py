@@ -29,7 +29,7 @@ from lanceloader.rows.mixed import Mix
 from lanceloader.rows.packed import pack
 from lanceloader.state.format import StateMismatchError, load_state, save_state
 from lanceloader.write.convert import ConvertSummary, convert
-from lanceloader.write.materialize import materialize
+from lanceloader.write.materialize import MaterializeSummary, materialize
 
 __all__ = [
     "ByteRows",
@@ -41,6 +41,7 @@ __all__ = [
     "Ledger",
     "Loader",
     "LoaderInUseError",
+    "MaterializeSummary",
     "Mix",
     "Order",
     "Plan",

@@ -15,16 +15,24 @@ Contract:
   piece is written as a Lance fragment (data files only, invisible) and recorded in a progress
   record in this machine's cache directory (``~/.cache/lanceloader/materialize/``, named by a
   hash of the output's location: :func:`progress_path`), never inside the dataset. A rerun on
-  the same machine after a crash (even SIGKILL) with the same settings reuses the pieces
-  recorded there and writes the rest; the dataset version appears only at the end, in one
+  the same machine after a crash (even SIGKILL) or an error, with the same settings, reuses the
+  recorded pieces and writes the rest; the dataset version appears only at the end, in one
   commit, so a half-finished run leaves no visible version (and an existing dataset at
   ``out_uri`` keeps its current version until then).
+* **Checked before trusted.** The record lives outside the output, so the output may have been
+  removed or changed since: a recorded piece is reused only when each of its data files is in
+  the output and is what was recorded (a Lance file of the recorded rows and, locally, bytes);
+  the others are written again (:mod:`lanceloader.write.progress`). Data files a run cut short
+  left, that no piece or version uses, are removed.
 * **The same settings, or a refusal.** A rerun whose settings differ from the recorded run's
   (another transform, filter, order, ...) is refused with a ``ValueError`` naming both; it
   resumes with the recorded settings, or starts over with ``restart=True`` (which removes the
-  recorded run's pieces). A transform counts by value (:func:`transform_identity`): its class
-  and state, or its function's code and the plain values it reads, so ``decode_images(mean=A)``
-  and ``decode_images(mean=B)`` are different transforms.
+  recorded run's pieces). A transform counts by value (:func:`~lanceloader.write.identity.identify`):
+  its class and state, or its function's code, closure, defaults and the module globals it
+  reads (lists, arrays, objects and the functions it calls included), so
+  ``decode_images(mean=A)`` and ``decode_images(mean=B)`` are different transforms. Where that
+  value cannot be read entirely (a lock, an open file, ...), the identity is not sure and an
+  unfinished run is never resumed: the rerun is refused, offering ``restart=True``.
 * **One run per output.** A run holds a lock on its output (``flock`` in the cache directory,
   released when the process ends, even by SIGKILL); a second run into the same output on the
   same machine fails at once with an error instead of interleaving its pieces with the first's.
@@ -39,38 +47,46 @@ Contract:
 >>> uri = write_demo_dataset(tempfile.mkdtemp() + "/d.lance", rows=1000)
 >>> loader = Loader(uri, batch_size=100, columns=["id", "x"], filter="label < 5",
 ...                 shuffle=True, seed=1)
->>> copy = materialize(loader, tempfile.mkdtemp() + "/copy.lance")
->>> copy.count_rows(), json.loads(copy.schema.metadata[b"lanceloader.lineage"])["filter"]
-(500, 'label < 5')
+>>> summary = materialize(loader, tempfile.mkdtemp() + "/copy.lance")
+>>> summary.rows, summary.version, summary.fragments
+(500, 1, 1)
+>>> json.loads(summary.dataset.schema.metadata[b"lanceloader.lineage"])["filter"]
+'label < 5'
+
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import lance
-import numpy as np
 import pyarrow as pa
-from lance.fragment import FragmentMetadata, write_fragments
+from lance.fragment import FragmentMetadata
 from tqdm import tqdm
 
 from lanceloader.arguments import check_int, check_storage_options
-from lanceloader.batch.output import as_conversion
-from lanceloader.engine.stats import Recorder
-from lanceloader.engine.stream import Stream
-from lanceloader.ordering.plan import Plan
 from lanceloader.state.format import order_settings
-from lanceloader.write.convert import dataset_version
-from lanceloader.write.identity import transform_identity
-from lanceloader.write.runs import OutputLock, local_path, record_path
-from lanceloader.write.tables import with_blob_columns
+from lanceloader.write import progress as records
+from lanceloader.write.identity import identify
+from lanceloader.write.pieces import epoch_plan, write_piece
+from lanceloader.write.progress import progress_path
+from lanceloader.write.runs import OutputLock, dataset_version
+
+__all__ = [
+    "Job",
+    "MaterializeSummary",
+    "commit_fragments",
+    "materialize",
+    "progress_path",
+    "write_piece",
+]
 
 LINEAGE_KEY = b"lanceloader.lineage"
 MODES = ("create", "overwrite")
@@ -78,26 +94,77 @@ MODES = ("create", "overwrite")
 
 def lineage(loader: Any, epoch: int) -> dict[str, Any]:
     """Where a materialised copy comes from: JSON-safe, no credentials."""
+    return _lineage(loader, epoch)[0]
+
+
+def _lineage(loader: Any, epoch: int) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The lineage, and the doubts about the transform's identity (see :func:`identify`)."""
     src = loader.source
     rows = src.settings()
-    described, identity = (
-        (None, None) if loader.transform is None else transform_identity(loader.transform)
-    )
-    return {
-        "source": src.dataset_name.uri,
-        "version": src.dataset_name.version,
-        "identity": src.dataset_name.identity,
+    found = None if loader.transform is None else identify(loader.transform)
+    facts = {
+        "source": src.uri,
+        "version": src.version,
+        "identity": src.identity,
         "filter": rows["filter"],
         "splits": rows["splits"],
         "split": rows["split"],
         "split_key": rows["split_key"],
         "columns": src.columns,
-        "transform": described,
-        "transform_id": identity,
+        "transform": found and found.description,
+        "transform_id": found and found.identity,
         "order": order_settings(src, loader.order),
         "epoch": epoch,
         "batch_size": loader.batch_size,
     }
+    return facts, (found.doubts if found else ())
+
+
+@dataclasses.dataclass(frozen=True)
+class MaterializeSummary:
+    """What :func:`materialize` wrote: ``print(summary)`` says it in one paragraph; the
+    dataset is ``summary.dataset`` (or ``lance.dataset(summary.uri)``).
+
+    ``nbytes`` is the size of the copy's data files; ``pieces`` the pieces of the epoch (each
+    ``rows_per_fragment`` rows, a fragment), of which ``resumed`` were written by an earlier,
+    unfinished run and reused (checked first), and ``redone`` were recorded by it but had
+    missing or changed files and were written again; ``removed`` is ``(files, bytes)`` of the
+    data files earlier runs had left that nothing used (a piece cut short, or the pieces of a
+    run discarded with ``restart=True``).
+    """
+
+    uri: str
+    version: int
+    rows: int
+    fragments: int
+    nbytes: int
+    seconds: float
+    dataset: lance.LanceDataset = dataclasses.field(repr=False, compare=False)
+    pieces: int = 0
+    resumed: int = 0
+    redone: int = 0
+    removed: tuple[int, int] = (0, 0)
+
+    def __str__(self) -> str:
+        rate = self.rows / self.seconds if self.seconds > 0 else 0.0
+        text = (
+            f"materialized {self.rows:,} rows in {self.fragments:,} fragments "
+            f"({self.nbytes / 1e6:,.1f} MB) to {self.uri!r}, version {self.version}, in "
+            f"{self.seconds:.1f} s ({rate:,.0f} rows/s)"
+        )
+        if self.resumed:
+            text += f"; resumed {self.resumed} of {self.pieces} pieces an earlier run had written"
+        if self.redone:
+            text += (
+                f"; wrote again {self.redone} pieces whose files were missing or changed "
+                "since an earlier run recorded them"
+            )
+        if self.removed[0]:
+            text += (
+                f"; removed {self.removed[0]:,} data files ({self.removed[1] / 1e6:,.1f} MB) "
+                "that earlier runs had left"
+            )
+        return text
 
 
 def materialize(
@@ -111,10 +178,11 @@ def materialize(
     progress: bool | None = None,
     storage_options: dict[str, str] | None = None,
     restart: bool = False,
-) -> lance.LanceDataset:
+) -> MaterializeSummary:
     """Write epoch ``epoch`` of ``loader`` (all ranks' rows, in order) to ``out_uri``; returns
-    the new dataset. See the module's text for the contract (``lanceloader.ray.materialize``
-    does the same on a Ray cluster).
+    a :class:`MaterializeSummary` (rows, fragments, bytes, version, what was resumed; the
+    dataset as ``.dataset``). See the module's text for the contract
+    (``lanceloader.ray.materialize`` does the same on a Ray cluster).
 
     Args:
         mode: ``"create"`` (an existing dataset is an error) or ``"overwrite"``.
@@ -138,30 +206,35 @@ def materialize(
             file=sys.stderr,
             disable=not show,
         ) as bar:
-            for number in job.todo():
-                job.record(
-                    number,
-                    *write_piece(
-                        job.loader,
-                        job.out,
-                        job.epoch,
-                        job.pieces[number],
-                        job.metadata,
-                        num_workers,
-                        job.storage_options,
-                    ),
-                )
-                bar.update(1)
+            try:
+                for number in job.todo():
+                    job.record(
+                        number,
+                        *write_piece(
+                            job.loader,
+                            job.out,
+                            job.epoch,
+                            job.pieces[number],
+                            job.metadata,
+                            num_workers,
+                            job.storage_options,
+                        ),
+                    )
+                    bar.update(1)
+            except BaseException:
+                job.remove_leftovers()  # a piece cut short; the recorded ones stay for a rerun
+                raise
         return job.commit()
 
 
 @dataclasses.dataclass
 class Job:
     """One materialisation: the epoch cut into pieces of whole batches, the pieces already
-    written (the progress record, kept only for the same settings) and the one commit. Pieces
-    can be written anywhere (:func:`write_piece`: this process, or Ray workers); the job
-    records them and commits, in this process. Use it as a context manager: it holds the
-    output's lock from :meth:`start` to the end of the ``with`` block."""
+    written (the progress record, kept only for the same settings, each piece checked against
+    the output before it counts) and the one commit. Pieces can be written anywhere
+    (:func:`write_piece`: this process, or Ray workers); the job records them and commits, in
+    this process. Use it as a context manager: it holds the output's lock from :meth:`start`
+    to the end of the ``with`` block."""
 
     loader: Any
     out: str
@@ -172,6 +245,10 @@ class Job:
     progress: Path
     storage_options: dict[str, str] | None = None
     lock: OutputLock | None = None
+    resumed: int = 0
+    redone: int = 0
+    removed: tuple[int, int] = (0, 0)
+    started: float = dataclasses.field(default_factory=time.perf_counter)
 
     @classmethod
     def start(
@@ -191,7 +268,6 @@ class Job:
         check_int("epoch", epoch, minimum=0)
         check_storage_options(storage_options)
         out = os.fspath(out_uri)
-        progress = progress_path(out)
         lock = OutputLock(
             "materialize",
             out,
@@ -206,20 +282,48 @@ class Job:
                     f"{out!r} already holds a Lance dataset; pass "
                     "mode='overwrite' to replace it with a new version"
                 )
-            plan = epoch_plan(loader)
-            per_piece = max(1, rows_per_fragment // loader.batch_size)
-            pieces = [
-                range(start, min(start + per_piece, len(plan)))
-                for start in range(0, len(plan), per_piece)
-            ]
-            facts = lineage(loader, epoch)
-            fingerprint = hashlib.blake2b(
-                json.dumps([facts, per_piece], sort_keys=True, default=str).encode(), digest_size=12
-            ).hexdigest()
-            done = _progress(progress, fingerprint, facts, per_piece, out, restart)
+            job = cls._open(loader, out, epoch, rows_per_fragment, storage_options, restart)
         except BaseException:
             lock.__exit__()
             raise
+        job.lock = lock
+        return job
+
+    @classmethod
+    def _open(
+        cls,
+        loader: Any,
+        out: str,
+        epoch: int,
+        rows_per_fragment: int,
+        storage_options: dict[str, str] | None,
+        restart: bool,
+    ) -> Job:
+        """The job, its record loaded and checked: recorded pieces whose files are not in the
+        output as recorded are dropped (written again), leftovers of earlier runs removed."""
+        plan = epoch_plan(loader)
+        per_piece = max(1, rows_per_fragment // loader.batch_size)
+        pieces = [
+            range(start, min(start + per_piece, len(plan)))
+            for start in range(0, len(plan), per_piece)
+        ]
+        facts, doubts = _lineage(loader, epoch)
+        fingerprint = hashlib.blake2b(
+            json.dumps([facts, per_piece], sort_keys=True, default=str).encode(), digest_size=12
+        ).hexdigest()
+        settings = {
+            "fingerprint": fingerprint,
+            "lineage": facts,
+            "per_piece": per_piece,
+            "doubts": list(doubts),
+        }
+        progress = progress_path(out)
+        done, discarded = records.load(progress, settings, out, restart)
+        recorded = done["pieces"]
+        whole = set(records.whole_pieces(out, recorded, storage_options))
+        done["pieces"] = {n: piece for n, piece in recorded.items() if n in whole}
+        left = records.remove_leftovers(out, done, storage_options)
+        records.save(progress, done)  # before any piece: a failed run's leftovers are known
         return cls(
             loader,
             out,
@@ -229,7 +333,9 @@ class Job:
             done,
             progress,
             storage_options,
-            lock,
+            resumed=len(whole),
+            redone=len(recorded) - len(whole),
+            removed=(discarded[0] + left[0], discarded[1] + left[1]),
         )
 
     def __enter__(self) -> Job:
@@ -248,9 +354,14 @@ class Job:
         """Piece ``number`` is written (its fragments' metadata and schema, as
         :func:`write_piece` returns them): saved at once, so a rerun skips it."""
         self.done["pieces"][str(number)] = {"fragments": fragments, "schema": schema}
-        _save_progress(self.progress, self.done)
+        records.save(self.progress, self.done)
 
-    def commit(self) -> lance.LanceDataset:
+    def remove_leftovers(self) -> None:
+        """Remove the data files of pieces cut short (by an error), kept by no record: the
+        recorded pieces stay for a rerun."""
+        records.remove_leftovers(self.out, self.done, self.storage_options)
+
+    def commit(self) -> MaterializeSummary:
         """The one commit: every piece's fragments, in order, as a new version."""
         written = [self.done["pieces"][str(n)] for n in range(len(self.pieces))]
         if not any(piece["fragments"] for piece in written):
@@ -264,15 +375,20 @@ class Job:
             self.storage_options,
         )
         self.progress.unlink(missing_ok=True)
-        return dataset
-
-
-def progress_path(out: str) -> Path:
-    """Where a run into ``out`` records its pieces: in this machine's cache directory
-    (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``lanceloader/materialize/``), named by a hash of
-    the output's location (a local path with symlinks resolved, or the URI); never inside the
-    dataset."""
-    return record_path("materialize", out)
+        fragments = [f for piece in written for f in piece["fragments"]]
+        return MaterializeSummary(
+            self.out,
+            dataset.version,
+            sum(f["physical_rows"] for f in fragments),
+            len(fragments),
+            sum(file["file_size_bytes"] or 0 for f in fragments for file in f["files"]),
+            time.perf_counter() - self.started,
+            dataset,
+            len(self.pieces),
+            self.resumed,
+            self.redone,
+            self.removed,
+        )
 
 
 def commit_fragments(
@@ -297,164 +413,3 @@ def commit_fragments(
         read_version=dataset_version(out, storage_options),
         storage_options=storage_options,
     )
-
-
-def epoch_plan(loader: Any) -> Plan:
-    """The plan of a whole epoch of ``loader`` on one rank (every row, no padding)."""
-    return Plan(loader.source.num_rows, loader.batch_size)
-
-
-def write_piece(
-    loader: Any,
-    out: str,
-    epoch: int,
-    batches: range,
-    metadata: dict[bytes, bytes],
-    num_workers: int | None = None,
-    storage_options: dict[str, str] | None = None,
-) -> tuple[list[dict[str, Any]], str]:
-    """Run ``loader``'s pipeline over ``batches`` of its epoch ``epoch`` and write them to
-    ``out`` as uncommitted fragments; returns their metadata and the schema (hex of its IPC
-    bytes). Runs in any process: the loader pickles as plain parameters."""
-    reading = loader.reading(num_workers or loader.num_workers)
-    reading = dataclasses.replace(
-        reading,
-        finish=None,
-        placement=None,
-        work=dataclasses.replace(reading.work, output=as_conversion("arrow")),
-    )
-    stream = Stream(reading, epoch, epoch_plan(loader), batches, Recorder())
-    converted = (_to_arrow(batch) for batch in stream)
-    first = next(converted, None)
-    if first is None:
-        return [], ""
-    schema = kept_blob_columns(first.schema, loader.source).with_metadata(metadata)
-
-    def rows() -> Any:  # streamed: Lance writes while the workers transform the next batches
-        for table in itertools.chain([first], converted):
-            for batch in table.to_batches():
-                yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
-
-    try:
-        # "create" where no dataset is yet: Lance warns "No existing dataset" otherwise
-        mode = "create" if dataset_version(out, storage_options) is None else "overwrite"
-        fragments = write_fragments(
-            pa.RecordBatchReader.from_batches(schema, rows()),
-            out,
-            schema=schema,
-            max_rows_per_file=1 << 30,  # one file per piece
-            mode=mode,
-            storage_options=storage_options,
-        )
-    finally:
-        stream.close()
-    return [f.to_json() for f in fragments], schema.serialize().to_pybytes().hex()
-
-
-def kept_blob_columns(schema: pa.Schema, source: Any) -> pa.Schema:
-    """``schema`` (of the batches written) with the blob columns ``source`` read as bytes
-    marked as blob columns again, where they are still binary: a copy keeps blobs as blobs."""
-    blobs = source.facts.blobs
-    names = [
-        name
-        for name, choice in blobs.items()
-        if choice == "bytes"
-        and name in schema.names
-        and pa.types.is_large_binary(schema.field(name).type)
-    ]
-    return with_blob_columns(schema, names)
-
-
-def _progress(
-    path: Path, fingerprint: str, facts: dict[str, Any], per_piece: int, out: str, restart: bool
-) -> dict[str, Any]:
-    """The pieces an unfinished run with the same settings already wrote. A record of a run
-    with other settings is refused (``ValueError`` naming both), or with ``restart`` discarded
-    with its pieces' data files."""
-    fresh = {"fingerprint": fingerprint, "lineage": facts, "per_piece": per_piece, "pieces": {}}
-    try:
-        state = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return fresh
-    if state.get("fingerprint") == fingerprint:
-        return state
-    if not state.get("pieces"):
-        return fresh
-    if restart:
-        _remove_pieces(out, state["pieces"])
-        return fresh
-    raise ValueError(_other_settings(out, path, state, facts, per_piece))
-
-
-def _other_settings(
-    out: str, path: Path, state: dict[str, Any], facts: dict[str, Any], per_piece: int
-) -> str:
-    """Why the run recorded in ``state`` cannot be resumed with ``facts``: what differs."""
-    then = {**state.get("lineage", {}), "batches per piece": state.get("per_piece")}
-    now = {**facts, "batches per piece": per_piece}
-    if (
-        then.get("transform_id") != now["transform_id"]
-        and then.get("transform") == now["transform"]
-    ):  # the same description, another value (code, closure, hidden state)
-        then["transform"] = f"{then['transform']} (identity {then['transform_id']})"
-        now["transform"] = f"{now['transform']} (identity {now['transform_id']})"
-    differ = [
-        f"{key}: {then.get(key)!r} then, {now[key]!r} now"
-        for key in now
-        if key != "transform_id"
-        and json.dumps(then.get(key), default=str, sort_keys=True)
-        != json.dumps(now[key], default=str, sort_keys=True)
-    ]
-    return (
-        f"an unfinished materialize into {out!r} ({len(state['pieces'])} pieces written, "
-        f"recorded in {os.fspath(path)!r}) had other settings: {'; '.join(differ)}. Rerun "
-        "it with its settings to resume it, or pass restart=True to discard its pieces and "
-        "start over with these"
-    )
-
-
-def _remove_pieces(out: str, pieces: dict[str, Any]) -> None:
-    """Delete the data files of the recorded (uncommitted) ``pieces`` of a local output."""
-    path = local_path(out)
-    if path is None:  # an object store: left for Lance's cleanup_old_versions
-        return
-    for piece in pieces.values():
-        for fragment in piece.get("fragments", []):
-            for file in FragmentMetadata.from_json(json.dumps(fragment)).files:
-                Path(path, "data", os.path.basename(file.path)).unlink(missing_ok=True)
-
-
-def _save_progress(path: Path, state: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(state))
-    os.replace(temporary, path)  # atomic: a kill leaves the old record or the new one
-
-
-def _to_arrow(batch: Any) -> pa.Table:
-    """A delivered batch (RecordBatch, Table or dict of arrays) as an Arrow table."""
-    if isinstance(batch, pa.RecordBatch):
-        return pa.Table.from_batches([batch])
-    if isinstance(batch, pa.Table):
-        return batch
-    if isinstance(batch, dict):
-        return pa.table(
-            {
-                name: _column(np.asarray(value)) if not isinstance(value, pa.Array) else value
-                for name, value in batch.items()
-            }
-        )
-    raise TypeError(
-        f"materialize needs batches as Arrow or a dict of arrays; the transform "
-        f"returned a {type(batch).__name__}"
-    )
-
-
-def _column(array: np.ndarray) -> pa.Array:
-    """A NumPy array as an Arrow column: extra dimensions become nested fixed-size lists."""
-    if array.ndim <= 1:
-        return pa.array(array)
-    values: pa.Array = pa.array(np.ascontiguousarray(array).reshape(-1))
-    for size in reversed(array.shape[1:]):
-        values = pa.FixedSizeListArray.from_arrays(values, size)
-    return values
