@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
 
-.PHONY: demo test lint docs docs-serve bench bench-peers clean
+.PHONY: demo test check lint docs docs-serve bench bench-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +26,17 @@ $(VENV)/.installed-docs: $(BIN)/python pyproject.toml constraints.txt
 demo: $(VENV)/.installed
 	$(BIN)/lanceloader demo
 
-test: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests benchmarks examples
+test: check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet
 	$(BIN)/python -m pytest
+
+# The habits the code keeps, checked before the tests: lint, the formatter, the types of the rows
+# protocol and the stages that read it (a member the protocol does not declare is an error), and
+# the import contracts (stages point down; pyproject.toml [tool.importlinter]).
+check: $(VENV)/.installed-dev
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 # The documentation site into site/ (mkdocs.yml: strict, so a broken link or reference fails).
 # Search needs a web server: view it with `make docs-serve`, or `python -m http.server -d site`.

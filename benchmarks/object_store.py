@@ -76,7 +76,7 @@ import lanceloader as ll  # noqa: E402
 from conftest import S3  # noqa: E402
 from faultproxy import ProxyProcess  # noqa: E402
 from lanceloader.demo import demo_table, write_demo_dataset  # noqa: E402
-from lanceloader.rows.cache import auto  # noqa: E402
+from lanceloader.rows.cache import auto as autocache  # noqa: E402
 from lanceloader.rows.cache import pieces as cache_module  # noqa: E402
 
 COLUMNS = ["id", "label", "x"]

@@ -15,9 +15,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import lanceloader as ll
+from lanceloader.engine.tasks import stream_tasks
 from lanceloader.ordering.interleave import Interleave, Runs, interleave, rational_weights
 from lanceloader.ordering.interleave import locate as ll_locate
-from lanceloader.engine.tasks import stream_tasks
 from lanceloader.rows.gather import gather_rows
 from lanceloader.rows.placement import mixed_rows
 from lanceloader.rows.protocol import as_table, read_table

@@ -18,7 +18,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from lanceloader.arguments import check_bool, check_numbers, check_seconds
 from lanceloader.batch.checks import check_bytes_for_tensors, check_output, check_schema
@@ -203,7 +203,7 @@ class Pipeline:
             source: RowSource = dataset.source()
         elif isinstance(dataset, RowsBase):  # rows already (a kind of the user's own)
             refuse_rows_settings(rows)
-            source = dataset
+            source = cast(RowSource, dataset)  # RowsBase gives the defaults, the kind the rest
         else:
             source = rows.build(dataset, order.seed, random_order=order.shuffle)
         the_order = order.build(source.num_rows)

@@ -65,9 +65,9 @@ import types
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from multiprocessing import forkserver, popen_forkserver, spawn, util
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import reduction, set_spawning_popen
+from multiprocessing.context import set_spawning_popen
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
@@ -137,10 +137,12 @@ class WorkerPopen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             set_spawning_popen(None)
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        # multiprocessing's own Popen internals (popen_forkserver.Popen._launch does the same)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
         # A duplicate of the data pipe's write end: the child's sentinel of this process.
         parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        self.finalizer = util.Finalize(self, util.close_fds,  # type: ignore[attr-defined]
+                                       (parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
             f.write(buf.getbuffer())
         self.pid = forkserver.read_signed(self.sentinel)
@@ -293,7 +295,7 @@ def write_arrays(path: Path, arrays: list[np.ndarray]) -> list[int]:
         # mapping takes a page fault (and zeroes a page) per 4 KiB first. Measured on a batch
         # of 256 decoded 128x128 images (12.6 MB): 8-10 ms of CPU against 15-21 ms.
         for a, offset in zip(arrays, offsets, strict=True):
-            data = memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+            data = np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
             written = 0
             while written < len(data):
                 written += os.pwrite(fd, data[written:], offset + written)
@@ -420,7 +422,7 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
         index, task = message
         path = SHM_DIR / f"{prefix}-{os.getpid()}-{next(counter)}"
         try:
-            payload = ("ok", index, *pack(fn(task), path), str(path))
+            payload: tuple[Any, ...] = ("ok", index, *pack(fn(task), path), str(path))
         except BaseException as exc:
             path.unlink(missing_ok=True)
             payload = ("error", index, dumps(picklable_error(exc, dumps)), traceback.format_exc(), "")
@@ -540,7 +542,8 @@ class ProcessPool:
         in its order); False when none came. A worker that died with tasks unfinished is a
         :class:`WorkerDiedError` at once."""
         busy = [w for w, n in enumerate(self._unfinished) if n]
-        handles = {h: w for w in busy for h in (self._workers[w][2], self._workers[w][0].sentinel)}
+        handles: dict[Any, int] = {h: w for w in busy
+                                   for h in (self._workers[w][2], self._workers[w][0].sentinel)}
         ready = wait(list(handles), timeout=timeout)
         for worker in sorted({handles[h] for h in ready}):
             proc, _, conn = self._workers[worker]

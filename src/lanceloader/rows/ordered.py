@@ -101,16 +101,14 @@ class OrderedSource:
     def _read_epochs(self, epoch: np.ndarray, sample: np.ndarray, positions: np.ndarray) -> Read:
         """The rows of a stream read over two (or more) of the source's epochs, each epoch's
         part read for its own epoch (clips draw their starts per epoch), in stream order."""
-        parts, totals = [], [0, 0, 0, 0, 0.0]
+        parts, reads = [], []
         for e in np.unique(epoch).tolist():
             at = epoch == e
-            read = self.source.read_rows(positions[at], e)
-            parts.append(self.conform(as_table(read.rows), e, sample[at]))
-            for i, value in enumerate((read.io_bytes, read.io_iops, read.rows_cached,
-                                       read.cache_damaged, read.decode_s)):
-                totals[i] += value
-        rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        return Read(rows, *totals)
+            reads.append(self.source.read_rows(positions[at], e))
+            parts.append(self.conform(as_table(reads[-1].rows), e, sample[at]))
+        return Read(pa.concat_tables(parts), sum(r.io_bytes for r in reads),
+                    sum(r.io_iops for r in reads), sum(r.rows_cached for r in reads),
+                    sum(r.cache_damaged for r in reads), sum(r.decode_s for r in reads))
 
     def conform(self, table: pa.Table, epoch: np.ndarray | int, sample: np.ndarray) -> pa.Table:
         """``table`` (the rows of ``sample`` of ``epoch``) through the transform, which must

@@ -37,10 +37,13 @@ kind but a mix (a mix of mixes is one mix with multiplied weights).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,7 @@ class RowsBase:
                 "position": np.asarray(positions, np.int64)}
 
     def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
-                ) -> tuple[RowsBase, int]:
+                ) -> tuple[Self, int]:
         """These rows continue any state of them (a mix whose weights changed may not)."""
         return self, state["sample"]
 

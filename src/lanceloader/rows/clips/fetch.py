@@ -82,6 +82,21 @@ def wait_fetched(future: concurrent.futures.Future) -> Any:
         ) from exc
 
 
+class Undecodable(Exception):
+    """Clip ``clip`` of a read (media ``position``, Lance row ``offset``, first frame or sample
+    ``start``) failed to decode; the decoder's error is ``__cause__``."""
+
+    def __init__(self, kind: str, clip: int, position: int, offset: int, start: int) -> None:
+        super().__init__(kind, clip, position, offset, start)
+        self.kind, self.clip, self.position, self.offset, self.start = (
+            kind,
+            clip,
+            position,
+            offset,
+            start,
+        )
+
+
 @dataclass
 class PlannedClip:
     """One clip of a read: its ``(row offset, offset, length)`` byte ranges, the video's
@@ -90,7 +105,7 @@ class PlannedClip:
     ranges: list[tuple[int, int, int]]
     info: Any
     size: int
-    clip: Exception  # rows.clips.Undecodable
+    clip: Undecodable
 
 
 @dataclass

@@ -216,10 +216,13 @@ def _media_index(inner: Source, spec: Clips, offsets: np.ndarray, sizes: np.ndar
     if not isinstance(inner.cache, DiskCache):
         return probe_all()
     made: list[MediaIndex] = []
+
+    def make() -> np.ndarray:
+        made.append(probe_all())
+        return made[0].to_bytes()
+
     data, _ = inner.cache.load_or_make(
-        inner.cache_key("clip-index", spec.kind, spec.column, *index_names(spec)),
-        lambda: (made.append(probe_all()) or made[0]).to_bytes(),
-    )
+        inner.cache_key("clip-index", spec.kind, spec.column, *index_names(spec)), make)
     return made[0] if made else MediaIndex.from_bytes(data)
 
 

@@ -94,6 +94,7 @@ from lanceloader.rows.clips.fetch import (
     FETCH_CHUNKS,
     FETCH_WAIT_S,
     PlannedClip,
+    Undecodable,
     VideoFetches,
     close_fetch_threads,
     fetch_chunks,
@@ -160,19 +161,6 @@ __all__ = [
 MAX_EXTRA_READS = 4  # ranged reads a clip may add when the decoder asks for more bytes
 
 
-class Undecodable(Exception):
-    """Clip ``clip`` of a read (media ``position``, Lance row ``offset``, first frame or sample
-    ``start``) failed to decode; the decoder's error is ``__cause__``."""
-
-    def __init__(self, kind: str, clip: int, position: int, offset: int, start: int) -> None:
-        super().__init__(kind, clip, position, offset, start)
-        self.kind, self.clip, self.position, self.offset, self.start = (
-            kind,
-            clip,
-            position,
-            offset,
-            start,
-        )
 
 
 def clip_source(

@@ -233,8 +233,11 @@ def payload_sizes(descriptors: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 class _Pinned(Protocol):
-    uri: str
-    version: int
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def version(self) -> int: ...
 
     @property
     def dataset(self) -> lance.LanceDataset: ...

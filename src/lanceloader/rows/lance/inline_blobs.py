@@ -163,7 +163,10 @@ def _find_files(dataset: lance.LanceDataset, column: str) -> FragmentFiles | Non
     if parsed.scheme not in ("", "file"):
         return None
     root = os.path.abspath(parsed.path if parsed.scheme == "file" else dataset.uri)
-    field_id = dataset.lance_schema.field(column).id()
+    field = dataset.lance_schema.field(column)
+    if field is None:
+        return None
+    field_id = field.id()
     counts, paths = [], []
     for fragment in dataset.get_fragments():
         counts.append(fragment.count_rows())

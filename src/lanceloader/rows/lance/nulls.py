@@ -4,16 +4,14 @@ any worker starts where a scan is cheap (a local dataset, a few fixed-width colu
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import lance
 import numpy as np
 
 from lanceloader.batch.checks import null_checked_columns, nulls_error
 from lanceloader.lifecycle import forksafe
 from lanceloader.rows.dataset import is_object_store
-
-if TYPE_CHECKING:
-    from lanceloader.rows.lance.source import Source
 
 # The scan reads at most this many bytes of a local dataset's columns (1M rows of three 4-8 byte
 # columns, 20 MB: 10 ms); beyond, or on object storage, nulls are found in the batch that holds
@@ -22,7 +20,29 @@ NULL_SCAN_BYTES = 128 << 20
 _logger = logging.getLogger("lanceloader")
 
 
-def check_nulls(source: Source, conversion: Any) -> None:
+class _Scanned(Protocol):
+    """What the scan asks of Lance rows (``Source`` has it)."""
+
+    filter: str | None
+    splits: dict[str, float] | None
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def num_rows(self) -> int: ...
+
+    @property
+    def dataset(self) -> lance.LanceDataset: ...
+
+    def schema_table(self) -> Any: ...
+
+    def row_offsets(self, positions: np.ndarray) -> np.ndarray: ...
+
+    def describe_offsets(self, offsets: np.ndarray, limit: int = 4) -> str: ...
+
+
+def check_nulls(source: _Scanned, conversion: Any) -> None:
     """Refuse nulls that ``conversion`` cannot hold in the rows of ``source``, in the
     fixed-width columns of :func:`~lanceloader.batch.checks.null_checked_columns`, at most
     :data:`NULL_SCAN_BYTES` of them; otherwise the batch that holds a null raises, naming the

@@ -176,6 +176,7 @@ class Source(RowsBase):
         self._fragments = ds.get_fragments()
         self.dataset_name = DatasetName(local_uri(ds.uri), ds.version,
                                         dataset_identity(ds.schema, self._fragments))
+        self._version: int = ds.version
         self.schema: pa.Schema = ds.schema
         self.columns: list[str] = check_columns(columns, ds.schema)
         self.blobs: dict[str, str] = check_blob_choices(blobs, ds.schema, self.columns)
@@ -443,7 +444,8 @@ class Source(RowsBase):
         row ``offsets``)."""
         redact_exception(exc, self.storage_options)
         if offsets is None:
-            offsets = self.row_offsets(positions if positions is not None else [])
+            offsets = self.row_offsets(positions if positions is not None
+                                       else np.zeros(0, np.int64))
         first, last = (int(offsets.min()), int(offsets.max())) if len(offsets) else (0, 0)
         ids = tuple(self._fragment_ids[i] for i in np.unique(self._fragment_of(offsets)).tolist())
         detail = clean_message(exc, self.uri, self.storage_options)
@@ -576,6 +578,11 @@ class Source(RowsBase):
         if first is None:
             first = self._first_reads = FirstReads()
         return first
+
+    @property
+    def version(self) -> int:
+        """The pinned version (Lance rows always have one)."""
+        return self._version
 
     @property
     def hints(self) -> ReadHints:
