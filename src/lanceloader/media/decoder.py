@@ -153,7 +153,6 @@ class PyAVDecoder:
         channels_first: bool,
         threads: int,
     ) -> np.ndarray:
-        import av
         from av.video.reformatter import VideoReformatter
 
         if info.ranged:
@@ -175,24 +174,8 @@ class PyAVDecoder:
         seekable = bool((info.keyframe_offsets >= 0).all())
         runs = gop_runs(info, ordinals) if seekable else [(0, len(info.keyframes) - 1)]
         gops = np.searchsorted(info.keyframes, ordinals, side="right") - 1
-        try:
-            # Opening reads on past the head for stream information (FFmpeg's
-            # find_stream_info); the limits keep that to one packet, from a gap: zeros, unused.
-            container = av.open(
-                file,
-                mode="r",
-                buffer_size=32768,
-                options={"probesize": "32", "analyzeduration": "1"},
-            )
-        except av.error.FFmpegError as error:
-            raise VideoError(
-                f"the video cannot be opened ({error}); the file is damaged"
-            ) from error
-        with container:
+        with _open_sparse(file) as container:
             stream = container.streams.video[0]
-            for other in container.streams:
-                if other is not stream:
-                    other.discard = av.stream.Discard.all
             stream.codec_context.thread_type = self.thread_type
             stream.codec_context.thread_count = threads
             for number, (first, last) in enumerate(runs):
@@ -217,6 +200,25 @@ class PyAVDecoder:
                 "index does not match the file; probe it again with probe_video"
             )
         return out
+
+
+def _open_sparse(file: SparseFile) -> Any:
+    """PyAV's container of ``file``, its streams other than the first video one discarded."""
+    import av
+
+    try:
+        # Opening reads on past the head for stream information (FFmpeg's find_stream_info);
+        # the limits keep that to one packet, from a gap: zeros, unused.
+        container = av.open(
+            file, mode="r", buffer_size=32768, options={"probesize": "32", "analyzeduration": "1"}
+        )
+    except av.error.FFmpegError as error:
+        raise VideoError(f"the video cannot be opened ({error}); the file is damaged") from error
+    stream = container.streams.video[0]
+    for other in container.streams:
+        if other is not stream:
+            other.discard = av.stream.Discard.all
+    return container
 
 
 def _put_rgb(
