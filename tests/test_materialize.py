@@ -16,6 +16,7 @@ from pathlib import Path
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import lanceloader as ll
@@ -635,3 +636,35 @@ def test_a_transform_whose_value_cannot_be_read_is_never_resumed(uri, tmp_path):
         ll.materialize(loader, out, rows_per_fragment=500)
     summary = ll.materialize(loader, out, rows_per_fragment=500, restart=True)
     assert summary.rows == 5000 and summary.resumed == 0 and summary.removed[0] == 2
+
+
+SCALE = [1.0]  # read by a mix source's transform
+
+
+def scaled(batch):
+    return pa.table({"id": batch.column("id"), "y": pc.multiply(batch.column("id"), SCALE[0])})
+
+
+def test_a_mix_sources_transforms_are_part_of_what_must_match(tmp_path, monkeypatch):
+    """A mix's sources run their own transforms; the copy's settings left them out, so a
+    rerun with another one resumed and mixed rows transformed two ways."""
+    from lanceloader.write.materialize import lineage
+
+    for name in ("a", "b"):
+        lance.write_dataset(pa.table({"id": np.arange(50)}), tmp_path / f"{name}.lance")
+
+    def mixed() -> ll.Loader:
+        mix = ll.Mix(
+            {
+                "a": ll.Loader(tmp_path / "a.lance", transform=scaled),
+                "b": ll.Loader(tmp_path / "b.lance", transform=scaled),
+            },
+            weights={"a": 1, "b": 1},
+        )
+        return ll.Loader(mix, batch_size=10)
+
+    before = lineage(mixed(), 0)
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", [2.0])
+    after = lineage(mixed(), 0)
+    assert before["source_transforms"]["a"]["transform"] == "scaled"
+    assert before["source_transforms"] != after["source_transforms"]

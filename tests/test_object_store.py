@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import socket
 import time
 
@@ -325,11 +326,12 @@ def test_materialize_to_s3_commits_once_and_resumes(s3, remote: str, local: str,
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     settings = {"batch_size": 100, "columns": ["id", "label"], "shuffle": True, "seed": 5}
     out = f"s3://{s3.bucket()}/copy.lance"
-    calls, fail_at = [], [12]  # the 12th batch: in the third piece of 500 rows
+    calls = []
+    monkeypatch.setenv("FAIL_AT_BATCH", "12")  # in the third piece of 500 rows
 
     def counted(batch):  # one transform for both runs (another would not reuse the pieces)
         calls.append(batch.num_rows)
-        if len(calls) == fail_at[0]:
+        if len(calls) == int(os.environ["FAIL_AT_BATCH"]):  # the environment: not its value
             raise RuntimeError("worker lost")
         return batch
 
@@ -342,15 +344,15 @@ def test_materialize_to_s3_commits_once_and_resumes(s3, remote: str, local: str,
     record = progress_path(out)
     assert str(record).startswith(str(tmp_path / "cache"))
     assert len(json.loads(record.read_text())["pieces"]) == 2
-    calls.clear()
-    fail_at[0] = -1
+    calls.clear()  # a list the transform holds counts by value: as it was at the first run
+    monkeypatch.setenv("FAIL_AT_BATCH", "-1")
     fixed = ll.Loader(remote, storage_options=s3.storage_options, transform=counted, **settings)
     copy = ll.materialize(fixed, out, rows_per_fragment=500, storage_options=s3.storage_options,
                           num_workers=1)
     assert sum(calls) == ROWS - 1000  # the two pieces written before are reused
     assert not record.exists() and copy.version == 1
     want = ll.materialize(ll.Loader(local, **settings), tmp_path / "local.lance")
-    assert copy.to_table().equals(want.to_table())
+    assert copy.dataset.to_table().equals(want.dataset.to_table())
 
 
 # --- a store that is gone -----------------------------------------------------------------------

@@ -102,6 +102,11 @@ def _lineage(loader: Any, epoch: int) -> tuple[dict[str, Any], tuple[str, ...]]:
     src = loader.source
     rows = src.settings()
     found = None if loader.transform is None else identify(loader.transform)
+    inner = {  # a mix's sources run their own transforms (their rows are in the copy too)
+        part.name: identify(part.transform)
+        for part in getattr(src, "sources", ())
+        if getattr(part, "transform", None) is not None
+    }
     facts = {
         "source": src.uri,
         "version": src.version,
@@ -117,7 +122,13 @@ def _lineage(loader: Any, epoch: int) -> tuple[dict[str, Any], tuple[str, ...]]:
         "epoch": epoch,
         "batch_size": loader.batch_size,
     }
-    return facts, (found.doubts if found else ())
+    if inner:
+        facts["source_transforms"] = {
+            name: {"transform": i.description, "transform_id": i.identity}
+            for name, i in inner.items()
+        }
+    doubts = [*(found.doubts if found else ()), *(d for i in inner.values() for d in i.doubts)]
+    return facts, tuple(doubts)
 
 
 @dataclasses.dataclass(frozen=True)
