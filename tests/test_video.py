@@ -329,3 +329,32 @@ def test_variable_frame_rate_keyframes_keep_their_timestamps(shaped):
     with av.open(io.BytesIO(data)) as container:
         assert next(container.decode(video=0)).rotation == 90  # the file says: turn it
     assert (info.height, info.width) == (48, 64) and whole.shape[1:] == (48, 64, 3)
+
+
+@pytest.mark.parametrize("aim", ["a keyframe late", "a keyframe early", "the start"])
+def test_a_seek_landing_off_its_keyframe_is_corrected(shaped, aim):
+    """Seek targets that land on another keyframe (what a variable frame rate does to a
+    demuxer seeking on decode times) still give the whole-file decode's frames: a landing
+    past the keyframe seeks again before it, one before it reads on to it."""
+    data, info, whole = shaped["vfr-bframes.mp4"]
+    pts = info.keyframe_pts
+    wrong = {
+        "a keyframe late": np.append(pts[1:], pts[-1] + 10**6),  # lands on the next one
+        "a keyframe early": np.insert(pts[:-1], 0, pts[0]),  # on the one before
+        "the start": np.full_like(pts, pts[0]),  # on the first: reads on through the file
+    }[aim]
+    aimed = dataclasses.replace(info, keyframe_pts=wrong)
+    for start in range(SHAPED - 2):
+        ranges = clip_byte_ranges(aimed, len(data), start, 3, 1)
+        clip = decode_clip(parts_of(data, ranges), len(data), aimed, start, 3)
+        assert np.array_equal(clip, whole[start : start + 3]), (aim, start)
+
+
+def test_an_index_whose_keyframe_is_no_packet_is_an_error_naming_the_fix(shaped):
+    data, info, _ = shaped["vfr.mp4"]
+    offsets = info.keyframe_offsets.copy()
+    offsets[2] += 1  # no packet starts there
+    broken = dataclasses.replace(info, keyframe_offsets=offsets)
+    with pytest.raises(VideoError, match=r"no packet at byte \d+, where the index puts keyframe "
+                       r"16: the index does not match the file; probe it again"):  # fmt: skip
+        decode_clip([(0, data)], len(data), broken, 17, 2)
