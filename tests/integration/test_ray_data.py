@@ -46,10 +46,10 @@ def test_materialize_on_ray_equals_one_machine(local_ray, tmp_path):
     here = ll.materialize(loader, tmp_path / "here.lance", rows_per_fragment=500)
     there = lanceloader.ray.materialize(loader, tmp_path / "there.lance", rows_per_fragment=500,
                                         concurrency=2)
-    assert there.version == 1 and there.to_table().equals(here.to_table())
-    assert len(there.get_fragments()) == len(here.get_fragments()) == 6
-    facts = json.loads(there.schema.metadata[b"lanceloader.lineage"])
-    assert facts == json.loads(here.schema.metadata[b"lanceloader.lineage"])
+    assert there.version == 1 and there.dataset.to_table().equals(here.dataset.to_table())
+    assert there.fragments == here.fragments == 6
+    facts = json.loads(there.dataset.schema.metadata[b"lanceloader.lineage"])
+    assert facts == json.loads(here.dataset.schema.metadata[b"lanceloader.lineage"])
 
 
 def test_convert_on_ray_equals_one_machine(local_ray, tmp_path):
@@ -85,7 +85,8 @@ def test_ray_writes_to_object_storage(local_ray, s3, tmp_path, monkeypatch):
     bucket = s3.bucket()
     copy = lanceloader.ray.materialize(loader, f"s3://{bucket}/copy.lance", rows_per_fragment=500,
                                        concurrency=2, storage_options=s3.storage_options)
-    assert copy.to_table().equals(ll.materialize(loader, tmp_path / "here.lance").to_table())
+    here = ll.materialize(loader, tmp_path / "here.lance")
+    assert copy.dataset.to_table().equals(here.dataset.to_table())
     root = image_folder(tmp_path / "images", per_class=3)
     summary = lanceloader.ray.convert(root, f"s3://{bucket}/images.lance", files_per_task=2,
                                       storage_options=s3.storage_options)

@@ -27,7 +27,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import lance
 import numpy as np
 import pyarrow as pa
 import ray
@@ -43,7 +42,9 @@ from lanceloader.write.convert import (
     int64_labels,
     read_images,
 )
-from lanceloader.write.materialize import Job, commit_fragments, write_piece
+from lanceloader.write.folders import class_folders
+from lanceloader.write.materialize import Job, MaterializeSummary, commit_fragments, write_piece
+from lanceloader.write.runs import local_path
 
 __all__ = ["convert", "materialize"]
 
@@ -51,8 +52,9 @@ __all__ = ["convert", "materialize"]
 def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
                 mode: str = "create", rows_per_fragment: int = 256 * 1024,
                 concurrency: int | None = None, num_workers: int = 1,
-                storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
-    """:func:`lanceloader.write.materialize` with each piece written by a Ray Data task.
+                storage_options: dict[str, str] | None = None) -> MaterializeSummary:
+    """:func:`lanceloader.write.materialize` with each piece written by a Ray Data task;
+    returns the same summary (the dataset as ``.dataset``).
 
     Args:
         concurrency: Ray tasks at once; default Ray's choice.
@@ -103,6 +105,7 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
     if mode == "create" and dataset_version(out, storage_options) is not None:
         raise FileExistsError(f"{out!r} already holds a Lance dataset; pass "
                               "mode='overwrite' to replace it")
+    left_out: list[tuple[str, str]] = []  # loops and Lance datasets: write/folders.py
     if root.is_file() or any(root.rglob("*.parquet")):
         files = [root] if root.is_file() else sorted(root.rglob("*.parquet"))
         chunks = [[os.fspath(f)] for f in files]
@@ -113,8 +116,8 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
 
             return pq.read_table(paths[0]), []
     else:
-        classes = sorted(p for p in root.iterdir() if p.is_dir())
-        items = image_files(root, classes)
+        classes = class_folders(root, left_out, local_path(out))
+        items = image_files(root, classes, left_out, local_path(out))
         if not items:
             raise ValueError(f"{os.fspath(root)!r} holds no Parquet files and no class folders "
                              "of images")
@@ -163,6 +166,7 @@ def convert(source: str | os.PathLike[str], out_uri: str | os.PathLike[str], *,
                                "rows): convert them with lanceloader.convert to see which two "
                                "disagree", storage_options)
     skipped = tuple(tuple(s) for r in results for s in json.loads(r["skipped"]))
+    skipped = tuple(left_out) + skipped
     return ConvertSummary(out, dataset.version, sum(int(r["rows"]) for r in results),
                           sum(int(r["nbytes"]) for r in results),
                           time.perf_counter() - started, skipped)  # type: ignore[arg-type]
