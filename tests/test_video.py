@@ -269,21 +269,32 @@ def test_bad_clip_arguments_name_the_fix(videos):
 # The shapes real files come in (phones, screen recorders, cameras, editors), each with a
 # variable frame rate unless its name says cfr: (write_video keywords).
 SHAPED = 36
+B2 = {"gop": 8, "bframes": 2}  # closed GOPs of 8, two B-frames between references
 SHAPES = {
     "vfr.mp4": {"gop": 8, "bframes": 0, "pts": vfr_pts(SHAPED)},
-    "vfr-bframes.mp4": {"gop": 8, "bframes": 2, "pts": vfr_pts(SHAPED, seed=1)},
-    "vfr-bframes.mkv": {"gop": 8, "bframes": 2, "pts": vfr_pts(SHAPED, seed=2)},
-    "vfr-moov-at-end.mov": {"gop": 6, "bframes": 1, "faststart": False, "pts": vfr_pts(SHAPED, seed=3)},
-    "vfr-fragmented.mp4": {"gop": 8, "bframes": 2, "fragmented": True, "pts": vfr_pts(SHAPED, seed=4)},
-    "vfr-first-pts-5s.mp4": {"gop": 8, "bframes": 2, "pts": vfr_pts(SHAPED, first=5000, seed=5)},
-    "cfr-first-pts.mp4": {"gop": 8, "bframes": 2, "pts": [1234 + 40 * i for i in range(SHAPED)]},
-    "vfr-10bit.mp4": {"gop": 8, "bframes": 2, "pix_fmt": "yuv420p10le", "pts": vfr_pts(SHAPED, seed=6)},
-    "vfr-audio-first.mp4": {"gop": 8, "bframes": 2, "audio": True, "audio_first": True, "pts": vfr_pts(SHAPED, seed=7)},
-    "cfr-audio-first-moov-at-end.mov": {"gop": 8, "bframes": 2, "audio": True, "audio_first": True, "faststart": False},
-    "vfr-rotated.mp4": {"gop": 8, "bframes": 2, "rotation": 90, "pts": vfr_pts(SHAPED, seed=8)},
-    "vfr-yuv422-one-gop.mp4": {"gop": SHAPED, "bframes": 3, "pix_fmt": "yuv422p", "pts": vfr_pts(SHAPED, seed=9)},
+    "vfr-bframes.mp4": {**B2, "pts": vfr_pts(SHAPED, seed=1)},
+    "vfr-bframes.mkv": {**B2, "pts": vfr_pts(SHAPED, seed=2)},
+    "vfr-moov-at-end.mov": {
+        "gop": 6, "bframes": 1, "faststart": False, "pts": vfr_pts(SHAPED, seed=3)
+    },
+    "vfr-fragmented.mp4": {**B2, "fragmented": True, "pts": vfr_pts(SHAPED, seed=4)},
+    "vfr-first-pts-5s.mp4": {**B2, "pts": vfr_pts(SHAPED, first=5000, seed=5)},
+    "cfr-first-pts.mp4": {**B2, "pts": [1234 + 40 * i for i in range(SHAPED)]},
+    "vfr-10bit.mp4": {**B2, "pix_fmt": "yuv420p10le", "pts": vfr_pts(SHAPED, seed=6)},
+    "vfr-audio-first.mp4": {
+        **B2, "audio": True, "audio_first": True, "pts": vfr_pts(SHAPED, seed=7)
+    },
+    "cfr-audio-first-moov-at-end.mov": {
+        **B2, "audio": True, "audio_first": True, "faststart": False
+    },
+    "vfr-rotated.mp4": {**B2, "rotation": 90, "pts": vfr_pts(SHAPED, seed=8)},
+    "vfr-yuv422-one-gop.mp4": {
+        "gop": SHAPED, "bframes": 3, "pix_fmt": "yuv422p", "pts": vfr_pts(SHAPED, seed=9)
+    },
     "cfr-gray-long-gop.mp4": {"gop": 30, "bframes": 2, "pix_fmt": "gray"},
-    "vfr-nv12-long-gop.mkv": {"gop": 30, "bframes": 2, "pix_fmt": "nv12", "pts": vfr_pts(SHAPED, seed=10)},
+    "vfr-nv12-long-gop.mkv": {
+        "gop": 30, "bframes": 2, "pix_fmt": "nv12", "pts": vfr_pts(SHAPED, seed=10)
+    },
 }  # fmt: skip
 
 

@@ -44,8 +44,8 @@ class VideoDecoder(Protocol):
 
     ``decode_frames(file, info, ordinals, resize, out)`` writes the frames ``ordinals`` (rising)
     of the video in ``file`` as uint8 RGB into ``out`` — ``[len, H, W, 3]`` (channels last) or
-    ``[len, 3, H, W]`` (``channels_first``) — and returns it, decoding each run of GOPs from its keyframe
-    (``info``) forward, after ``file.require`` of every byte it uses (so it may raise
+    ``[len, 3, H, W]`` (``channels_first``) — and returns it, decoding each run of GOPs from its
+    keyframe (``info``) forward, after ``file.require`` of every byte it uses (so it may raise
     ``MissingBytes``).
     """
 
