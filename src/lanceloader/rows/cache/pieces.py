@@ -29,41 +29,23 @@ Two kinds:
     file is written under a temporary name and renamed (atomic publish: no reader sees half a
     file).
 
-    *Checked*: every file (pieces and plans) ends with a trailer holding its length and an
-    XXH3-64 checksum of its name and bytes, checked before the file is first used. A checked
-    version is recorded on the file (an extended attribute, :data:`CHECKED_XATTR`, holding its
-    name, inode, size and mtime; its writer records it too), so another process opening the same
-    version reads the trailer only, and a process checks again whenever the file changed (any
-    write changes the mtime, a rename the name). So a damaged byte, a truncation or a piece
-    renamed over another is caught, dropped (counted in ``damaged``, logged) and downloaded
-    again, never delivered. Not caught: media corruption that leaves the mtime alone after a
-    version was checked (the disk's or filesystem's own checks are for that); where extended
-    attributes are refused, every process checks every file it opens once. In a directory on
-    a disk, rows are read with ``pread`` from the record batches
-    that hold them, never mapped: a file truncated under a reader is caught, never a SIGBUS. A
-    piece a read wanted most of is copied whole once and kept in the process's memory while
-    its file is unchanged (checked by one ``stat`` per read), within :data:`HELD_BYTES` per
-    process, so a full shuffle over pieces that fit runs at memory speed.
-
-    *Mapped* (``mapped=True``: the automatic cache's directory under ``/dev/shm``, and any
-    directory given as ``cache=`` on a filesystem in memory, tmpfs such as ``/dev/shm`` or
-    ramfs, :func:`~lanceloader.rows.cache.files.in_memory_filesystem`): a checked
-    piece (one record batch) is mapped instead, read-only, through the descriptor that was
-    checked, and kept mapped while its file is unchanged (the same ``stat`` per read; an
-    evicted or replaced file is unmapped when seen, and whenever a piece is mapped): no copy
-    and no cap per process, since the pages are the directory's own, shared by every process
-    of the machine (so a shuffle over more than :data:`HELD_BYTES` of pieces does not read
-    pieces whole for every read). The price: a file *truncated in place* under a process that
-    maps it kills that process with SIGBUS. Nothing in lanceloader truncates a published file
-    (writers rename new files in, eviction and damage unlink, and a mapping outlives both),
-    and the automatic cache's directory is the user's own (``0o700``); bytes *written in
-    place* into a mapped file are caught by the next read (the mtime changes), but a read
-    copying rows at that very moment delivers them. A given directory in memory is mapped too:
-    its files are pages of memory already (no disk, so no media error), and read whole and held
-    within ``HELD_BYTES`` a shuffle over more than 256 MiB of pieces read every piece whole for
-    every read, 10x slower than mapped (3 Dec 2026: ``cache="/dev/shm/…"``, 2M rows of 272 B,
-    epoch 2 0.62M rows/s against 6.5-7.1M mapped; 2 process workers 1.0M against 2.2-2.5M). A
-    directory on a disk is never mapped.
+    *Checked, never mapped*: every file (pieces and plans) ends with a trailer holding its
+    length and an XXH3-64 checksum of its name and bytes. A file is read with ``pread`` into the
+    process's own memory and the checksum is summed over that copy, so the bytes a read uses
+    are the bytes checked: a damaged byte, a truncation, a piece renamed over another, or a
+    file another process truncates or writes in place mid-epoch is caught, dropped (counted in
+    ``damaged``, logged) and downloaded again, never delivered and never a SIGBUS (until 7 Dec
+    2026 a directory in memory was mapped: a truncation killed the reader, 2 runs in 22, and
+    bytes written in place reached the batches). A checked copy stays in the process while its
+    file is unchanged (one ``stat`` per read), :mod:`lanceloader.rows.cache.held`: within
+    256 MiB per process for a directory on a disk; for a directory in memory (the automatic
+    cache's under ``/dev/shm``, or ``cache=`` on tmpfs or ramfs,
+    :func:`~lanceloader.rows.cache.files.in_memory_filesystem`) within a quarter of the memory
+    available, so a full shuffle over more than 256 MiB does not read every piece whole per
+    read. A piece too large to read whole (rows wider than the piece size assumes, on a disk)
+    is read by record batch, and the file's version compared after each read. The checked
+    version of such a file is recorded on it (an extended attribute, :data:`CHECKED_XATTR`),
+    so another process reads its trailer only.
     XXH3-64 (the ``xxhash`` package: 1.2 ms to seal a 13.6 MB piece from memory and 3 ms to
     check it with ``pread``, where zlib's CRC-32 took 4.3 and 7.6 ms on this 2-core machine)
     catches damage but for a 2^-64 chance; it guards against damage, not against someone who
@@ -93,11 +75,13 @@ ranges that are not rows (``fetch_bytes(key, make)``, e.g. the bytes of a video 
 ``make()`` per key among all its users, sealed, checked and capped like pieces.
 
 ``cache="auto"`` (the Loader's default) chooses one of these caches, or none:
-:mod:`lanceloader.rows.cache.auto`. Its pieces are mapped, not copied (``DiskCache(mapped=True)``).
+:mod:`lanceloader.rows.cache.auto`, a directory in memory (``DiskCache(in_memory=True)``).
 
 Where the code is: this module holds :func:`make_cache`, the pieces' sizes and names,
 ``MemoryCache`` and a Source's reads through its cache (:func:`read_cached`); ``DiskCache``
-(its get/fill/map path) and the limits it reads are :mod:`lanceloader.rows.cache.disk`; the
+(its get/fill path) is :mod:`lanceloader.rows.cache.disk`, the pieces it holds in memory
+:mod:`lanceloader.rows.cache.held`, its locks :mod:`lanceloader.rows.cache.locks`, its plans and
+byte ranges :mod:`lanceloader.rows.cache.plans`; the
 directory's cap (reservation, eviction, bytes used, dead writers' temporaries) is
 :mod:`lanceloader.rows.cache.budget`; the files' names, format and checks, and the errors,
 are :mod:`lanceloader.rows.cache.files`.
@@ -253,6 +237,7 @@ class MemoryCache:
     def __init__(self, size: int) -> None:
         self.size = int(size)
         self.fills = 0
+        self._reported = 0  # fills reported by take_fills
         self._tables: OrderedDict[str, pa.Table | bytes] = OrderedDict()
         self._used = 0
         self._lock = threading.Lock()
@@ -339,6 +324,13 @@ class MemoryCache:
     def take_damaged(self) -> int:
         """Always 0: tables in memory are never damaged (the protocol of ``DiskCache``)."""
         return 0
+
+    def take_fills(self) -> int:
+        """Pieces and byte ranges kept since the last call (``DiskCache.take_fills``; here per
+        process: a memory cache serves one process)."""
+        with self._lock:
+            count, self._reported = self.fills - self._reported, self.fills
+        return count
 
     def used_bytes(self) -> int:
         return self._used
