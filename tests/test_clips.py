@@ -605,6 +605,9 @@ def test_variable_frame_rate_clips_equal_the_whole_file_decode(tmp_path) -> None
             old.drop_columns(["video_keyframe_pts"])
         loader = ll.Loader(str(tmp_path / "phone.lance"), batch_size=4, output="numpy",
                            clips=ll.video_clips(frames=3, step=1, layout="NFHWC"))  # fmt: skip
+        index_columns = loader.source.index.table.column_names
+        assert loader.source.index.origin == "columns"  # read, not probed again
+        assert ("video_keyframe_pts" in index_columns) == (index == "with keyframe_pts")
         seen = 0
         for batch in loader:
             for path, start, clip in zip(batch["path"], batch["clip_start"], batch["video"],
