@@ -49,18 +49,14 @@ def is_lance_dataset(path: Path, output: str | None = None) -> bool:
         return True
     if output is not None and os.path.realpath(path) == output:
         return True
-    try:
-        entries = set(os.listdir(path))
-    except OSError:
-        return False
-    if {"_versions", "_transactions"} & entries and any(
-        os.path.isdir(os.path.join(path, e)) for e in ("_versions", "_transactions")
-    ):
+    if any(os.path.isdir(os.path.join(path, e)) for e in ("_versions", "_transactions")):
         return True
-    if not entries or not entries <= LANCE_ENTRIES or "data" not in entries:
+    if not os.path.isdir(os.path.join(path, "data")):  # a class folder, most often: no listing
         return False
     try:  # only Lance's entries, and a data/ of Lance files (or none yet): an unfinished write
-        return all(name.endswith(".lance") for name in os.listdir(os.path.join(path, "data")))
+        return set(os.listdir(path)) <= LANCE_ENTRIES and all(
+            name.endswith(".lance") for name in os.listdir(os.path.join(path, "data"))
+        )
     except OSError:
         return False
 

@@ -164,6 +164,14 @@ class _Walk:
         if isinstance(obj, set | frozenset):
             members = sorted(repr(self.value(x, depth, f"{where}{{}}")) for x in obj)
             return (type(obj).__name__, tuple(members))
+        if isinstance(obj, np.ndarray | np.generic) and np.asarray(obj).dtype.hasobject:
+            array = np.asarray(obj)  # its bytes are pointers: count its items
+            return (
+                "ndarray",
+                str(array.dtype),
+                array.shape,
+                self.items(array.ravel(), depth, where),
+            )
         if isinstance(obj, np.ndarray | np.generic):
             array = np.ascontiguousarray(obj)
             digest = hashlib.blake2b(array.tobytes(), digest_size=12).hexdigest()
