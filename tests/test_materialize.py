@@ -668,3 +668,28 @@ def test_a_mix_sources_transforms_are_part_of_what_must_match(tmp_path, monkeypa
     after = lineage(mixed(), 0)
     assert before["source_transforms"]["a"]["transform"] == "scaled"
     assert before["source_transforms"] != after["source_transforms"]
+
+
+def test_an_error_in_the_middle_of_a_piece_is_raised_as_itself_and_the_rerun_goes_on(uri, tmp_path):
+    """The transform's error half-way through a piece came out as Lance's OSError ('C Data
+    interface error: ... boom'); the same call after it must go on from the recorded pieces."""
+    flag = tmp_path / "fail"
+    flag.touch()
+
+    def fails_once(batch):
+        if flag.exists() and int(batch.column("id")[0].as_py()) == 1700:  # 3rd batch of piece 3
+            raise RuntimeError("worker lost")
+        return batch
+
+    loader = ll.Loader(uri, batch_size=100, columns=["id"], transform=fails_once, num_workers=1)
+    out = tmp_path / "o.lance"
+    with pytest.raises(RuntimeError, match="worker lost"):
+        ll.materialize(loader, out, rows_per_fragment=500)
+    flag.unlink()
+    summary = ll.materialize(loader, out, rows_per_fragment=500)
+    assert (summary.resumed, summary.redone, summary.rows) == (3, 0, 5000)
+    assert summary.dataset.to_table()["id"].to_pylist() == list(range(5000))
+    kept = {
+        os.path.basename(f.path) for fr in summary.dataset.get_fragments() for f in fr.data_files()
+    }
+    assert set(os.listdir(out / "data")) == kept

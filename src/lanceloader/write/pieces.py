@@ -48,20 +48,40 @@ def write_piece(
         work=dataclasses.replace(reading.work, output=as_conversion("arrow")),
     )
     stream = Stream(reading, epoch, epoch_plan(loader), batches, Recorder())
+    try:
+        return _write(stream, loader, out, metadata, storage_options)
+    finally:
+        stream.close()
+
+
+def _write(
+    stream: Stream,
+    loader: Any,
+    out: str,
+    metadata: dict[bytes, bytes],
+    storage_options: dict[str, str] | None,
+) -> tuple[list[dict[str, Any]], str]:
+    """Stream's batches into uncommitted fragments of ``out``. An error of the pipeline (the
+    transform's, say) is raised as itself, not as the ``OSError`` Lance wraps it in."""
     converted = (_to_arrow(batch) for batch in stream)
     first = next(converted, None)
     if first is None:
         return [], ""
     schema = kept_blob_columns(first.schema, loader.source).with_metadata(metadata)
+    failed: list[BaseException] = []
 
     def rows() -> Any:  # streamed: Lance writes while the workers transform the next batches
-        for table in itertools.chain([first], converted):
-            for batch in table.to_batches():
-                yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+        try:
+            for table in itertools.chain([first], converted):
+                for batch in table.to_batches():
+                    yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
 
+    # "create" where no dataset is yet: Lance warns "No existing dataset" otherwise
+    mode = "create" if dataset_version(out, storage_options) is None else "overwrite"
     try:
-        # "create" where no dataset is yet: Lance warns "No existing dataset" otherwise
-        mode = "create" if dataset_version(out, storage_options) is None else "overwrite"
         fragments = write_fragments(
             pa.RecordBatchReader.from_batches(schema, rows()),
             out,
@@ -70,8 +90,10 @@ def write_piece(
             mode=mode,
             storage_options=storage_options,
         )
-    finally:
-        stream.close()
+    except Exception:
+        if failed:
+            raise failed[0] from None
+        raise
     return [f.to_json() for f in fragments], schema.serialize().to_pybytes().hex()
 
 
