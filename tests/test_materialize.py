@@ -462,7 +462,8 @@ def test_a_resumed_run_writes_again_the_pieces_whose_files_are_gone(uri, tmp_pat
     summary = json.loads(done.stdout)
     redone = 5 if damage == "removed" else 1
     assert (summary["resumed"], summary["redone"]) == (5 - redone, redone), summary
-    assert f"wrote again {redone} pieces whose files were missing or changed" in summary["text"]
+    pieces = "1 piece" if redone == 1 else f"{redone} pieces"
+    assert f"wrote again {pieces} whose files were missing or changed" in summary["text"]
     got = lance.dataset(out)
     assert got.version == 1 and got.count_rows() == 5000 == summary["rows"]
     want = ll.materialize(

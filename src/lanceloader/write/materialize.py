@@ -159,16 +159,19 @@ class MaterializeSummary:
     def __str__(self) -> str:
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
         text = (
-            f"materialized {self.rows:,} rows in {self.fragments:,} fragments "
+            f"materialized {self.rows:,} rows in {_count(self.fragments, 'fragment')} "
             f"({self.nbytes / 1e6:,.1f} MB) to {self.uri!r}, version {self.version}, in "
             f"{self.seconds:.1f} s ({rate:,.0f} rows/s)"
         )
         if self.resumed:
-            text += f"; resumed {self.resumed} of {self.pieces} pieces an earlier run had written"
+            text += (
+                f"; resumed {self.resumed} of {_count(self.pieces, 'piece')} an earlier run "
+                "had written"
+            )
         if self.redone:
             text += (
-                f"; wrote again {self.redone} pieces whose files were missing or changed "
-                "since an earlier run recorded them"
+                f"; wrote again {_count(self.redone, 'piece')} whose files were missing or "
+                "changed since an earlier run recorded them"
             )
         if self.removed[0]:
             text += (
@@ -176,6 +179,10 @@ class MaterializeSummary:
                 "that earlier runs had left"
             )
         return text
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def materialize(
