@@ -52,7 +52,8 @@ __all__ = ["convert", "materialize"]
 def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
                 mode: str = "create", rows_per_fragment: int = 256 * 1024,
                 concurrency: int | None = None, num_workers: int = 1,
-                storage_options: dict[str, str] | None = None) -> MaterializeSummary:
+                storage_options: dict[str, str] | None = None,
+                restart: bool = False) -> MaterializeSummary:
     """:func:`lanceloader.write.materialize` with each piece written by a Ray Data task;
     returns the same summary (the dataset as ``.dataset``).
 
@@ -60,8 +61,11 @@ def materialize(loader: Any, out_uri: str | os.PathLike[str], *, epoch: int = 0,
         concurrency: Ray tasks at once; default Ray's choice.
         num_workers: the loader's worker threads inside each task.
         storage_options: for an object-store ``out_uri``, passed to Lance in every task.
+        restart: as for :func:`lanceloader.write.materialize`: discard an unfinished earlier
+            run that cannot be resumed (other settings, or a transform not surely the same).
     """
-    with Job.start(loader, out_uri, epoch, mode, rows_per_fragment, storage_options) as job:
+    with Job.start(loader, out_uri, epoch, mode, rows_per_fragment, storage_options,
+                   restart=restart) as job:
         todo = job.todo()
         if todo:
             out, metadata = job.out, job.metadata
