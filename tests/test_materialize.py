@@ -167,7 +167,7 @@ def test_a_second_run_into_the_same_output_fails_at_once(uri, tmp_path):
     assert ll.materialize(loader, out).rows == 5000  # released: the next run proceeds
 
 
-def test_modes_and_an_empty_epoch(uri, tmp_path):
+def test_modes_and_an_empty_epoch(uri, tmp_path, cache_home):
     loader = ll.Loader(uri, batch_size=100, columns=["id"])
     ll.materialize(loader, tmp_path / "o.lance")
     with pytest.raises(FileExistsError, match="mode='overwrite'"):
@@ -180,6 +180,7 @@ def test_modes_and_an_empty_epoch(uri, tmp_path):
     assert again.version == 2 and again.rows == 10
     with pytest.raises(ValueError, match="no rows"):
         ll.materialize(ll.Loader(uri, batch_size=10, filter="id < 0"), tmp_path / "e.lance")
+    assert not [p for p in cache_home.rglob("*") if p.is_file()]  # no record of nothing
     with pytest.raises(ValueError, match="mode must be one of"):
         ll.materialize(loader, tmp_path / "x.lance", mode="append")
 

@@ -57,6 +57,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -210,7 +211,8 @@ def materialize(
         progress: a progress bar on stderr; default when stderr is a terminal.
         storage_options: for an object-store ``out_uri``, passed to Lance (as for ``Loader``).
         restart: discard the pieces of an unfinished earlier run into ``out_uri`` with other
-            settings (by default such a run is refused, naming both) and start over.
+            settings, or whose transform cannot surely be told the same (by default such a
+            run is refused, naming why), and start over.
     """
     with Job.start(
         loader, out_uri, epoch, mode, rows_per_fragment, storage_options, restart=restart
@@ -240,7 +242,10 @@ def materialize(
                     )
                     bar.update(1)
             except BaseException:
-                job.remove_leftovers()  # a piece cut short; the recorded ones stay for a rerun
+                # A piece cut short; the recorded ones stay for a rerun, which also removes
+                # what this could not (its record knows them).
+                with contextlib.suppress(OSError):
+                    job.remove_leftovers()
                 raise
         return job.commit()
 
@@ -383,6 +388,7 @@ class Job:
         """The one commit: every piece's fragments, in order, as a new version."""
         written = [self.done["pieces"][str(n)] for n in range(len(self.pieces))]
         if not any(piece["fragments"] for piece in written):
+            self.progress.unlink(missing_ok=True)  # nothing written, nothing to resume
             raise ValueError(f"the loader's epoch {self.epoch} has no rows: nothing to materialise")
         dataset = commit_fragments(
             self.out,
