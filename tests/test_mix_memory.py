@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lanceloader.engine import processes
+from lanceloader.engine import memory
 
 CHILD = textwrap.dedent(
     """
@@ -77,14 +77,14 @@ def test_the_thresholds_are_glibcs_own_ceiling_and_the_users_settings_win(monkey
         gnu_get_libc_version = None
         mallopt = Mallopt()
 
-    monkeypatch.setattr(processes.ctypes, "CDLL", lambda name: Libc())
-    monkeypatch.setattr(processes, "_memory_kept", False)
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.setattr(memory, "_memory_kept", False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
-    assert not processes.reuse_freed_memory(processes.TRAINING_TRIM_THRESHOLD) and calls == []
+    assert not memory.reuse_freed_memory(memory.TRAINING_TRIM_THRESHOLD) and calls == []
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    monkeypatch.setattr(processes, "_memory_kept", False)
-    assert processes.reuse_freed_memory(processes.TRAINING_TRIM_THRESHOLD)
+    monkeypatch.setattr(memory, "_memory_kept", False)
+    assert memory.reuse_freed_memory(memory.TRAINING_TRIM_THRESHOLD)
     assert calls == [(-3, 32 << 20), (-1, 64 << 20)]
-    assert not processes.reuse_freed_memory() and len(calls) == 2  # once per process
+    assert not memory.reuse_freed_memory() and len(calls) == 2  # once per process

@@ -16,7 +16,8 @@ import pytest
 
 import workerfns
 from conftest import lanceloader_threads
-from lanceloader.engine.processes import ProcessPool, WorkerDiedError, check_picklable
+from lanceloader.engine.pickling import check_picklable
+from lanceloader.engine.processes import ProcessPool, WorkerDiedError
 
 
 def shm_files() -> set[str]:

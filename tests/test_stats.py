@@ -133,7 +133,9 @@ def test_wait_percentiles_match_the_loops_own_clock(small_uri: str) -> None:
     # one worker, one batch per read, a 10 ms transform: the loop waits ~10 ms per batch
     loader = ll.Loader(small_uri, batch_size=50, transform=sleepy, num_workers=1,
                        rows_per_read=50, prefetch=1)
+    began = time.perf_counter()
     waits, it = [], iter(loader)
+    started = time.perf_counter() - began  # the first batch's wait includes starting (iter())
     while True:
         t0 = time.perf_counter()
         try:
@@ -146,7 +148,7 @@ def test_wait_percentiles_match_the_loops_own_clock(small_uri: str) -> None:
     cuts = statistics.quantiles(waits, n=100, method="inclusive")
     for ours, theirs in ((s.wait_p50_s, statistics.median(waits)), (s.wait_p95_s, cuts[94])):
         assert theirs / 1.3 <= ours <= theirs * 1.3 + 1e-4, (ours, theirs, waits)
-    assert s.first_wait_s <= max(waits) and "wait per batch" in str(s)
+    assert s.first_wait_s <= max(*waits, waits[0] + started) and "wait per batch" in str(s)
 
 
 def test_the_issues_process_run_does_not_blame_a_transform_of_3_percent() -> None:
@@ -301,7 +303,7 @@ def test_process_workers_start_up_is_in_the_first_wait_and_the_epoch_rate(medium
     rows = sum(len(b["id"]) for b in iterator)
     wall = time.perf_counter() - began
     stats = loader.stats(epoch=0)
-    assert stats.first_wait_s >= started
+    assert stats.first_wait_s >= 0.95 * started - 0.001, (stats.first_wait_s, started)
     assert abs(stats.rows_per_s - rows / wall) <= 0.1 * rows / wall, (stats.rows_per_s, rows / wall)
     if stats.first_wait_s >= 0.5 * stats.wait_s and stats.bottleneck.stage not in (
             "training loop", "storage I/O", "conversion"):

@@ -31,7 +31,8 @@ from lanceloader.batch.transforms import (
     transform_name,
 )
 from lanceloader.engine.device import Placement, check_placement
-from lanceloader.engine.processes import check_picklable, start_forkserver
+from lanceloader.engine.pickling import check_picklable
+from lanceloader.engine.processes import start_forkserver
 from lanceloader.engine.sizing import (
     batches_per_read,
     default_prefetch,

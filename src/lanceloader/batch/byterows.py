@@ -54,7 +54,7 @@ class ByteRows:
     offsets: np.ndarray
 
     def __post_init__(self) -> None:
-        # Anything but two arrays is kept as given: a transport (engine/processes.py) rebuilds
+        # Anything but two arrays is kept as given: a transport (engine/transport.py) rebuilds
         # a ByteRows from placeholders before it puts the arrays back.
         if isinstance(self.data, np.ndarray) and isinstance(self.offsets, np.ndarray):
             _check_byte_rows(self.data, self.offsets)

@@ -22,8 +22,8 @@ Contract:
   the oldest task kept its later tasks queued while the others idled. Results are read as they
   come from every worker and handed out in task order. At most ``depth`` tasks are in flight
   (sent and not yet handed out, finished ones waiting their turn included).
-* NumPy arrays in a result travel through shared memory: the worker writes them into one
-  ``/dev/shm`` file per task, the consumer maps it and unlinks it at once, and the arrays it
+* NumPy arrays in a result travel through shared memory (:mod:`lanceloader.engine.transport`):
+  the worker writes them into one ``/dev/shm`` file per task, the consumer maps it and unlinks it at once, and the arrays it
   hands out view that mapping (no pickling, one copy in the worker). Everything else in a result
   is pickled.
 * A worker that dies (SIGKILL, ``os._exit``, a crash) is reported in the consumer at once, with
@@ -44,14 +44,9 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import dataclasses
 import faulthandler
-import functools
 import io
 import itertools
-import math
-import mmap
 import multiprocessing as mp
 import os
 import pickle
@@ -61,7 +56,6 @@ import signal
 import threading
 import time
 import traceback
-import types
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -72,10 +66,10 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-import numpy as np
-
+from lanceloader.engine.memory import reuse_freed_memory
+from lanceloader.engine.pickling import dumps
 from lanceloader.engine.threads import Stalled, check_same_process
+from lanceloader.engine.transport import pack, unpack
 from lanceloader.lifecycle import lifetime
 from lanceloader.lifecycle.lifetime import SHM_DIR, picklable_error
 
@@ -156,249 +150,7 @@ class WorkerProcess(mp.context.ForkServerProcess):  # type: ignore[name-defined,
         return WorkerPopen(process_obj)
 
 
-def dumps(obj: object) -> bytes:
-    """``obj`` as bytes a worker (or the consumer) loads with plain ``pickle.loads``: by value
-    for what ``__main__`` or a notebook cell defined, lambdas and closures (``cloudpickle``), by
-    name for what an importable module holds."""
-    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def check_picklable(obj: object, what: str) -> None:
-    """Fail before any worker starts if ``obj`` cannot be sent to a worker process.
-
-    Functions and classes reach the workers by value (``cloudpickle``), wherever they were
-    defined; what cannot be copied to another process at all (a lock, an open file, a live
-    connection or generator) is named here, with where it sits and the fix.
-
-    >>> check_picklable(lambda batch: batch, "transform <lambda>")  # lambdas travel by value
-    >>> import threading
-    >>> lock = threading.Lock()
-    >>> check_picklable(lambda batch: lock and batch, "transform <lambda>")
-    Traceback (most recent call last):
-    ...
-    TypeError: transform <lambda> cannot be sent to worker processes: its global 'lock' (a lock) cannot be pickled (cannot pickle '_thread.lock' object). ...
-    """
-    try:
-        dumps(obj)
-    except Exception as exc:
-        where, part = unpicklable_part(obj)
-        found = f"{where} (a {type(part).__name__})" if where else f"a {type(part).__name__}"
-        raise TypeError(
-            f"{what} cannot be sent to worker processes: its {found} cannot be pickled ({exc}). "
-            "Process workers get a copy of the transform (functions, classes and the globals "
-            "they use, by value); what belongs to one process (locks, open files, connections, "
-            "generators, clients) cannot be copied: create it inside the transform, on its first "
-            "call in each worker, or use worker_type='thread'"
-        ) from exc
-
-
-def unpicklable_part(obj: object, depth: int = 6) -> tuple[str, object]:
-    """The innermost part of ``obj`` that cannot be pickled, and where it sits (``"closure
-    variable 'log'"``, ``"attribute 'client'"``); ``("", obj)`` when no part alone fails.
-
-    >>> import threading
-    >>> class Holder:
-    ...     def __init__(self):
-    ...         self.lock = threading.Lock()
-    >>> unpicklable_part([Holder()])[0]
-    "item 0 → attribute 'lock'"
-    """
-    if depth == 0:
-        return "", obj
-    for where, part in _parts(obj):
-        try:
-            dumps(part)
-        except Exception:
-            inner, innermost = unpicklable_part(part, depth - 1)
-            return (f"{where} → {inner}" if inner else where), innermost
-    return "", obj
-
-
-def _parts(obj: object) -> Iterator[tuple[str, object]]:
-    """What ``obj`` holds that pickling it pickles: items, attributes, a function's closure
-    variables and the globals it uses."""
-    if isinstance(obj, list | tuple):
-        yield from ((f"item {i}", v) for i, v in enumerate(obj))
-    elif isinstance(obj, dict):
-        yield from ((f"key {k!r}", v) for k, v in obj.items())
-    elif isinstance(obj, types.FunctionType):
-        cells = obj.__closure__ or ()
-        for name, cell in zip(obj.__code__.co_freevars, cells, strict=True):
-            with contextlib.suppress(ValueError):  # an empty cell
-                yield f"closure variable {name!r}", cell.cell_contents
-        for name in obj.__code__.co_names:
-            if name in obj.__globals__:
-                yield f"global {name!r}", obj.__globals__[name]
-    elif isinstance(obj, functools.partial):
-        yield "partial function", obj.func
-        yield from ((f"argument {i}", v) for i, v in enumerate(obj.args))
-        yield from ((f"argument {k!r}", v) for k, v in obj.keywords.items())
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        yield from ((f"field {f.name!r}", getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    elif hasattr(obj, "__dict__") and not isinstance(obj, type | types.ModuleType):
-        yield from ((f"attribute {k!r}", v) for k, v in vars(obj).items())
-
-
-# --- shared memory transport ---------------------------------------------------------------
-
-_ALIGN = 64
-
-
-def _split(value: Any, arrays: list[np.ndarray]) -> Any:
-    """Replace NumPy arrays (not of object dtype) in nested dicts, lists and dataclasses by
-    placeholders, collecting the arrays."""
-    if isinstance(value, np.ndarray) and value.dtype.kind not in "OT":  # not Python objects
-        arrays.append(value)
-        return _ArrayRef(len(arrays) - 1)
-    if isinstance(value, dict):
-        return {k: _split(v, arrays) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_split(v, arrays) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _split(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
-        return dataclasses.replace(value, **fields)
-    return value
-
-
-class _ArrayRef:
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-def _join(value: Any, arrays: list[np.ndarray]) -> Any:
-    if isinstance(value, _ArrayRef):
-        return arrays[value.index]
-    if isinstance(value, dict):
-        return {k: _join(v, arrays) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_join(v, arrays) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _join(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
-        return dataclasses.replace(value, **fields)
-    return value
-
-
-def write_arrays(path: Path, arrays: list[np.ndarray]) -> list[int]:
-    """Write ``arrays`` into the new shared-memory file ``path``, each at a 64-byte-aligned
-    offset; returns the offsets."""
-    offsets, size = [], 0
-    for a in arrays:
-        size = -(-size // _ALIGN) * _ALIGN
-        offsets.append(size)
-        size += a.nbytes
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        os.ftruncate(fd, max(size, 1))
-        # pwrite, not a mapping: the kernel fills the new file's pages as it copies, where a
-        # mapping takes a page fault (and zeroes a page) per 4 KiB first. Measured on a batch
-        # of 256 decoded 128x128 images (12.6 MB): 8-10 ms of CPU against 15-21 ms.
-        for a, offset in zip(arrays, offsets, strict=True):
-            data = np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
-            written = 0
-            while written < len(data):
-                written += os.pwrite(fd, data[written:], offset + written)
-    except BaseException:
-        path.unlink(missing_ok=True)  # half-written: nobody will take it
-        raise
-    finally:
-        os.close(fd)
-    return offsets
-
-
-def take_mapping(path: Path) -> mmap.mmap:
-    """Map the shared-memory file ``path`` and delete its name: the memory lives as long as the
-    mapping (and the arrays that view it), and nothing is left behind."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        return mmap.mmap(fd, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-
-
-def pack(result: Any, path: Path) -> tuple[bytes, list[tuple[int, str, tuple[int, ...]]]]:
-    """Write the arrays of ``result`` into the shared-memory file ``path``.
-
-    Returns the pickled rest of the result and, per array, ``(offset, dtype, shape)``.
-    """
-    arrays: list[np.ndarray] = []
-    skeleton = _split(result, arrays)
-    offsets = write_arrays(path, arrays) if arrays else []
-    layout = [(o, a.dtype.str, a.shape) for o, a in zip(offsets, arrays, strict=True)]
-    try:
-        return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), layout
-    except (pickle.PicklingError, AttributeError, TypeError):
-        # Values of a class defined in __main__ or a notebook cell: the worker has it by value,
-        # and cloudpickle sends it back, where it unpickles as the consumer's own class.
-        return dumps(skeleton), layout
-
-
-def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path: Path) -> Any:
-    """Map ``path`` (then unlink it) and rebuild the result with arrays viewing the mapping."""
-    arrays: list[np.ndarray] = []
-    if layout:
-        buf = take_mapping(path)
-        for offset, dtype, shape in layout:
-            dt = np.dtype(dtype)
-            count = math.prod(shape)  # np.prod of a small tuple costs ~4.6 us, 3 a batch
-            arrays.append(np.frombuffer(buf, dt, count, offset).reshape(shape))
-    return _join(pickle.loads(skeleton), arrays)
-
-
 # --- the worker process --------------------------------------------------------------------
-
-# glibc's mallopt parameters, and what a worker sets them to (reuse_freed_memory).
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks up to 32 MiB come from the heap, reused
-TRIM_THRESHOLD = 256 << 20  # a worker process: free memory a heap keeps for the next reads
-#: the training process (thread workers): the ceiling of glibc's own dynamic trim threshold
-#: (twice the largest mmap threshold), reached in any process that frees a 32 MiB block
-TRAINING_TRIM_THRESHOLD = 64 << 20
-_memory_kept = False
-
-
-def reuse_freed_memory(trim_threshold: int = TRIM_THRESHOLD) -> bool:
-    """Let glibc's malloc keep the memory a read freed for the next read: once per process, in
-    a worker process of ours (``TRIM_THRESHOLD``) and, when thread workers read, in the
-    training process (:data:`TRAINING_TRIM_THRESHOLD`, from ``Stream``). True when set here;
-    never where the user set ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` or
-    ``GLIBC_TUNABLES`` (their choice wins), a no-op without glibc (musl, macOS).
-
-    Lance allocates each read's buffers afresh, and glibc maps a block above its mmap
-    threshold from the kernel and gives a heap's free top back above its trim threshold; both
-    start at 128 KiB and rise only as far as the largest mapped block freed so far. So the next
-    read page-faults every 4 KiB of its output again: a read of 512 rows of 11 KB JPEGs
-    (5.6 MB) took 1,300-2,200 minor faults, none with these thresholds after the first reads,
-    at half the read's CPU time; a mix's read of 3 Lance calls of 8 MiB (24 MiB, above the
-    8 and 16 MiB a single source's reads raise them to) made 27,600-61,000 faults an epoch where
-    one source made 9,000 (1.2M rows of 264 B), and 30-230 with them. The values are those
-    glibc's own rule reaches after any 32 MiB block is freed (as a NumPy array of that size
-    does): a block above 32 MiB is still returned at once. The cost: resident memory stays
-    nearer its peak, by at most the trim threshold per heap.
-
-    >>> MMAP_THRESHOLD >> 20, TRIM_THRESHOLD >> 20, TRAINING_TRIM_THRESHOLD >> 20  # MiB
-    (32, 256, 64)
-    """
-    global _memory_kept
-    if _memory_kept:
-        return False
-    _memory_kept = True
-    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                                     "GLIBC_TUNABLES")):
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    if not hasattr(libc, "gnu_get_libc_version"):  # glibc only, not musl or macOS
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
-        bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))
-
 
 def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix: str,
                  owner: int) -> None:

@@ -49,16 +49,12 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lanceloader.engine.verdict import Verdict, cores_busy, process_cores, usable_cores, verdict
+from lanceloader.engine.waits import WAIT_KEYS, wait_percentiles
 
-# The loop's wait per batch, as a histogram: 10 buckets per decade from 1 µs to 10⁴ s.
-WAIT_PER_DECADE = 10
-WAIT_EDGES = tuple(1e-6 * 10 ** (i / WAIT_PER_DECADE) for i in range(10 * WAIT_PER_DECADE + 1))
-WAIT_KEYS = tuple(f"wait_bucket_{i}" for i in range(len(WAIT_EDGES) + 1))
 COUNTERS = (
     "batches", "rows", "nbytes", "wall_s", "read_s", "decode_s", "transform_s", "convert_s",
     "wait_s",
@@ -277,61 +273,7 @@ def new_counters() -> dict[str, float]:
     return c
 
 
-def wait_bucket(wait_s: float) -> int:
-    """The histogram bucket of a wait: bucket ``i`` (1 to 100) holds waits in
-    ``[WAIT_EDGES[i - 1], WAIT_EDGES[i])``, bucket 0 those under 1 µs, bucket 101 those of
-    10⁴ s and more. One ``log10``: it runs once per batch.
-
-    >>> wait_bucket(1e-7), wait_bucket(1e-3), wait_bucket(1.5e-3), wait_bucket(1e9)
-    (0, 31, 32, 101)
-    """
-    if wait_s < 1e-6:
-        return 0
-    i = int(_log10(wait_s) * 10.0 + 61.0)
-    return i if i < 101 else 101
-
-
 _log10 = math.log10
-
-
-def wait_percentile(histogram: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile (0..1) of the waits in a histogram of :func:`wait_bucket` counts,
-    interpolated geometrically inside its bucket (within a factor 10^0.1 = 1.26 of the truth);
-    ``None`` when it is empty.
-
-    >>> h = [0] * len(WAIT_KEYS)
-    >>> for w in (0.001, 0.001, 0.001, 0.1):
-    ...     h[wait_bucket(w)] += 1
-    >>> round(wait_percentile(h, 0.5), 4), round(wait_percentile(h, 0.99), 3)
-    (0.0012, 0.125)
-    """
-    return wait_percentiles(histogram, (q,))[0]
-
-
-def wait_percentiles(histogram: Sequence[float], qs: Sequence[float]) -> list[float | None]:
-    """:func:`wait_percentile` of each of ``qs`` (ascending), in one pass over the buckets."""
-    n = sum(histogram)
-    if not n:
-        return [None] * len(qs)
-    out: list[float | None] = []
-    targets = iter(qs)
-    q = next(targets, None)
-    seen = 0.0
-    last = len(WAIT_EDGES)
-    for i, count in enumerate(histogram):
-        while q is not None and count and seen + count >= q * n:
-            if i == 0:
-                out.append(WAIT_EDGES[0])
-            elif i == last:
-                out.append(WAIT_EDGES[-1])
-            else:
-                lo, hi = WAIT_EDGES[i - 1], WAIT_EDGES[i]
-                out.append(lo * (hi / lo) ** ((q * n - seen) / count))
-            q = next(targets, None)
-        if q is None:
-            return out
-        seen += count
-    return out + [WAIT_EDGES[-1]] * (len(qs) - len(out))
 
 
 def count_delivered(c: dict[str, float], rows: int, nbytes: int, wait_s: float, step_s: float,
@@ -357,6 +299,13 @@ def count_delivered(c: dict[str, float], rows: int, nbytes: int, wait_s: float, 
     c[WAIT_KEYS[bucket]] += 1
     if wall_s >= c["cpu_next"]:
         _sample_cpu(c, wall_s)
+
+
+def count_end(c: dict[str, float], wait_s: float, wall_s: float) -> None:
+    """The loop asked past the last batch and got the end (the workers closed): that wait is
+    the loop's too, and the epoch's wall time runs to it."""
+    c["wait_s"] += wait_s
+    c["wall_s"] = wall_s
 
 
 class Recorder:

@@ -18,7 +18,7 @@ Contract of a :class:`Stream`:
   size, and a sequential read of a Lance source ends at the batch that holds a fragment's
   first row (:func:`~lanceloader.engine.tasks.stream_tasks`).
 * A stream of thread workers first keeps freed reads' memory in the process
-  (:func:`~lanceloader.engine.processes.reuse_freed_memory`: glibc's thresholds at the ceiling
+  (:func:`~lanceloader.engine.memory.reuse_freed_memory`: glibc's thresholds at the ceiling
   of their own dynamic rule), so a read does not fault its pages in afresh.
 * Every task's cost and every delivered batch are recorded in the ``Recorder`` (``stats()``).
 * ``close()`` (idempotent; also on exhaustion, on error and on garbage collection) stops the pool
@@ -60,12 +60,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanceloader.batch.output import Conversion, to_output
-from lanceloader.engine.processes import (
-    TRAINING_TRIM_THRESHOLD,
-    ProcessPool,
-    reuse_freed_memory,
-)
-from lanceloader.engine.stats import Recorder, count_delivered
+from lanceloader.engine.memory import TRAINING_TRIM_THRESHOLD, reuse_freed_memory
+from lanceloader.engine.processes import ProcessPool
+from lanceloader.engine.stats import Recorder, count_delivered, count_end
 from lanceloader.engine.tasks import stream_tasks
 from lanceloader.engine.threads import OrderedPrefetcher, Stalled
 from lanceloader.engine.work import BatchWork, TaskResult, stage_of
@@ -142,6 +139,7 @@ class Stream(Iterator[Any]):
 
     def __init__(self, reading: Reading, epoch: int, plan: Plan, batches: range,
                  recorder: Recorder, log_every: int | None = None) -> None:
+        began = time.perf_counter()  # the loop waits from here: the stream's start is its wait
         self.epoch, self.plan, self.batches = epoch, plan, batches
         self._delivered = 0
         self._buffer: deque[tuple[Any, int, int]] = deque()
@@ -156,7 +154,6 @@ class Stream(Iterator[Any]):
         if reading.worker_type == "thread":  # this process reads
             reuse_freed_memory(TRAINING_TRIM_THRESHOLD)
         pool = ProcessPool if reading.worker_type == "process" else OrderedPrefetcher
-        began = time.perf_counter()
         self._pool: OrderedPrefetcher[Any, TaskResult] | ProcessPool = pool(
             work, tasks, reading.num_workers, reading.reads_in_flight, reading.stall_timeout)
         self._workers = (reading.num_workers, reading.worker_type)
@@ -181,6 +178,10 @@ class Stream(Iterator[Any]):
         if not self._buffer:
             try:
                 result: TaskResult = next(self._pool)  # StopIteration at the end (pool closed)
+            except StopIteration:  # the loop waited for the end too (closing the workers)
+                now = time.perf_counter()
+                count_end(self._counters, now - asked, now - self._started)
+                raise
             except Stalled as stalled:
                 raise stall_error(stalled, *self._workers) from None
             if self._finish is not None:

@@ -24,7 +24,7 @@ import torch
 import torch.utils.data
 
 from lanceloader.batch.tensors import split_rows as batch_rows
-from lanceloader.engine.processes import take_mapping, write_arrays
+from lanceloader.engine.transport import take_mapping, write_arrays
 from lanceloader.lifecycle import lifetime
 from lanceloader.lifecycle.lifetime import SHM_DIR
 

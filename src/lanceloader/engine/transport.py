@@ -1,0 +1,123 @@
+"""The shared-memory transport of process workers' results: NumPy arrays written into one
+``/dev/shm`` file per task (each 64-byte aligned), the rest of the result pickled; the consumer
+maps the file, unlinks its name at once, and hands out arrays that view the mapping (one copy,
+in the worker). Also used by the torch collation's shared batches."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import mmap
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lanceloader.engine.pickling import dumps
+
+_ALIGN = 64
+
+
+def _split(value: Any, arrays: list[np.ndarray]) -> Any:
+    """Replace NumPy arrays (not of object dtype) in nested dicts, lists and dataclasses by
+    placeholders, collecting the arrays."""
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "OT":  # not Python objects
+        arrays.append(value)
+        return _ArrayRef(len(arrays) - 1)
+    if isinstance(value, dict):
+        return {k: _split(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_split(v, arrays) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _split(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **fields)
+    return value
+
+
+class _ArrayRef:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _join(value: Any, arrays: list[np.ndarray]) -> Any:
+    if isinstance(value, _ArrayRef):
+        return arrays[value.index]
+    if isinstance(value, dict):
+        return {k: _join(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_join(v, arrays) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _join(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **fields)
+    return value
+
+
+def write_arrays(path: Path, arrays: list[np.ndarray]) -> list[int]:
+    """Write ``arrays`` into the new shared-memory file ``path``, each at a 64-byte-aligned
+    offset; returns the offsets."""
+    offsets, size = [], 0
+    for a in arrays:
+        size = -(-size // _ALIGN) * _ALIGN
+        offsets.append(size)
+        size += a.nbytes
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, max(size, 1))
+        # pwrite, not a mapping: the kernel fills the new file's pages as it copies, where a
+        # mapping takes a page fault (and zeroes a page) per 4 KiB first. Measured on a batch
+        # of 256 decoded 128x128 images (12.6 MB): 8-10 ms of CPU against 15-21 ms.
+        for a, offset in zip(arrays, offsets, strict=True):
+            data = np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], offset + written)
+    except BaseException:
+        path.unlink(missing_ok=True)  # half-written: nobody will take it
+        raise
+    finally:
+        os.close(fd)
+    return offsets
+
+
+def take_mapping(path: Path) -> mmap.mmap:
+    """Map the shared-memory file ``path`` and delete its name: the memory lives as long as the
+    mapping (and the arrays that view it), and nothing is left behind."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+
+
+def pack(result: Any, path: Path) -> tuple[bytes, list[tuple[int, str, tuple[int, ...]]]]:
+    """Write the arrays of ``result`` into the shared-memory file ``path``.
+
+    Returns the pickled rest of the result and, per array, ``(offset, dtype, shape)``.
+    """
+    arrays: list[np.ndarray] = []
+    skeleton = _split(result, arrays)
+    offsets = write_arrays(path, arrays) if arrays else []
+    layout = [(o, a.dtype.str, a.shape) for o, a in zip(offsets, arrays, strict=True)]
+    try:
+        return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), layout
+    except (pickle.PicklingError, AttributeError, TypeError):
+        # Values of a class defined in __main__ or a notebook cell: the worker has it by value,
+        # and cloudpickle sends it back, where it unpickles as the consumer's own class.
+        return dumps(skeleton), layout
+
+
+def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path: Path) -> Any:
+    """Map ``path`` (then unlink it) and rebuild the result with arrays viewing the mapping."""
+    arrays: list[np.ndarray] = []
+    if layout:
+        buf = take_mapping(path)
+        for offset, dtype, shape in layout:
+            dt = np.dtype(dtype)
+            count = math.prod(shape)  # np.prod of a small tuple costs ~4.6 us, 3 a batch
+            arrays.append(np.frombuffer(buf, dt, count, offset).reshape(shape))
+    return _join(pickle.loads(skeleton), arrays)
