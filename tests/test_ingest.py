@@ -18,6 +18,8 @@ import pyarrow.csv
 import pyarrow.dataset
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 import lanceloader as ll
@@ -642,3 +644,42 @@ def test_links_are_followed_and_loops_skipped_and_listed(tmp_path):
     done = ll.convert(tables, tmp_path / "t.lance", progress=False)
     assert lance.dataset(tmp_path / "t.lance").to_table()["x"].to_pylist() == [1, 2, 1, 2]
     assert [item for item, _ in done.skipped] == ["linked/up", "part/up"]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    parents=st.lists(st.integers(0, 10), min_size=1, max_size=6),
+    links=st.lists(st.tuples(st.integers(0, 10), st.integers(0, 10)), max_size=5),
+)
+def test_the_walk_follows_links_ends_and_never_loops(tmp_path_factory, parents, links):
+    """Any tree of folders with links between them: the walk ends, finds every file of the
+    real tree, and never goes down a link into a folder already on its own path."""
+    from lanceloader.write.folders import walk
+
+    root = tmp_path_factory.mktemp("tree")
+    folders = [root]
+    for i, parent in enumerate(parents):  # folder i+1 under an earlier folder
+        folders.append(folders[parent % len(folders)] / f"d{i}")
+        folders[-1].mkdir()
+    for folder in folders:
+        (folder / "f").touch()
+    for k, (source, target) in enumerate(links):
+        (folders[source % len(folders)] / f"l{k}").symlink_to(folders[target % len(folders)])
+    skipped: list[tuple[str, str]] = []
+    seen = list(walk(root, skipped, root=root))
+    found = {os.path.realpath(os.path.join(folder, "f")) for folder, names in seen if "f" in names}
+    assert found == {os.path.realpath(folder / "f") for folder in folders}
+    for folder, _ in seen:  # no real folder twice on one path
+        chain, path = [], Path(folder)
+        while True:
+            chain.append(os.path.realpath(path))
+            if path == root:
+                break
+            path = path.parent
+        assert len(chain) == len(set(chain)), folder
+    for item, why in skipped:
+        assert why.endswith("a loop: not followed")
+        target = os.path.realpath(root / item)
+        assert any(target == os.path.realpath(p) for p in (root / item).parents), item
