@@ -88,6 +88,32 @@ def test_prometheus_refuses_what_is_not_a_loader() -> None:
         metrics.prometheus({"val": "data/val.lance"}, registry=CollectorRegistry())
 
 
+def test_prometheus_refuses_a_second_registration_of_the_same_series(small_uri: str) -> None:
+    """Two collectors would expose every series twice (Prometheus rejects duplicate samples at
+    scrape): the second call is refused, naming the fix, and the first stays as it was."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    train, val = loader_of(small_uri), ll.Loader(small_uri, batch_size=100, columns=["id"])
+    first = metrics.prometheus(train, registry=registry)
+    with pytest.raises(ValueError, match=r"already exposes.*registry\.unregister\(collector\)"):
+        metrics.prometheus(val, registry=registry, name="val")
+    list(train)
+    text = generate_latest(registry).decode()
+    samples = [
+        (s.name, tuple(sorted(s.labels.items())))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+    assert (
+        len(samples) == len(set(samples))
+        and ("lanceloader_rows_total", (("loader", "train"), ("rank", "0"))) in samples
+    )
+    registry.unregister(first)  # the fix the error names: then another collector registers
+    metrics.prometheus({"train": train, "val": val}, registry=registry)
+
+
 def test_tensorboard_event_file(
     small_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,6 +260,35 @@ def test_windows_add_up_and_a_break_closes_the_loader(small_uri: str) -> None:
     assert sum(walls) == pytest.approx(loader.stats().wall_s, rel=0.5)  # the 12th batch is after
     list(loader)  # the break closed the iterator: the loader continues the epoch
     assert loader.stats().rows == 1000
+
+
+def test_log_every_wrapped_per_epoch_continues_the_steps_and_keeps_the_epoch_boundary(
+    small_uri: str,
+) -> None:
+    """The natural loop wraps the loader in each epoch: the steps go on across epochs (one
+    curve, not a vertical line per epoch), and on the last batch of an epoch the loader still
+    stands in that epoch, as without the wrapper."""
+    loader, bare = loader_of(small_uri), loader_of(small_uri)
+    steps: list[int] = []
+    seen: list[tuple[int, int]] = []
+    expected: list[tuple[int, int]] = []
+    for epoch in range(3):
+        for _ in metrics.log_every(loader, lambda m, step: steps.append(step), EVERY):
+            seen.append((loader.epoch, loader.state_dict()["epoch"]))
+        for _ in bare:
+            expected.append((bare.epoch, bare.state_dict()["epoch"]))
+        assert loader.epoch == epoch + 1
+    assert seen == expected and seen[19] == (0, 0) and seen[20] == (1, 1)
+    assert steps == list(range(EVERY, 61, EVERY))
+    # An explicit step counts on from there, across the wrapper's epochs.
+    logged = metrics.log_every(loader, lambda m, step: steps.append(step), EVERY, step=1000)
+    list(logged), list(logged)
+    assert steps[-8:] == list(range(1005, 1041, EVERY)) and logged.step == 1040
+
+
+def test_across_ranks_refuses_what_is_not_a_loader_or_its_stats() -> None:
+    with pytest.raises(TypeError, match=r"expected a lanceloader Loader .* got 'str'"):
+        metrics.across_ranks("nope")
 
 
 def test_log_every_refuses_bad_loggers(small_uri: str) -> None:
