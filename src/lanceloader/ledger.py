@@ -127,6 +127,14 @@ class Ledger:
     """
 
     def __init__(self, loader: Any, resumed_from: Sequence[dict[str, Any]] = ()) -> None:
+        if not (hasattr(loader, "source") and hasattr(loader, "order")) or not callable(
+            getattr(loader, "state_dict", None)
+        ):
+            raise TypeError(
+                f"Ledger takes the run's lanceloader Loader (anything with source, order and "
+                f"state_dict()), got {type(loader).__name__!r}; for a saved state use "
+                "ll.Ledger.from_state(state)"
+            )
         if isinstance(resumed_from, dict):
             raise TypeError(
                 "resumed_from must be a list of states, oldest first; got one state: pass [state]"
