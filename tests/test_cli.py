@@ -517,3 +517,65 @@ def test_lance_paths_in_errors_are_the_users_path(tmp_path: Path, spelling: str)
     # Lance's own spelling: the absolute, normalised path less its leading "/"
     lance_spelling = str(tmp_path / "sub" / "nope.lance").lstrip("/")
     assert f" {lance_spelling}" not in result.stderr
+
+
+# --- ledger ---------------------------------------------------------------------------------
+
+
+def saved_state(uri: str, tmp_path: Path) -> tuple[Loader, Path]:
+    import lanceloader as ll
+
+    loader = Loader(uri, batch_size=100, shuffle=True, seed=1)
+    path = tmp_path / "state.json"
+    ll.save_state(path, loader.state_dict())
+    return loader, path
+
+
+def test_ledger_out_csv_writes_csv_and_a_contradicting_format_is_refused(
+    small_uri: str, tmp_path: Path, capsys
+) -> None:
+    import csv
+
+    from lanceloader import Ledger
+
+    loader, state = saved_state(small_uri, tmp_path)
+    out = tmp_path / "spike.csv"
+    code, _, err = run_cli(["ledger", str(state), "--steps", "0:2", "--out", str(out)], capsys)
+    assert code == 0, err
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    expected = Ledger(loader).rows(epoch=0, step=0)["row_offset"].to_pylist()
+    assert len(rows) == 200 and [int(r["row_offset"]) for r in rows[:100]] == expected
+    jsonl = tmp_path / "spike.jsonl"
+    code, _, err = run_cli(["ledger", str(state), "--steps", "0", "--out", str(jsonl)], capsys)
+    assert code == 0 and json.loads(jsonl.read_text().splitlines()[0])["step"] == 0
+    code, _, err = run_cli(
+        ["ledger", str(state), "--steps", "0", "--out", str(out), "--format", "jsonl"], capsys
+    )
+    assert_one_line_error(code, err, "ledger", "names a CSV file but --format is jsonl")
+
+
+def test_ledger_of_a_dataset_or_a_bad_file_names_what_it_expects(
+    small_uri: str, tmp_path: Path, capsys
+) -> None:
+    binary = tmp_path / "model.pt"
+    binary.write_bytes(bytes(range(256)) * 4)
+    other = tmp_path / "config.json"
+    other.write_text('{"lr": 0.1}')
+    for path, fragment in [
+        (small_uri, "is a Lance dataset, not a loader state"),
+        (str(tmp_path), "is a folder, not a loader state"),
+        (str(binary), "is not a loader state (not text)"),
+        (str(other), "holds JSON that is not a loader state"),
+    ]:
+        code, _, err = run_cli(["ledger", path, "--steps", "0:2"], capsys)
+        assert_one_line_error(
+            code, err, "ledger", fragment, "ll.save_state(path, loader.state_dict())"
+        )
+
+
+def test_a_ledger_of_something_that_is_not_a_loader_is_a_type_error() -> None:
+    import lanceloader as ll
+
+    with pytest.raises(TypeError, match=r"got 'str'; for a saved state use ll\.Ledger\.from_state"):
+        ll.Ledger("not a loader")

@@ -8,7 +8,7 @@ sources by identity only, so a mix's ledger is made in Python from its Loader.
 Example::
 
     $ lanceloader ledger ckpt/loader.json --steps 12000:12010 --out spike.jsonl
-    $ lanceloader ledger ckpt/loader.json --epoch 3 --steps 5 --rank 1 --format csv
+    $ lanceloader ledger ckpt/loader.json --epoch 3 --steps 5 --rank 1 --out step5.csv
     $ lanceloader ledger latest.json --resumed-from ckpt1/loader.json ckpt2/loader.json \\
           --steps 0:100
 """
@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import csv
 import json
+import os
 import sys
 from collections.abc import Iterator
 from typing import IO, Any
@@ -32,7 +33,7 @@ from lanceloader.state.format import load_state
 LEDGER_EPILOG = """\
 examples:
   lanceloader ledger ckpt/loader.json --steps 12000:12010 --out spike.jsonl
-  lanceloader ledger ckpt/loader.json --epoch 3 --steps 5 --rank 1 --format csv
+  lanceloader ledger ckpt/loader.json --epoch 3 --steps 5 --rank 1 --out step5.csv
   lanceloader ledger latest.json --resumed-from ckpt1/loader.json ckpt2/loader.json --steps 0:100
 
 STATE is a loader state saved with ll.save_state (JSON). --steps counts the run's steps from its
@@ -102,23 +103,28 @@ def add_ledger(sub: Any) -> None:
         help="the states the run resumed from, oldest first",
     )
     p.add_argument("--uri", help="the dataset's location if it moved (its identity is checked)")
-    p.add_argument("--format", choices=("jsonl", "csv"), default="jsonl")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="default: from --out's suffix (.csv: csv; .jsonl, .json, .ndjson: jsonl), else jsonl",
+    )
     p.add_argument("--out", default="-", metavar="PATH", help="default: standard output")
     p.set_defaults(run=ledger)
 
 
 def ledger(args: argparse.Namespace) -> int:
     """Write the manifest of ``args.steps``; bad input is a :class:`CommandError`."""
+    fmt = output_format(args.out, args.format)
     with input_errors():
-        state = load_state(args.state)
-        resumed = [load_state(path) for path in args.resumed_from]
+        state = read_state(args.state)
+        resumed = [read_state(path) for path in args.resumed_from]
         book = Ledger.from_state(state, resumed, uri=args.uri)
         try:
             table = book.manifest(args.steps, epoch=args.epoch, rank=args.rank)
         except IndexError as exc:
             raise CommandError(str(exc)) from exc
     with output(args.out) as out:
-        write_manifest(table, out, args.format)
+        write_manifest(table, out, fmt)
     where = "standard output" if args.out == "-" else args.out
     print(
         f"wrote {table.num_rows} rows of steps {args.steps.start} to {args.steps.stop - 1}"
@@ -126,6 +132,52 @@ def ledger(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+FORMATS = ("jsonl", "csv")
+SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+
+def output_format(out: str, fmt: str | None) -> str:
+    """The format to write: ``fmt`` if given, else the one ``out``'s suffix names (JSON lines for
+    standard output and other suffixes); a suffix that names the other format is refused.
+
+    >>> output_format("spike.csv", None), output_format("-", None), output_format("a.txt", "csv")
+    ('csv', 'jsonl', 'csv')
+    >>> output_format("spike.csv", "jsonl")
+    Traceback (most recent call last):
+    ...
+    lanceloader.cli.errors.CommandError: --out 'spike.csv' names a CSV file but --format is jsonl: drop --format (the suffix chooses), or name the file spike.jsonl
+    """
+    named = SUFFIXES.get(os.path.splitext(out)[1].lower()) if out != "-" else None
+    if fmt is None:
+        return named or "jsonl"
+    if named is not None and named != fmt:
+        kind = {"csv": "a CSV file", "jsonl": "a JSON lines file"}[named]
+        suffix = ".jsonl" if fmt == "jsonl" else ".csv"
+        raise CommandError(
+            f"--out {out!r} names {kind} but --format is {fmt}: drop --format (the suffix "
+            f"chooses), or name the file {os.path.splitext(out)[0]}{suffix}"
+        )
+    return fmt
+
+
+def read_state(path: str) -> dict[str, Any]:
+    """The loader state saved at ``path``; anything else (a dataset, a folder, a binary file)
+    is a :class:`CommandError` naming what a state is and how to save one."""
+    how = (
+        "ledger reads a loader state saved with ll.save_state(path, loader.state_dict()) "
+        "(JSON, e.g. beside your model's checkpoint)"
+    )
+    if os.path.isdir(path):
+        what = "a Lance dataset" if os.path.isdir(os.path.join(path, "_versions")) else "a folder"
+        raise CommandError(f"{path!r} is {what}, not a loader state: {how}")
+    try:
+        return load_state(path)
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"{path!r} is not a loader state (not text): {how}") from exc
+    except ValueError as exc:
+        raise CommandError(f"{exc}: {how}") from exc
 
 
 @contextlib.contextmanager
