@@ -50,7 +50,8 @@ def check_nulls(source: _Scanned, conversion: Any) -> None:
     own rows."""
     if is_object_store(source.uri) or forksafe.tainted():
         return  # a tainted process reads through a clean reader only: no scans here
-    columns = null_checked_columns(source.schema_table().schema, conversion)
+    rows_schema = source.schema_table().schema  # the columns as read (a blob: not Lance's struct)
+    columns = null_checked_columns(rows_schema, conversion)
     ds = source.dataset
     if not columns or ds.count_rows() * sum(columns.values()) > NULL_SCAN_BYTES:
         return
@@ -71,7 +72,7 @@ def check_nulls(source: _Scanned, conversion: Any) -> None:
         null = table.column(name).is_null().to_numpy(zero_copy_only=False)
         if null.any():
             first = offsets[null][:1]
-            raise nulls_error(name, table.schema.field(name).type, int(null.sum()),
+            raise nulls_error(name, rows_schema.field(name).type, int(null.sum()),
                               source.num_rows,
                               f"Lance row {int(first[0])}, {source.describe_offsets(first)}",
                               source.filter)
