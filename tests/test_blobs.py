@@ -28,8 +28,8 @@ from lanceloader.rows.lance.inline_blobs import (
     fragment_files,
     inline_runs,
     read_inline,
-    take_inline_io,
 )
+from lanceloader.rows.protocol import StorageIO
 from lanceloader.rows.lance.source import Source
 
 ROWS = 40
@@ -436,7 +436,6 @@ def test_inline_payloads_are_read_from_the_files_in_runs_and_equal_read_blobs(
         "shuffled": np.random.default_rng(0).permutation(n),
         "blocks": np.concatenate([np.arange(20, n), np.arange(0, 20)]),
     }[order]
-    take_inline_io()
     read = source.read_rows(positions)
     ids = read.rows.column("id").to_pylist()
     got = read.rows.column("image").to_pylist()
@@ -448,14 +447,14 @@ def test_inline_payloads_are_read_from_the_files_in_runs_and_equal_read_blobs(
     if direct:
         assert read.io_bytes >= payload  # the payloads count as read bytes (stats())
     runs = source.read_rows(positions)  # the same read again, counted alone
-    assert take_inline_io() == (0, 0)  # the read took its own counts
     assert (runs.io_bytes >= payload) if direct else True
     if direct:  # a few preads (one per fragment or block run), not one per row
         assert runs.io_iops <= 8 + 2 * 3
     descriptors = Source(uri, blobs={"image": "descriptor"}).read(positions).column("image")
-    payloads = read_blob_payloads(lance.dataset(uri), "image", np.array(offsets), descriptors)
+    io = StorageIO()
+    payloads = read_blob_payloads(lance.dataset(uri), "image", np.array(offsets), descriptors, io)
     assert payloads.to_pylist() == got
-    inline_bytes, preads = take_inline_io()
+    inline_bytes, preads = io.bytes, io.reads
     if direct:  # the payloads, plus the padding and deleted rows' payloads between them
         assert payload <= inline_bytes <= 1.3 * payload + 64 * len(ids)
     else:
@@ -470,9 +469,7 @@ def test_packed_blobs_come_through_read_blobs(tmp_path) -> None:
     rng = np.random.default_rng(1)
     values = [rng.bytes(100_000), None, b"", rng.bytes(100_000)]
     lance.write_dataset(blob_table(values), uri)
-    take_inline_io()
     assert Source(uri).read(np.arange(4)).column("image").to_pylist() == values
-    assert take_inline_io() == (0, 0)
 
 
 @pytest.mark.parametrize("storage", ["2.0", "2.1"])
@@ -487,9 +484,7 @@ def test_blob_v1_columns_come_through_read_blobs(tmp_path, storage: str) -> None
     )
     uri = str(tmp_path / "v1.lance")
     lance.write_dataset(table, uri, data_storage_version=storage)
-    take_inline_io()
     assert Source(uri).read(np.arange(40)).column("image").to_pylist() == values
-    assert take_inline_io() == (0, 0)
 
 
 def test_a_data_file_shorter_than_its_descriptors_is_an_error_naming_it(tmp_path) -> None:
@@ -499,7 +494,7 @@ def test_a_data_file_shorter_than_its_descriptors_is_an_error_naming_it(tmp_path
     files = FragmentFiles(np.array([0, 2]), (str(path),))
     plan = inline_runs(np.array([0, 0]), np.array([0, 64]), np.array([60, 60]))
     with pytest.raises(OSError, match=r"short\.lance ends at byte 100.*24 more bytes"):
-        read_inline(files, plan, None, 0)
+        read_inline(files, plan, None, 0, StorageIO())
 
 
 def test_inline_reads_run_on_the_checked_pylance_and_a_local_path_in_any_cwd(
@@ -516,9 +511,9 @@ def test_inline_reads_run_on_the_checked_pylance_and_a_local_path_in_any_cwd(
     descriptors = Source("rel.lance", blobs={"image": "descriptor"}).read(np.arange(2))
     monkeypatch.chdir("/")
     assert source.read(np.arange(2)).column("image").to_pylist() == [b"ab", b"cd"]
-    take_inline_io()
-    payloads = read_blob_payloads(source.dataset, "image", np.arange(2), descriptors["image"])
-    assert payloads.to_pylist() == [b"ab", b"cd"] and take_inline_io()[0] >= 4
+    io = StorageIO()
+    payloads = read_blob_payloads(source.dataset, "image", np.arange(2), descriptors["image"], io)
+    assert payloads.to_pylist() == [b"ab", b"cd"] and io.bytes >= 4
 
 
 def test_decode_images_reads_binary_view_columns() -> None:
@@ -573,19 +568,19 @@ def test_ranges_read_from_the_files_equal_read_blob_ranges(every_kind_uri, asks)
         size = len(values[row] or b"")
         lo = int(a * size)
         requests.append((row, lo, int(b * (size - lo))))
-    take_inline_io()
-    got = located.read_ranges(requests)
+    io = StorageIO()
+    got = located.read_ranges(requests, io)
     if not requests:
         assert got == []
         return
     if not all(present[row] for row, _, _ in requests):
-        assert got is None and take_inline_io() == (0, 0)
+        assert got is None and (io.bytes, io.reads) == (0, 0)
         return
     lance_bytes = [
         data for _, _, data in ds.read_blob_ranges("image", requests, selector="indices")
     ]
     assert got == lance_bytes
-    assert take_inline_io() == (sum(n for _, _, n in requests), len(requests))
+    assert (io.bytes, io.reads) == (sum(n for _, _, n in requests), len(requests))
 
 
 def test_a_range_outside_its_blob_or_an_external_blob_goes_to_lance(
@@ -597,8 +592,8 @@ def test_a_range_outside_its_blob_or_an_external_blob_goes_to_lance(
     ds = lance.dataset(uri)
     descriptors = ds.to_table(columns=["image"]).column("image")
     located = blob_locations(ds, "image", np.arange(len(values)), descriptors)
-    assert located.read_ranges([(0, 0, 31)]) is None  # the blob holds 30 bytes
-    assert located.read_ranges([(99, 0, 1)]) is None  # no such row
+    assert located.read_ranges([(0, 0, 31)], StorageIO()) is None  # the blob holds 30 bytes
+    assert located.read_ranges([(99, 0, 1)], StorageIO()) is None  # no such row
     # a copy of the dataset without its sidecar files: those blobs are not located
     import shutil
 
@@ -609,8 +604,8 @@ def test_a_range_outside_its_blob_or_an_external_blob_goes_to_lance(
     gone = lance.dataset(str(copy))
     found = blob_locations(gone, "image", np.arange(len(values)), descriptors)
     sizes = [len(v or b"") for v in values]
-    assert found.read_ranges([(2, 0, 10)]) is None  # packed: its file is gone
-    assert found.read_ranges([(1, 0, 10)]) == [values[1][:10]]  # inline: in the data file
+    assert found.read_ranges([(2, 0, 10)], StorageIO()) is None  # packed: its file is gone
+    assert found.read_ranges([(1, 0, 10)], StorageIO()) == [values[1][:10]]  # inline: in the data file
     assert sizes[1] < 64 * 1024
 
 
@@ -626,7 +621,7 @@ def test_a_sidecar_shorter_than_its_descriptors_is_an_error_naming_it(tmp_path) 
     with open(sidecar, "r+b") as f:
         f.truncate(100_000)
     with pytest.raises(OSError, match=r"\.blob ends at byte 100000"):
-        located.read_ranges([(0, 90_000, 20_000)])
+        located.read_ranges([(0, 90_000, 20_000)], StorageIO())
 
 
 def test_blob_v1_and_object_stores_are_not_located(tmp_path) -> None:

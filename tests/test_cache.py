@@ -838,8 +838,8 @@ def test_a_read_fills_its_largest_piece_before_a_sliver_of_another(uri, tmp_path
     source.cache.fill_piece = recording
     table = source.read(np.arange(1990, 3024))
     assert table.column("id").to_pylist() == list(range(1990, 3024))
-    size = source._piece_rows
+    size = source.cached.piece_rows
     assert filled == [
-        cache_module.piece_name(source._fragment_keys[1], size, 0),
-        cache_module.piece_name(source._fragment_keys[0], size, 1),
+        cache_module.piece_name(source.cached.fragment_keys[1], size, 0),
+        cache_module.piece_name(source.cached.fragment_keys[0], size, 1),
     ]

@@ -446,7 +446,7 @@ def test_a_cache_failure_names_the_cache_directory_never_the_dataset(uri, tmp_pa
     Loader read as well, and is no dataset ReadError text."""
     cache = tmp_path / "c"
     source = Source(uri, columns=COLUMNS, cache=str(cache), cache_size=1 << 30)
-    name = cache_module.piece_name(source._fragment_keys[0], source._piece_rows, 0)
+    name = cache_module.piece_name(source.cached.fragment_keys[0], source.cached.piece_rows, 0)
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
     from test_cache import hold_lock

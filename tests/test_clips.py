@@ -23,8 +23,9 @@ import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
 from conftest import lanceloader_threads
 from lanceloader.media import video as media_video
-from lanceloader.rows.clips.source import ClipSource, clip_windows, fetch_chunks
-from lanceloader.rows.clips.windows import draw_below
+from lanceloader.rows.clips.fetch import fetch_chunks
+from lanceloader.rows.clips.source import ClipSource
+from lanceloader.rows.clips.windows import clip_windows, draw_below
 from mediagen import frame_index_of, write_audio, write_video
 
 FRAMES = [30, 21, 45, 9, 26]  # per video; the 9-frame one is too short for some clips

@@ -287,7 +287,7 @@ def test_a_shuffled_read_on_the_store_fills_every_piece_it_touches(s3, remote: s
     read = np.random.default_rng(1).permutation(ROWS)[:50]  # every piece, a few rows of each
     store = Source(remote, storage_options=s3.storage_options, cache=str(tmp_path / "s"), **kw)
     disk = Source(local, cache=str(tmp_path / "d"), **kw)
-    pieces = len(np.unique(store.pieces_at.of(store.row_offsets(read))))
+    pieces = len(np.unique(store.cached.pieces_at.of(store.row_offsets(read))))
     assert pieces > 1
     assert store.read_table(read).equals(disk.read_table(read))
     assert store.cache.fills == pieces and disk.cache.fills == 0

@@ -142,7 +142,7 @@ class WorkerPopen(popen_forkserver.Popen):
         self.pid = forkserver.read_signed(self.sentinel)
 
 
-class WorkerProcess(mp.context.ForkServerProcess):  # type: ignore[name-defined,misc]
+class WorkerProcess(mp.context.ForkServerProcess):
     """A forkserver process that does not re-run the user's main module (:class:`WorkerPopen`)."""
 
     @staticmethod

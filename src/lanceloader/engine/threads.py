@@ -190,7 +190,7 @@ class OrderedPrefetcher(Generic[T, R]):
             self.close()
             raise
         self._fill()
-        return result  # type: ignore[no-any-return]
+        return result
 
     def _stalled(self, job: _Job) -> Stalled:
         assert self._stall_timeout is not None

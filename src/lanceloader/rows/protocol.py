@@ -36,6 +36,7 @@ kind but a mix (a mix of mixes is one mix with multiplied weights).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,6 +62,27 @@ class Read:
     rows_cached: int = 0
     cache_damaged: int = 0
     decode_s: float = 0.0
+
+
+class StorageIO:
+    """Storage I/O a read makes past Lance's own counters (blob payloads and byte ranges read
+    with ``pread``): the read makes one, hands it to what it calls, and puts the totals in its
+    :class:`Read`. Thread-safe: a clip read's fetch threads add to it at once.
+
+    >>> io = StorageIO(); io.add(100, 2); io.add(50, 1); (io.bytes, io.reads)
+    (150, 3)
+    """
+
+    __slots__ = ("_lock", "bytes", "reads")
+
+    def __init__(self) -> None:
+        self.bytes = self.reads = 0
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int, reads: int) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self.reads += reads
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,16 @@ class DiskCache(PlansAndRanges):
         count, self._thread.fills = getattr(self._thread, "fills", 0), 0
         return count
 
+    @property
+    def copies_out(self) -> bool:
+        """Reads copy rows out of its pieces: in memory, the pieces it holds are shared by
+        every read of the process (a slice would be a writable tensor over them)."""
+        return self.in_memory
+
+    def drop_damaged(self, name: str, why: str) -> None:
+        """Drop piece ``name``, found damaged while a read used it (see :meth:`drop`)."""
+        self.drop(name, self._path(name), None, why)
+
     def drop(
         self, name: str, path: Path, version: Version | None, why: str, damaged: bool = True
     ) -> None:

@@ -6,7 +6,8 @@ turns every epoch after the first into local reads, in any order: a *piece* is u
 projected columns. A read that misses a piece downloads the whole piece with one range read
 (Lance's fastest path on an object store), keeps it, and takes its rows from it.
 
-Which pieces are kept (:func:`read_cached`): a piece is filled when at least 1/8 of its rows
+Which pieces are kept (:class:`~lanceloader.rows.lance.cached.CachedReads`, the reads of Lance
+rows through their cache): a piece is filled when at least 1/8 of its rows
 are selected (filter and split), and either the whole selection fits in the cache (so a full
 shuffle's first epoch downloads each piece once, in big reads, instead of row by row) or this
 read wants at least 1/8 of the piece (sequential and block reads). Otherwise the rows come from
@@ -77,8 +78,9 @@ ranges that are not rows (``fetch_bytes(key, make)``, e.g. the bytes of a video 
 ``cache="auto"`` (the Loader's default) chooses one of these caches, or none:
 :mod:`lanceloader.rows.cache.auto`, a directory in memory (``DiskCache(in_memory=True)``).
 
-Where the code is: this module holds :func:`make_cache`, the pieces' sizes and names,
-``MemoryCache`` and a Source's reads through its cache (:func:`read_cached`); ``DiskCache``
+Where the code is: this module holds :func:`make_cache`, the pieces' sizes and names and
+``MemoryCache``; a Source's reads through its cache are
+:mod:`lanceloader.rows.lance.cached`; ``DiskCache``
 (its get/fill path) is :mod:`lanceloader.rows.cache.disk`, the pieces it holds in memory
 :mod:`lanceloader.rows.cache.held`, its locks :mod:`lanceloader.rows.cache.locks`, its plans and
 byte ranges :mod:`lanceloader.rows.cache.plans`; the
@@ -86,7 +88,7 @@ directory's cap (reservation, eviction, bytes used, dead writers' temporaries) i
 :mod:`lanceloader.rows.cache.budget`; the files' names, format and checks, and the errors,
 are :mod:`lanceloader.rows.cache.files`.
 
->>> import pyarrow as pa, tempfile
+>>> import numpy as np, pyarrow as pa, tempfile
 >>> cache = DiskCache(tempfile.mkdtemp(), size=1 << 20)
 >>> cache.get("a") is None
 True
@@ -108,7 +110,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from lanceloader.rows.cache.disk import DiskCache
@@ -119,22 +120,16 @@ from lanceloader.rows.cache.files import (
     SUFFIX,
     CacheError,
     CacheLockTimeout,
-    DamagedFile,
-    PieceFile,
     bytes_name,
     check_sealed,
     in_memory_filesystem,
     made_bytes,
-    rows_at,
 )
-from lanceloader.rows.dataset import reaching_store
-from lanceloader.rows.gather import gather_rows, group_order
-from lanceloader.rows.protocol import distinct, is_identity
 
 __all__ = [
     "AUTO", "FILL_FRACTION", "MIN_PIECE_ROWS", "PIECE_BYTES", "SUFFIX", "CacheError",
-    "CacheLockTimeout", "DiskCache", "MemoryCache", "check_sealed", "fill_plan",
-    "fragment_key", "make_cache", "piece_name", "piece_rows", "read_cached",
+    "CacheLockTimeout", "DiskCache", "MemoryCache", "check_sealed",
+    "fragment_key", "make_cache", "piece_name", "piece_rows",
 ]
 
 # Arrow bytes a piece aims at: big enough that a download is a few large requests (each column
@@ -246,6 +241,9 @@ class MemoryCache:
     def __repr__(self) -> str:
         return f"MemoryCache(size={self.size})"
 
+    #: reads slice its tables (a tensor of a slice shares the cached table: do not write to it)
+    copies_out = False
+
     def __getstate__(self) -> dict[str, Any]:
         return {"size": self.size}
 
@@ -334,158 +332,3 @@ class MemoryCache:
 
     def used_bytes(self) -> int:
         return self._used
-
-
-# --- a Source's reads through its cache ---------------------------------------------------
-
-
-def fill_plan(source: Any) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Per piece, its rows and the share of them the filter and split select; and whether
-    all the pieces worth keeping (that share >= FILL_FRACTION) fit in the cache together."""
-    if source._piece_fill is None:
-        assert source.cache is not None
-        sizes = np.diff(source.pieces_at.starts)
-        selected = (sizes if source._rows is None else
-                    np.bincount(source.pieces_at.of(source._rows), minlength=len(sizes)))
-        share = selected / np.maximum(sizes, 1)
-        kept = sizes[share >= FILL_FRACTION].sum() * source.bytes_per_row
-        source._piece_fill = sizes, share, bool(kept <= source.cache.size)
-    return source._piece_fill
-
-
-def read_cached(source: Any, offsets: np.ndarray) -> tuple[pa.Table, int]:
-    """``source``'s rows at Lance ``offsets`` through the cache: rows of pieces in the cache come
-    from it; a missing piece is filled whole when that is worth it and it can be kept (see
-    :mod:`lanceloader.rows.cache.pieces`), the other rows are read from Lance. Returns the rows in the
-    order of ``offsets`` and how many came from a piece in the cache (found there, or filled and
-    kept by this read; a piece downloaded and not kept counts as the dataset's).
-
-    No sort of the offsets: the request is grouped by piece (one stable ``argsort`` of the
-    piece numbers keeps the request's order within each piece), and every row is copied once,
-    from its piece straight into its place in the result
-    (:func:`~lanceloader.rows.gather.gather_rows`); rows consecutive in one piece are a slice
-    of it (no copy), unless the directory is in memory (its held pieces: copied out). Lance
-    calls on an object store end within seconds when the store is gone
-    (:func:`~lanceloader.rows.dataset.reaching_store`).
-    """
-    assert source.cache is not None
-    cache = source.cache
-    if not len(offsets):
-        return source.schema_table().slice(0, 0), 0
-    sizes, share, fits = fill_plan(source)
-    size = source._piece_rows
-    piece = source.pieces_at.of(offsets)
-    row = offsets - source.pieces_at.starts[piece]  # row in its piece
-    order = (np.arange(len(piece)) if bool(np.all(piece[1:] >= piece[:-1]))
-             else group_order(piece))
-    grouped = piece[order]
-    breaks = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
-    grouped_rows = row[order]  # each group's rows in its piece: slices, no NumPy call a group
-    parts: list[pa.Table] = []  # per part: a piece (or rows of one), rows in it, their places
-    wheres: list[np.ndarray | None] = []
-    placed: list[np.ndarray] = []
-    direct: list[np.ndarray] = []
-    waiting: list[tuple[np.ndarray, np.ndarray]] = []
-    cached = 0
-    if source._on_store:
-        allowed = len(offsets)  # pieces this read may fill for a sliver
-    else:  # the process's credit (threads may lose an update to each other: a heuristic)
-        per_fill = min(ROWS_PER_FILL, source._piece_rows / 2)
-        source._fill_credit = min(source._fill_credit + len(offsets) / per_fill,
-                                  FILL_CREDIT_MOST)
-        allowed = int(source._fill_credit)
-    sliver_fills = allowed  # left
-
-    def fragment_and_number(i: int) -> tuple[int, int]:
-        """Row ``i``'s piece as its fragment and its number in that fragment."""
-        p = int(piece[i])
-        fragment = int(source.piece_fragment[p])
-        return fragment, p - int(source._piece_base[fragment])
-
-    def name_of(i: int) -> str:
-        fragment, number = fragment_and_number(i)
-        return piece_name(source._fragment_keys[fragment], size, number)
-
-    def load(i: int) -> Any:
-        frag, number = fragment_and_number(i)
-        start = number * size
-
-        def piece_table() -> pa.Table:
-            _ = source.dataset  # opened in this process (a worker opens it at its first miss)
-            return reaching_store(
-                lambda: source.read_fragment(frag, start, size),  # blob columns as bytes
-                source.uri, source.storage_options)
-        return piece_table
-
-    def take(found: pa.Table | PieceFile, request: np.ndarray, rows: np.ndarray,
-             kept: bool) -> bool:
-        """Place the request's rows (``rows`` in the piece) of a piece; False when its file
-        proved damaged."""
-        nonlocal cached
-        if isinstance(found, PieceFile):  # the record batches holding the rows
-            try:
-                found, rows = found.locate(rows)
-            except DamagedFile as exc:
-                cache.drop(name_of(int(request[0])), cache._path(name_of(int(request[0]))),
-                           None, str(exc))
-                return False
-        parts.append(found)
-        wheres.append(rows)
-        placed.append(request)
-        cached += len(request) if kept else 0
-        return True
-
-    def fill(group: np.ndarray, rows: np.ndarray, block: bool) -> bool:
-        """Fill the group's piece and place its rows (a damaged file: once more); False when
-        another is filling it and ``block`` is False."""
-        for _ in range(2):
-            found, kept = cache.fill_piece(name_of(int(group[0])), load(int(group[0])), block)
-            if found is None:
-                return False
-            if take(found, group, rows, kept):
-                return True
-        direct.append(group)
-        return True
-
-    spans = list(zip([0, *breaks.tolist()], [*breaks.tolist(), len(order)], strict=True))
-    if len(spans) > 1:  # the largest groups first: a read fills its own piece before it takes
-        # a sliver of a piece another read is about to fill (else it filled both, one after
-        # the other, while that read waited: the first epoch through the automatic cache on an
-        # object store started its last fragment a round trip late)
-        spans.sort(key=lambda span: span[0] - span[1])
-    for a, b in spans:
-        group, rows = order[a:b], grouped_rows[a:b]
-        i = int(group[0])
-        found = cache.get(name_of(i))
-        if found is not None and take(found, group, rows, True):
-            continue
-        p = int(piece[i])
-        sliver = b - a < FILL_FRACTION * sizes[p] or (
-            len(distinct(offsets[group])) < FILL_FRACTION * sizes[p])
-        if share[p] < FILL_FRACTION or (sliver and not (fits and sliver_fills)) or (
-                not cache.keeps(name_of(i), sizes[p] * source.bytes_per_row)):
-            direct.append(group)
-            continue
-        sliver_fills -= sliver
-        if not fill(group, rows, block=False):  # another worker is filling it: first the rest
-            waiting.append((group, rows))
-    for group, rows in waiting:
-        fill(group, rows, block=True)
-    if not source._on_store:
-        source._fill_credit = max(0.0, source._fill_credit - (allowed - sliver_fills))
-    if direct:
-        request = np.concatenate(direct)
-        parts.append(reaching_store(lambda: source._read_offsets(offsets[request]),
-                                    source.uri, source.storage_options))
-        wheres.append(None)
-        placed.append(request)
-    if len(parts) == 1 and is_identity(placed[0]) and not getattr(cache, "in_memory", False):
-        # one piece, in order: a slice when it can (never of a piece held for a directory in
-        # memory: every read of the process shares it, and a tensor wrapping it is writable)
-        where = wheres[0]
-        table = parts[0] if where is None else rows_at(parts[0], where)
-        if where is not None and table.num_columns and table.column(0).num_chunks > 1:
-            table = table.combine_chunks()  # a piece file's record batches: one chunk out
-    else:
-        table = gather_rows(parts, wheres, placed, len(offsets))
-    return table.select(source.columns), cached

@@ -79,37 +79,30 @@ Example::
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lanceloader.batch.transforms import tensor_array
 from lanceloader.rows.cache.auto import auto_cache
 from lanceloader.rows.cache.pieces import AUTO, MemoryCache
 from lanceloader.rows.clips.fetch import (
     FETCH_CHUNKS,
     FETCH_WAIT_S,
-    PlannedClip,
     Undecodable,
-    VideoFetches,
     close_fetch_threads,
     fetch_chunks,
     fetch_threads,
-    wait_fetched,
 )
 from lanceloader.rows.clips.index import (
     ClipError,
     MediaIndex,
     build_index,
     check_short_media,
-    import_audio_ranges,
-    import_video,
     index_names,
 )
+from lanceloader.rows.clips.read import ClipRead
 from lanceloader.rows.clips.windows import (
     LAYOUTS,
     AudioClips,
@@ -121,20 +114,16 @@ from lanceloader.rows.clips.windows import (
     video_clips,
 )
 from lanceloader.rows.dataset import (
-    NOT_READ_FAILURES,
-    ReadError,
     check_columns,
     is_object_store,
     open_dataset,
 )
-from lanceloader.rows.lance.inline_blobs import take_inline_io
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.protocol import (
     Read,
     ReadHints,
     RowsBase,
     RowsFacts,
-    as_table,
     empty_table,
 )
 
@@ -158,7 +147,6 @@ __all__ = [
     "video_clips",
 ]
 
-MAX_EXTRA_READS = 4  # ranged reads a clip may add when the decoder asks for more bytes
 
 
 
@@ -286,18 +274,18 @@ class ClipSource(RowsBase):
         # columns are read and the first clips decode; local ranges come from the page cache.
         self.fetch_ahead = is_object_store(inner.uri)
         if isinstance(spec, VideoClips):
-            self._shape = self._video_shape()
+            self.shape = self._video_shape()
             lengths = self._index_column("frames")
             self.windows = clip_windows(
                 lengths, spec.frames, spec.stride, spec.step, spec.per_video
             )
             dtype = pa.uint8()
         else:
-            lengths, window, step, self._shape = self._audio_windows()
+            lengths, window, step, self.shape = self._audio_windows()
             self.windows = clip_windows(lengths, window, 1, step, spec.per_file)
             dtype = pa.float32()
         self.short_media = check_short_media(inner, spec, self.index, self.windows.counts)
-        self.tensor = pa.fixed_shape_tensor(dtype, self._shape)
+        self.tensor = pa.fixed_shape_tensor(dtype, self.shape)
         row_schema = inner.schema_table().schema
         self.schema = pa.schema(
             [
@@ -307,7 +295,7 @@ class ClipSource(RowsBase):
             ]
         )
         self.columns = self.schema.names
-        self.bytes_per_row = float(np.prod(self._shape) * (1 if dtype == pa.uint8() else 4))
+        self.bytes_per_row = float(np.prod(self.shape) * (1 if dtype == pa.uint8() else 4))
 
     def _index_column(self, name: str) -> np.ndarray:
         col = self.index.table.column(f"{self.spec.column}_{name}")
@@ -415,274 +403,14 @@ class ClipSource(RowsBase):
     def read_rows(self, positions: np.ndarray, epoch: int = 0) -> Read:
         """The clips at ``positions`` (in that order) for ``epoch`` (which draws the starts of
         ``per_video`` clips): the rows' other columns through the inner source, the media
-        bytes in one ranged blob read, decoded here (see the module's text)."""
+        bytes in one ranged blob read, decoded here (see the module's text and
+        :class:`~lanceloader.rows.clips.read.ClipRead`)."""
         positions = np.asarray(positions, dtype=np.int64)
         if not len(positions):  # no clips: no decoder (Arrow makes no empty tensor of NumPy)
             return Read(self.schema_table())
-        media = self.windows.media(positions)
-        starts = self.windows.starts(positions, self.seed, epoch)
-        columns: dict[str, Any] = {}
-        io_bytes = io_iops = cached = damaged = 0
-        table = None
-        ds = self.inner.dataset
-        offsets = self.inner.row_offsets(media)
-        fetches = rows = None
-        unique, where = np.unique(media, return_inverse=True)
-        # an object store's fetches wait on threads of this read's own, shut down below
-        pool = fetch_threads() if self.fetch_ahead and isinstance(self.spec, VideoClips) else None
-        done = False
-        try:
-            if isinstance(self.spec, VideoClips):
-                # the clips' bytes are on their way while the rows' columns are read
-                fetches = self._fetch_video(ds, media, offsets, starts, pool)
-            if self.row_columns:
-                if pool is not None:  # read while the clips decode
-                    rows = pool.submit(self.inner.read_rows, unique, epoch)
-                else:
-                    rows = concurrent.futures.Future()
-                    rows.set_result(self.inner.read_rows(unique, epoch))
-            if fetches is not None:
-                clips, decode_s = self._decode_fetched(ds, fetches)
-            else:
-                clips, decode_s = self._read_audio(ds, media, offsets, starts)
-            if rows is not None:
-                read = wait_fetched(rows)
-                table = as_table(read.rows).select(self.row_columns).take(pa.array(where))
-                columns = {c: table.column(c) for c in self.row_columns}
-                io_bytes, io_iops = read.io_bytes, read.io_iops
-                cached, damaged = read.rows_cached, read.cache_damaged
-            io = ds.io_stats_incremental()  # Lance's I/O since the last read took its count
-            local_bytes, local_reads = take_inline_io()  # ranges read past Lance (blob_files)
-            done = True
-        except Undecodable as bad:
-            if table is None and rows is not None:  # the row's columns name it (its path)
-                try:
-                    table = as_table(wait_fetched(rows).rows).take(pa.array(where))
-                except Exception:  # the clip's error is the one to raise
-                    table = None
-            raise self._clip_error(bad, table) from bad.__cause__
-        except (ReadError, *NOT_READ_FAILURES):
-            raise
-        except BaseException as exc:
-            raise self.inner.read_error(exc, media) from exc
-        finally:
-            if fetches is not None:
-                fetches.cancel()
-            if rows is not None:
-                rows.cancel()
-            if pool is not None:
-                close_fetch_threads(pool, done)
-        out = pa.table(
-            {
-                self.spec.column: tensor_array(clips),
-                "clip_start": pa.array(starts, pa.int64()),
-                **columns,
-            }
-        )
-        return Read(
-            out.cast(self.schema) if out.schema != self.schema else out,
-            io_bytes + io.read_bytes + local_bytes,
-            io_iops + io.read_iops + local_reads,
-            cached,
-            damaged,
-            decode_s,
-        )
+        return ClipRead(self, self.inner.dataset).read(positions, epoch)
 
-    def _ranges(
-        self, ds: Any, requests: list[tuple[int, int, int]]
-    ) -> dict[tuple[int, int, int], bytes]:
-        """The bytes of each distinct ``(row offset, offset, length)`` of the blobs: in one
-        ranged read, or with a cache, each range through ``cache.fetch_bytes`` (one download
-        per range across threads and processes), the first missing one reading all the
-        remaining ranges in one call (so a first epoch still makes one call per fetch, and a
-        cached epoch none; a read partly cached may fetch a range twice, once)."""
-        distinct = list(dict.fromkeys(requests))
-        if not distinct:
-            return {}
-
-        def read(wanted: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], bytes]:
-            located = self.index.located
-            found = None if located is None else located.read_ranges(wanted)
-            if found is None:
-                results = ds.read_blob_ranges(self.spec.column, wanted, selector="indices")
-                found = [data for _, _, data in results]
-            return dict(zip(wanted, found, strict=True))
-
-        fetch = getattr(self.cache, "fetch_bytes", None)
-        if fetch is None:
-            return read(distinct)
-        fetched: dict[tuple[int, int, int], bytes] = {}
-
-        def make(i: int) -> bytes:
-            if distinct[i] not in fetched:
-                fetched.update(read([r for r in distinct[i:] if r not in fetched]))
-            return fetched.pop(distinct[i])
-
-        return {
-            r: fetch(
-                f"blob-range {self.identity} {self.spec.column} {r[0]} {r[1]} {r[2]}",
-                lambda i=i: make(i),
-            )
-            for i, r in enumerate(distinct)
-        }
-
-    def _infos(self, media: np.ndarray) -> dict[int, Any]:
-        """The ``VideoInfo`` of each distinct media of a read, made from the index's Arrow rows
-        (per read: nothing per video is kept in Python objects)."""
-        video, unique = import_video(), np.unique(media)
-        rows = self.index.table.take(pa.array(unique)).to_pylist()
-        return {
-            int(m): video.info_from_row(row, self.spec.column)
-            for m, row in zip(unique.tolist(), rows, strict=True)
-        }
-
-    def _fetch_video(
-        self,
-        ds: Any,
-        media: np.ndarray,
-        offsets: np.ndarray,
-        starts: np.ndarray,
-        pool: concurrent.futures.ThreadPoolExecutor | None,
-    ) -> VideoFetches:
-        """Plan each clip's byte ranges and start fetching them on the read's fetch threads
-        (``pool``: :func:`fetch_threads`; None for local media: one ranged read here), in up
-        to :data:`FETCH_CHUNKS` ranged reads of consecutive
-        clips, so the first clips decode while the later ones' bytes arrive."""
-        spec = self.spec
-        assert isinstance(spec, VideoClips)
-        video, infos = import_video(), self._infos(media)
-        sizes = self.index.table.column("size").to_numpy()
-        clips = []
-        for i, (m, offset, start) in enumerate(
-            zip(media.tolist(), offsets.tolist(), starts.tolist(), strict=True)
-        ):
-            ranges = video.clip_byte_ranges(
-                infos[m], int(sizes[m]), start, spec.frames, spec.stride
-            )
-            clips.append(
-                PlannedClip(
-                    [(offset, int(o), int(n)) for o, n in ranges],
-                    infos[m],
-                    int(sizes[m]),
-                    Undecodable("video", i, m, offset, start),
-                )
-            )
-        if pool is None:  # local media: one ranged read here, from the page cache
-            done: concurrent.futures.Future = concurrent.futures.Future()
-            done.set_result(self._ranges(ds, [r for clip in clips for r in clip.ranges]))
-            return VideoFetches(clips, [list(range(len(clips)))], [done])
-        chunks, asked = fetch_chunks(len(clips)), set()
-        futures = []
-        for chunk in chunks:  # a range two chunks share (a video's header) is read once
-            wanted = [r for i in chunk for r in clips[i].ranges if r not in asked]
-            asked.update(wanted)
-            futures.append(pool.submit(self._ranges, ds, wanted))
-        return VideoFetches(clips, chunks, futures)
-
-    def _decode_fetched(self, ds: Any, fetches: VideoFetches) -> tuple[np.ndarray, float]:
-        """Decode each clip of ``fetches`` into its place in the read's output (in the spec's
-        layout) as soon as its chunk's bytes are there; and the seconds spent decoding."""
-        video, out = import_video(), np.empty((len(fetches.clips), *self._shape), np.uint8)
-        got: dict[tuple[int, int, int], bytes] = {}
-        decode_s = 0.0
-        for chunk, future in zip(fetches.chunks, fetches.futures, strict=True):
-            got.update(fetches.wait(future))
-            for i in chunk:
-                clip = fetches.clips[i]
-                parts = [(o, got[(offset, o, n)]) for offset, o, n in clip.ranges]
-                decode_s += self._decode_video(ds, video, parts, clip.info, clip.size,
-                                               clip.clip, out[i])
-        return out, decode_s
-
-    def _decode_video(
-        self,
-        ds: Any,
-        video: Any,
-        parts: list[tuple[int, bytes]],
-        info: Any,
-        size: int,
-        clip: Undecodable,
-        out: np.ndarray,
-    ) -> float:
-        """One clip, decoded into ``out`` (its place in the read's output, in the spec's layout),
-        serving a decoder's request for bytes outside its ranges with one more ranged read each
-        (at most :data:`MAX_EXTRA_READS`); returns the seconds spent in the decoder."""
-        spec, offset, start = self.spec, clip.offset, clip.start
-        assert isinstance(spec, VideoClips)
-        decode_s = 0.0
-        for _ in range(MAX_EXTRA_READS + 1):
-            began = time.perf_counter()
-            try:
-                video.decode_clip(
-                    parts,
-                    size,
-                    info,
-                    start,
-                    spec.frames,
-                    spec.stride,
-                    resize=spec.size,
-                    out=out,
-                    channels_first=spec.layout == "NFCHW",
-                )
-                return decode_s + time.perf_counter() - began
-            except video.MissingBytes as missing:
-                decode_s += time.perf_counter() - began
-                request = (offset, int(missing.offset), int(missing.length))
-                parts = [*parts, (request[1], self._ranges(ds, [request])[request])]
-                self.extra_reads += 1
-            except NOT_READ_FAILURES:
-                raise
-            except Exception as exc:
-                raise clip from exc
-        raise clip from RuntimeError(
-            f"the decoder asked for bytes outside the clip's ranges {MAX_EXTRA_READS + 1} times"
-        )
-
-    def _read_audio(
-        self, ds: Any, media: np.ndarray, offsets: np.ndarray, starts: np.ndarray
-    ) -> tuple[np.ndarray, float]:
-        """Each window from only its bytes (``media/audio_ranges.py``: the header and the run
-        of frames it spans; a file without a byte index whole), all in one ranged read; and
-        the seconds spent decoding."""
-        spec = self.spec
-        assert isinstance(spec, AudioClips)
-        ranges, unique = import_audio_ranges(), np.unique(media)
-        found = ranges.indexes_from_table(self.index.table.take(pa.array(unique)), spec.column)
-        indexes = dict(zip(unique.tolist(), found, strict=True))
-        sizes = self.index.table.column("size").to_numpy()
-        clips = list(zip(media.tolist(), offsets.tolist(), starts.tolist(), strict=True))
-        wanted, lengths = [], []
-        for m, offset, start in clips:
-            info, index = indexes[m]
-            lengths.append(round(spec.seconds * info.sample_rate))
-            span = ranges.window_span(info, start, lengths[-1], spec.sample_rate)
-            wanted.append(
-                [(offset, o, n) for o, n in ranges.window_byte_ranges(index, int(sizes[m]), *span)]
-            )
-        got = self._ranges(ds, [r for clip in wanted for r in clip])
-        windows = [  # decode_window_from_ranges's arguments: (offset, bytes) parts, info...
-            ([(r[1], got[r]) for r in asked], *indexes[m], start, length)
-            for asked, (m, _, start), length in zip(wanted, clips, lengths, strict=True)
-        ]
-        # the read's FLAC windows decode in one FFmpeg call per kind of file
-        began = time.perf_counter()
-        decoded = ranges.decode_flac_windows(windows, spec.sample_rate)
-        out = np.empty((len(media), *self._shape), np.float32)
-        for i, (m, offset, start) in enumerate(clips):
-            try:
-                out[i] = ranges.decode_window_from_ranges(
-                    *windows[i],
-                    sample_rate=spec.sample_rate,
-                    channels=spec.channels,
-                    decoded=decoded[i],
-                )
-            except NOT_READ_FAILURES:
-                raise
-            except Exception as exc:
-                raise Undecodable("audio", i, m, offset, start) from exc
-        return out, time.perf_counter() - began
-
-    def _clip_error(self, bad: Undecodable, table: pa.Table | None) -> ClipError:
+    def clip_error(self, bad: Undecodable, table: pa.Table | None) -> ClipError:
         """The error for a clip that failed to decode, naming the clip, its row (with the
         row's text columns, such as its path) and the decoder's error."""
         exc = bad.__cause__

@@ -23,20 +23,20 @@ located at construction (its file existed then) and every range lies within its 
 
 Memory: the ranges' bytes; the files a call opens are closed before it returns. A file shorter
 than its descriptors say (replaced or truncated under the reader) raises ``OSError`` naming it,
-never short bytes. The reads count as this thread's blob I/O
-(:func:`~lanceloader.rows.lance.inline_blobs.take_inline_io`).
+never short bytes. The reads are counted in the read's
+:class:`~lanceloader.rows.protocol.StorageIO`.
 
 Example:
     >>> import tempfile, lance, lance.blob, pyarrow as pa
     >>> uri = tempfile.mkdtemp() + "/b.lance"
     >>> table = pa.table({"b": lance.blob.blob_array([b"x" * 100_000, b"hello"])})
     >>> ds = lance.write_dataset(table, uri)
-    >>> from lanceloader.rows.lance.inline_blobs import take_inline_io
+    >>> from lanceloader.rows.protocol import StorageIO
     >>> found = blob_locations(ds, "b", np.arange(2), ds.to_table().column("b"))
-    >>> _ = take_inline_io()  # what earlier reads on this thread left
-    >>> found.read_ranges([(1, 1, 3), (0, 99_998, 2)])
+    >>> io = StorageIO()
+    >>> found.read_ranges([(1, 1, 3), (0, 99_998, 2)], io)
     [b'ell', b'xx']
-    >>> take_inline_io()  # bytes and reads, counted for the read's stats
+    >>> io.bytes, io.reads  # counted for the read's stats
     (5, 2)
 """
 
@@ -52,12 +52,12 @@ import pyarrow.compute as pc
 
 from lanceloader.rows.lance.inline_blobs import (
     DESCRIPTOR_FIELDS,
-    count_io,
     descriptor_field,
     fragment_files,
     read_fully,
     v2_descriptors,
 )
+from lanceloader.rows.protocol import StorageIO
 
 #: descriptor kinds whose bytes this module finds: inline, packed, dedicated
 INLINE, PACKED, DEDICATED = 0, 1, 2
@@ -85,7 +85,8 @@ class BlobLocations:
     size: np.ndarray
     paths: tuple[str, ...]
 
-    def read_ranges(self, requests: list[tuple[int, int, int]]) -> list[bytes] | None:
+    def read_ranges(self, requests: list[tuple[int, int, int]], io: StorageIO
+                    ) -> list[bytes] | None:
         """The bytes of each ``(row offset, offset in the blob, length)``, in order, or
         ``None`` when one of them is not located here (the caller asks Lance for all)."""
         if not requests:
@@ -119,7 +120,7 @@ class BlobLocations:
         finally:
             for fd in handles.values():
                 os.close(fd)
-        count_io(sum(lengths), len(lengths))
+        io.add(sum(lengths), len(lengths))
         return out
 
 

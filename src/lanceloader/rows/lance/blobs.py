@@ -49,6 +49,7 @@ from lanceloader.rows.lance.inline_blobs import (
     inline_plan,
     read_inline,
 )
+from lanceloader.rows.protocol import StorageIO
 
 BLOB_EXTENSION_NAME = "lance.blob.v2"
 BLOB_METADATA_KEY = b"lance-encoding:blob"
@@ -253,12 +254,14 @@ def read_blob_payloads(
     column: str,
     offsets: np.ndarray,
     descriptors: pa.Array | pa.ChunkedArray | None = None,
+    io: StorageIO | None = None,
 ) -> pa.LargeBinaryArray:
     """The payloads of blob ``column`` at Lance row ``offsets`` (any order, duplicates
     allowed), in that order, nulls as nulls. With the rows' ``descriptors`` (the column as
     Lance scanned it, aligned with ``offsets``) inline payloads of local files in runs are read
     straight into the column's buffer (:mod:`~lanceloader.rows.lance.inline_blobs`: one ``pread`` a
-    run, one copy); otherwise one planned ``read_blobs`` call and one copy into the buffer.
+    run, one copy, counted in ``io`` when given: Lance does not count them); otherwise one
+    planned ``read_blobs`` call and one copy into the buffer.
     Memory: the payloads once, plus ``read_blobs``'s ``bytes`` objects on that path.
 
     Example:
@@ -280,7 +283,7 @@ def read_blob_payloads(
                 valid = descriptors.is_valid()
                 valid = valid.combine_chunks() if isinstance(valid, pa.ChunkedArray) else valid
                 validity = pa.array(valid.to_numpy(zero_copy_only=False)).buffers()[1]
-            return read_inline(files, plan, validity, nulls)
+            return read_inline(files, plan, validity, nulls, io or StorageIO())
     pairs = dataset.read_blobs(
         column, indices=np.asarray(offsets, dtype=np.uint64).tolist(), preserve_order=True
     )
@@ -318,7 +321,8 @@ def binary_array(values: list[bytes | None]) -> pa.LargeBinaryArray:
 
 
 def attach_blobs(
-    table: pa.Table, offsets: np.ndarray, choices: Mapping[str, str], source: _Pinned
+    table: pa.Table, offsets: np.ndarray, choices: Mapping[str, str], source: _Pinned,
+    io: StorageIO,
 ) -> pa.Table:
     """``table`` (rows as Lance read them, at Lance row ``offsets``, in that order) with each
     blob column as its choice makes it (see :func:`rows_schema`). ``"bytes"`` columns are read
@@ -331,7 +335,7 @@ def attach_blobs(
         i = table.schema.get_field_index(column)
         if choice == "bytes":
             values: pa.Array = read_blob_payloads(
-                source.dataset, column, offsets, table.column(column)
+                source.dataset, column, offsets, table.column(column), io
             )
         elif choice == "file":
             with _lock:

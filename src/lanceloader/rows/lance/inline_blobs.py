@@ -52,6 +52,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lanceloader.rows.protocol import StorageIO
+
 #: pylance major versions whose inline layout (``position`` = byte offset in the data file) the
 #: tests compare with ``read_blobs``; another version reads through ``read_blobs``.
 CHECKED_VERSIONS = ("14",)
@@ -130,7 +132,6 @@ class FragmentFiles:
 
 _files: dict[tuple[str, int, str], FragmentFiles | None] = {}
 _files_lock = threading.Lock()
-_counts = threading.local()
 
 
 def fragment_files(dataset: lance.LanceDataset, column: str) -> FragmentFiles | None:
@@ -255,12 +256,13 @@ def inline_plan(
 
 
 def read_inline(
-    files: FragmentFiles, plan: InlineRuns, validity: pa.Buffer | None, nulls: int
+    files: FragmentFiles, plan: InlineRuns, validity: pa.Buffer | None, nulls: int,
+    io: StorageIO,
 ) -> pa.LargeBinaryArray:
     """The payloads ``plan`` locates as one ``large_binary`` array: one buffer from Arrow's
     pool, filled by one scatter ``preadv`` per run (per :data:`IOV_MAX` pieces), the gaps
-    between payloads read into a scratch buffer. A file that ends before a run does raises
-    ``OSError`` naming it and the range."""
+    between payloads read into a scratch buffer; the bytes and calls counted in ``io``. A file
+    that ends before a run does raises ``OSError`` naming it and the range."""
     data = pa.allocate_buffer(int(plan.offsets[-1]))
     view = memoryview(data)
     scratch = memoryview(bytearray(MAX_GAP))
@@ -289,7 +291,7 @@ def read_inline(
     finally:
         for fd in handles.values():
             os.close(fd)
-    count_io(read, calls)
+    io.add(read, calls)
     return pa.LargeBinaryArray.from_buffers(
         pa.large_binary(),
         len(plan.offsets) - 1,
@@ -322,22 +324,3 @@ def read_fully(fd: int, pieces: list[memoryview], at: int, path: str | None) -> 
     return at + want
 
 
-def count_io(read_bytes: int, reads: int) -> None:
-    """Count blob bytes read past Lance on this thread (:mod:`lanceloader.rows.lance.blob_files`
-    reads too): what :func:`take_inline_io` hands the read that made them."""
-    _counts.bytes = getattr(_counts, "bytes", 0) + read_bytes
-    _counts.reads = getattr(_counts, "reads", 0) + reads
-
-
-def take_inline_io() -> tuple[int, int]:
-    """The bytes and reads this thread's :func:`read_inline` calls made since the last call:
-    what a read adds to Lance's own I/O counters (``io_stats_incremental``).
-
-    Example:
-        >>> _ = take_inline_io()  # what earlier reads on this thread left
-        >>> take_inline_io()
-        (0, 0)
-    """
-    counts = (getattr(_counts, "bytes", 0), getattr(_counts, "reads", 0))
-    _counts.bytes = _counts.reads = 0
-    return counts

@@ -33,7 +33,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import numbers
@@ -49,14 +48,7 @@ from lanceloader.arguments import check_optional_str, check_storage_options
 from lanceloader.lifecycle import forksafe
 from lanceloader.rows.cache.auto import auto_cache
 from lanceloader.rows.cache.disk import DiskCache
-from lanceloader.rows.cache.pieces import (
-    AUTO,
-    MemoryCache,
-    fragment_key,
-    make_cache,
-    piece_rows,
-    read_cached,
-)
+from lanceloader.rows.cache.pieces import AUTO, MemoryCache, make_cache
 from lanceloader.rows.dataset import (
     NOT_READ_FAILURES,
     ReadError,
@@ -76,9 +68,9 @@ from lanceloader.rows.lance.blobs import (
     payload_bytes_per_row,
     rows_schema,
 )
+from lanceloader.rows.lance.cached import CachedReads
 from lanceloader.rows.lance.first_reads import FirstReads
 from lanceloader.rows.lance.fragment_tails import FragmentTails
-from lanceloader.rows.lance.inline_blobs import take_inline_io
 from lanceloader.rows.lance.nulls import check_nulls
 from lanceloader.rows.lance.splits import split_mask
 from lanceloader.rows.protocol import (
@@ -88,6 +80,8 @@ from lanceloader.rows.protocol import (
     ReadHints,
     RowsBase,
     RowsFacts,
+    StorageIO,
+    as_table,
     distinct,
     empty_table,
     inverse_permutation,
@@ -207,21 +201,9 @@ class Source(RowsBase):
             self.cache, self.cache_choice = auto_cache(
                 random_order, is_object_store(self.uri), self.bytes_per_row * self.num_rows,
                 cache_size)
-        self._piece_rows = piece_rows(self.bytes_per_row)
-        self._fragment_keys = [fragment_key(f.metadata, self.columns,
-                                            self.schema_table().schema)
-                               for f in self._fragments]
-        self._piece_base = np.cumsum(
-            [0] + [-(-int(n) // self._piece_rows) for n in np.diff(self._fragment_starts)],
-            dtype=np.int64)
-        # where offsets lie among the cache pieces (numbered as _piece_base counts them)
-        starts = self._fragment_starts
-        self.pieces_at = Intervals(np.concatenate(
-            [np.arange(a, b, self._piece_rows) for a, b in itertools.pairwise(starts)]
-            + [starts[-1:]]))
-        self.piece_fragment = np.repeat(np.arange(len(self._fragments)), np.diff(self._piece_base))
-        self._piece_fill: tuple[np.ndarray, np.ndarray, bool] | None = None  # when first read
-        self._fill_credit = 0.0  # pieces this process's reads may fill for slivers (cache.py)
+        # the reads through the cache: its pieces of these fragments (rows/lance/cached.py)
+        self.cached = None if self.cache is None else CachedReads(
+            self, self._fragments, self._fragment_starts, self._rows, self._on_store)
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
         if self.num_rows == 0:
             self._warn_empty()
@@ -377,7 +359,7 @@ class Source(RowsBase):
 
     def read_table(self, positions: np.ndarray) -> pa.Table:
         """Like :meth:`read`, as a Table whose chunks are Lance's (no copy to merge them)."""
-        return self.read_rows(positions).rows  # type: ignore[return-value]
+        return as_table(self.read_rows(positions).rows)
 
     def read_rows(self, positions: np.ndarray, epoch: int = 0) -> Read:
         """The rows at ``positions`` (the protocol's read; ``epoch`` plays no part: positions
@@ -392,14 +374,14 @@ class Source(RowsBase):
                 if self._reader is None or self._reader_pid != os.getpid():
                     self._reader, self._reader_pid = forksafe.CleanReader(self), os.getpid()
                 return self._reader.read_rows(positions)
-            table, cached = self._read_local(positions)
+            past = StorageIO()  # blob payloads read past Lance's counters
+            table, cached = self._read_local(positions, past)
             damaged = 0 if self.cache is None else self.cache.take_damaged()
             if self._ds is None or self._pid != os.getpid():
                 # all from the cache: Lance not opened here
-                return Read(table, 0, 0, cached, damaged)
+                return Read(table, past.bytes, past.reads, cached, damaged)
             io = self._ds.io_stats_incremental()
-            inline_bytes, inline_reads = take_inline_io()  # blob payloads read past Lance
-            return Read(table, io.read_bytes + inline_bytes, io.read_iops + inline_reads,
+            return Read(table, io.read_bytes + past.bytes, io.read_iops + past.reads,
                         cached, damaged)
         except (ReadError, *NOT_READ_FAILURES):
             raise
@@ -426,7 +408,7 @@ class Source(RowsBase):
         for index in fragments.tolist():
             share = offsets[fragment_of == index]
             try:
-                self._read_offsets(share)
+                self.read_offsets(share, StorageIO())
             except NOT_READ_FAILURES:
                 raise
             except Exception as exc:
@@ -481,22 +463,22 @@ class Source(RowsBase):
         more = len(np.unique(index)) - limit
         return ", ".join(parts) + (f" and {more} more fragments" if more > 0 else "")
 
-    def _read_local(self, positions: np.ndarray) -> tuple[pa.Table, int]:
+    def _read_local(self, positions: np.ndarray, io: StorageIO) -> tuple[pa.Table, int]:
         """The rows at ``positions`` and how many of them came from the cache."""
-        if self.cache is not None:
-            return read_cached(self, self.row_offsets(positions))
+        if self.cached is not None:
+            return self.cached.read(self.row_offsets(positions), io)
         if self._on_store and is_run(positions):  # a sequential read: slivers shared
             def read() -> pa.Table:
-                return self._read_run(int(positions[0]), int(positions[-1]) + 1)
+                return self._read_run(int(positions[0]), int(positions[-1]) + 1, io)
         else:
             offsets = self.row_offsets(positions)
 
             def read() -> pa.Table:
-                return self._read_offsets(offsets)
+                return self.read_offsets(offsets, io)
         # a gone object store fails in seconds, not after Lance's retries
         return reaching_store(read, self.uri, self.storage_options), 0
 
-    def _read_run(self, lo: int, hi: int) -> pa.Table:
+    def _read_run(self, lo: int, hi: int, io: StorageIO) -> pa.Table:
         """Positions ``[lo, hi)`` on an object store, sharing fragment slivers with the reads
         next to it (:meth:`FragmentTails.read_run
         <lanceloader.rows.lance.fragment_tails.FragmentTails.read_run>`)."""
@@ -504,19 +486,20 @@ class Source(RowsBase):
         if starts is None:
             starts = self._store_fragment_positions = self.fragment_positions()
         return self._sharing().read_run(
-            lo, hi, starts, lambda a, b: self._read_offsets(self.row_offsets(np.arange(a, b))))
+            lo, hi, starts, lambda a, b: self.read_offsets(self.row_offsets(np.arange(a, b)), io))
 
-    def _read_offsets(self, offsets: np.ndarray) -> pa.Table:
-        """The rows at Lance ``offsets`` (any order, duplicates allowed), from Lance."""
+    def read_offsets(self, offsets: np.ndarray, io: StorageIO) -> pa.Table:
+        """The rows at Lance ``offsets`` (any order, duplicates allowed), from Lance (not the
+        cache); blob payloads read past Lance are counted in ``io``."""
         unique, inverse = sorted_unique(offsets)
         table, order = self._read_sorted(unique)
         if not (is_identity(order) and (inverse is None or is_identity(inverse))):
             # one take: from the order read to the unique offsets' order, then to the request's
             back = inverse_permutation(order)
             table = table.take(pa.array(back if inverse is None else back[inverse]))
-        return attach_blobs(table.select(self.columns), offsets, self.blobs, self)
+        return attach_blobs(table.select(self.columns), offsets, self.blobs, self, io)
 
-    def read_fragment(self, index: int, start: int, rows: int) -> pa.Table:
+    def read_fragment(self, index: int, start: int, rows: int, io: StorageIO) -> pa.Table:
         """Up to ``rows`` rows of the ``index``-th fragment from its row ``start`` (a cache
         piece), blob columns read as :attr:`blobs` says. One chunk (Lance's batch size set to
         the rows): ``to_table`` gave a chunk per 8,192 rows, which the cache then copied into one
@@ -524,7 +507,8 @@ class Source(RowsBase):
         table = self._fragments[index].scanner(
             columns=self.columns, offset=start, limit=rows, batch_size=max(rows, 1)).to_table()
         first = int(self._fragment_starts[index]) + start
-        return attach_blobs(table, np.arange(first, first + table.num_rows), self.blobs, self)
+        return attach_blobs(table, np.arange(first, first + table.num_rows), self.blobs, self,
+                            io)
 
     def _read_sorted(self, offsets: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """Read sorted unique offsets from Lance; returns the rows and, per row, its index in
