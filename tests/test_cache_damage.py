@@ -195,6 +195,20 @@ def test_a_damaged_filter_plan_is_caught_and_scanned_again(uri, tmp_path, where)
     assert Source(uri, columns=COLUMNS, cache=str(cache), **options).plan_origin == "cache"
 
 
+@pytest.mark.parametrize("kind", ["read", "mapped"])
+def test_a_piece_file_grown_past_the_cap_is_damaged_not_read(uri, tmp_path, kind):
+    """A piece file another process extended to 1 TiB (sparse): a whole read would allocate
+    it; it is larger than any file the cache writes, so it is dropped and read again."""
+    cache = tmp_path / "c"
+    filled(uri, cache)
+    want = read_all(Source(uri, columns=COLUMNS))
+    os.truncate(pieces(cache)[0], 1 << 40)
+    source = Source(uri, columns=COLUMNS, cache=str(cache), cache_size=1 << 30)
+    if kind == "mapped":
+        mapped(source)
+    assert read_all(source) == want and source.cache.damaged == 1
+
+
 # --- a file truncated under a reader ----------------------------------------------------------
 
 

@@ -146,7 +146,7 @@ class DiskCache(PlansAndRanges):
             return None
         with file:
             try:
-                payload, extra, version = read_sealed(file.fileno(), name)
+                payload, extra, version = read_sealed(file.fileno(), name, self.size)
             except (DamagedFile, OSError) as exc:
                 version = version_of(os.fstat(file.fileno()))
                 self.drop(name, path, version, str(exc), damaged=not isinstance(exc, OlderFile))

@@ -153,17 +153,20 @@ def check_sealed(fd: int, size: int, name: str) -> tuple[int, int]:
     return length, extra
 
 
-def read_sealed(fd: int, name: str) -> tuple[pa.Buffer, int, tuple[int, int, int]]:
+def read_sealed(fd: int, name: str, most: int) -> tuple[pa.Buffer, int, tuple[int, int, int]]:
     """The whole file ``fd`` copied into this process's memory with ``pread`` and checked
     there: its payload (a slice of the copy), the trailer's ``extra`` and the version read
     (:func:`version_of`). The checksum is summed over the copy itself, so the bytes returned are
     the bytes checked: a file truncated or written in place before, during or after the copy
     raises :class:`DamagedFile` (:class:`OlderFile` for a file of an older version) or leaves
-    the copy intact, never wrong rows and never SIGBUS (nothing is mapped)."""
+    the copy intact, never wrong rows and never SIGBUS (nothing is mapped). A file over ``most``
+    bytes (the cache's cap, which no file it wrote exceeds) is damaged, never allocated."""
     stat = os.fstat(fd)
     size = stat.st_size
     if size < TRAILER.size:
         raise DamagedFile(f"{size} bytes, shorter than its trailer")
+    if size > most:
+        raise DamagedFile(f"{size} bytes, larger than the cache's cap of {most}")
     copy = pa.allocate_buffer(size)
     view, done = memoryview(copy).cast("B"), 0
     while done < size:
