@@ -208,13 +208,15 @@ def test_files_read_the_payloads_and_nulls_are_none(blob_uri: str, images) -> No
     source = Source(blob_uri, blobs={"image": "file"})
     batch = source.read(np.array([5, 3, 18]))
     assert batch.schema.field("image").type == pa.int64()
-    files = blob_files(batch, "image")
+    files = blob_files(batch, "image", rows=source)
     assert files[1] is None
     assert files[0].read() == images[5]
     files[2].seek(10)
     assert files[2].read(20) == images[18][10:30]
     with pytest.raises(ValueError, match=r"blobs=\{'image': 'file'\}"):
-        blob_files(Source(blob_uri).read(np.array([0])), "image")
+        blob_files(Source(blob_uri).read(np.array([0])), "image", rows=source)
+    with pytest.raises(ValueError, match=r"outside a Loader's transform.*rows=source"):
+        blob_files(batch, "image")  # which rows? a batch names none, and no registry guesses
 
 
 def test_bytes_per_row_counts_payloads_so_reads_stay_within_the_bound(tmp_path) -> None:
@@ -275,7 +277,7 @@ def test_files_on_s3_read_only_the_ranges_asked_for(s3) -> None:
     batch = source.read(np.array([2, 0]))
     s3.requests(reset=True)
     source.dataset.io_stats_incremental()
-    files = blob_files(batch, "image", buffer_size=4096)
+    files = blob_files(batch, "image", buffer_size=4096, rows=source)
     files[0].seek(1_000_000)
     assert files[0].read(1000) == big[2][1_000_000:1_001_000]
     read = source.dataset.io_stats_incremental().read_bytes
@@ -350,6 +352,21 @@ def test_a_loader_hands_a_transform_files_of_its_blobs(blob_uri: str, images, wo
         for i, h in zip(b["id"].to_pylist(), b["head"].to_pylist(), strict=True)
     }
     assert got == {i: None if v is None else v[2:6] for i, v in enumerate(images)}
+
+
+def test_a_transform_opens_blob_files_with_the_loaders_storage_options(s3) -> None:
+    """A transform in a process worker opens the files on the rows its batch came from, with
+    their storage options (the S3 endpoint and keys here): the old registry, empty in a
+    process worker, opened the dataset by URI alone, which fails on any store that needs
+    options."""
+    values = [bytes([i]) * 3000 for i in range(12)]
+    remote = s3.write(blob_table(values))
+    loader = ll.Loader(remote, storage_options=s3.storage_options, batch_size=4, cache=None,
+                       blobs={"image": "file"}, transform=read_heads, output="arrow",
+                       num_workers=1, worker_type="process")
+    got = {i: h for b in loader
+           for i, h in zip(b["id"].to_pylist(), b["head"].to_pylist(), strict=True)}
+    assert got == {i: v[2:6] for i, v in enumerate(values)}
 
 
 # --- inline payloads straight from the data files (rows/lance/inline_blobs.py) ----------------------

@@ -37,7 +37,13 @@ from lanceloader.batch.transforms import (
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import ReadTask
 from lanceloader.rows.dataset import ReadError
-from lanceloader.rows.protocol import Pieces, RowSource, as_table, to_record_batch
+from lanceloader.rows.protocol import (
+    Pieces,
+    RowSource,
+    as_table,
+    to_record_batch,
+    transforming,
+)
 
 Transform = Callable[[Any], Any]
 
@@ -193,8 +199,9 @@ class BatchWork:
             try:
                 if self.transform is not None:
                     t0 = clock()
-                    with _annotate("lanceloader.transform"), row_keys(
-                            self.order.seed, task.epoch, task.samples[offset:offset + size]):
+                    with _annotate("lanceloader.transform"), transforming(self.source), \
+                            row_keys(self.order.seed, task.epoch,
+                                     task.samples[offset:offset + size]):
                         batch, skipped = apply_transform(
                             self.transform, batch, self.on_error,
                             max_skip_fraction=self.max_skip_fraction,

@@ -38,6 +38,7 @@ from lanceloader.rows.protocol import (
     read_table,
     sorted_unique,
     to_record_batch,
+    transforming,
 )
 from lanceloader.state.format import fingerprint, order_settings
 
@@ -115,7 +116,7 @@ class OrderedSource:
         return Arrow with every row (else :class:`TransformOutputError`)."""
         if self.transform is None:
             return table
-        with row_keys(self.order.seed, epoch, sample):
+        with transforming(self.source), row_keys(self.order.seed, epoch, sample):
             try:
                 out, _ = apply_transform(self.transform, to_record_batch(table), "raise")
             except TransformOutputError as exc:

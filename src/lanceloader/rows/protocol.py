@@ -28,7 +28,10 @@ What a kind declares:
 * ``hints`` (:class:`ReadHints`: how the engine sizes and cuts reads, plain data) and
   ``facts`` (:class:`RowsFacts`: what ``stats()`` and the Loader report);
 * ``check_nulls(conversion)``: refuse nulls a conversion cannot hold, at construction, where a
-  scan is cheap (Lance rows); a no-op elsewhere.
+  scan is cheap (Lance rows); a no-op elsewhere;
+* ``blob_files(column, offsets, buffer_size)``: file-like objects of a blob column read as
+  files (Lance rows; refused elsewhere), what a transform's ``ll.blob_files(batch, column)``
+  asks of the rows its batch came from (:func:`transforming`).
 
 Nestings: packing and clips are views of one ``Source``; a mix holds ordered sources of any
 kind but a mix (a mix of mixes is one mix with multiplied weights).
@@ -36,7 +39,10 @@ kind but a mix (a mix of mixes is one mix with multiplied weights).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -169,6 +175,8 @@ class RowSource(Protocol):
 
     def check_nulls(self, conversion: Any) -> None: ...
 
+    def blob_files(self, column: str, offsets: pa.Array, buffer_size: int) -> list[Any]: ...
+
 
 class RowsBase:
     """The protocol's defaults, so a kind states only what differs: no read hints, no facts,
@@ -225,6 +233,34 @@ class RowsBase:
 
     def check_nulls(self, conversion: Any) -> None:
         """Nothing to scan at construction: the batch that holds a null raises."""
+
+    def blob_files(self, column: str, offsets: pa.Array, buffer_size: int) -> list[Any]:
+        """``lance.BlobFile`` objects of a blob column read as files: only Lance rows have
+        them."""
+        raise ValueError(f"blob_files: {self.dataset_name.uri!r} reads no blob column as files "
+                         f"(column {column!r}); read it with blobs={{{column!r}: 'file'}} on "
+                         "the Loader of the Lance dataset that holds it")
+
+
+_batch_rows: contextvars.ContextVar[Any] = contextvars.ContextVar("lanceloader_batch_rows",
+                                                                  default=None)
+
+
+@contextlib.contextmanager
+def transforming(rows: Any) -> Iterator[None]:
+    """The rows a transform's batch was read from, for what the transform asks of them
+    (:func:`~lanceloader.rows.lance.blobs.blob_files` opens their blob files): set by the
+    worker around each transform call (``engine/work.py``), in its own thread or process."""
+    token = _batch_rows.set(rows)
+    try:
+        yield
+    finally:
+        _batch_rows.reset(token)
+
+
+def batch_rows() -> Any:
+    """The rows the running transform's batch was read from (``None`` outside a transform)."""
+    return _batch_rows.get()
 
 
 def empty_table(schema: pa.Schema) -> pa.Table:

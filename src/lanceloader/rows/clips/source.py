@@ -374,6 +374,10 @@ class ClipSource(RowsBase):
                          cache_per_process=isinstance(self.cache, MemoryCache),
                          plan_origin=inner.plan_origin, short_media=self.short_media)
 
+    def blob_files(self, column: str, offsets: pa.Array, buffer_size: int) -> list[Any]:
+        """The media rows' other blob columns read as files (the inner Lance rows')."""
+        return self.inner.blob_files(column, offsets, buffer_size)
+
     def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]:
         """The ledger's columns: the media row's (offset and id), and each clip's first frame
         (audio: sample, at the file's own rate), drawn for ``epoch`` where clips are

@@ -33,9 +33,6 @@ Example:
 
 from __future__ import annotations
 
-import os
-import threading
-import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -43,13 +40,12 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.lifecycle import forksafe
 from lanceloader.rows.lance.inline_blobs import (
     fragment_files,
     inline_plan,
     read_inline,
 )
-from lanceloader.rows.protocol import StorageIO
+from lanceloader.rows.protocol import StorageIO, batch_rows
 
 BLOB_EXTENSION_NAME = "lance.blob.v2"
 BLOB_METADATA_KEY = b"lance-encoding:blob"
@@ -244,9 +240,6 @@ class _Pinned(Protocol):
     def dataset(self) -> lance.LanceDataset: ...
 
 
-_registry: weakref.WeakValueDictionary[tuple[str, int], Any] = weakref.WeakValueDictionary()
-_opened: dict[tuple[str, int, int], lance.LanceDataset] = {}
-_lock = threading.Lock()
 
 
 def read_blob_payloads(
@@ -326,8 +319,8 @@ def attach_blobs(
 ) -> pa.Table:
     """``table`` (rows as Lance read them, at Lance row ``offsets``, in that order) with each
     blob column as its choice makes it (see :func:`rows_schema`). ``"bytes"`` columns are read
-    here, through ``source.dataset``; a ``"file"`` column registers ``source`` in this process,
-    so :func:`blob_files` opens its files on the same pinned dataset."""
+    here, through ``source.dataset``; a ``"file"`` column holds the row offsets, which
+    :func:`blob_files` opens on the pinned dataset of the rows the batch was read from."""
     if not choices:
         return table
     schema = rows_schema(table.schema, table.column_names, choices, source.uri, source.version)
@@ -338,8 +331,6 @@ def attach_blobs(
                 source.dataset, column, offsets, table.column(column), io
             )
         elif choice == "file":
-            with _lock:
-                _registry[(source.uri, source.version)] = source
             valid = table.column(column).is_valid().to_numpy(zero_copy_only=False)
             values = pa.array(np.asarray(offsets, dtype=np.int64), mask=~np.asarray(valid))
         else:
@@ -349,14 +340,16 @@ def attach_blobs(
 
 
 def blob_files(
-    batch: pa.RecordBatch | pa.Table, column: str, buffer_size: int = 512 * 1024
+    batch: pa.RecordBatch | pa.Table, column: str, buffer_size: int = 512 * 1024,
+    rows: Any = None,
 ) -> list[lance.BlobFile | None]:
     """File-like ``lance.BlobFile`` objects for the rows of ``batch``'s ``column`` (a column
     read with ``blobs={column: "file"}``), in row order, ``None`` for a null blob. Each reads
     only the ranges asked for (``seek`` + ``read``, ``read_range``), ``buffer_size`` bytes at a
-    time. Opened on the dataset pinned by the rows that read the batch (in this process; in
-    another, the URI and version the column carries, without storage options). The caller
-    owns the files: close them (or use them as context managers).
+    time. Opened on the pinned dataset of the rows the batch was read from, with their storage
+    options: inside a Loader's transform those rows are known (the worker runs the transform
+    for them, in its own thread or process); elsewhere pass them as ``rows=``. The caller owns
+    the files: close them (or use them as context managers).
 
     Example:
         >>> import tempfile, lance, lance.blob, numpy as np, pyarrow as pa
@@ -364,8 +357,8 @@ def blob_files(
         >>> uri = tempfile.mkdtemp() + "/clips.lance"
         >>> table = pa.table({"video": lance.blob.blob_array([b"0123456789", None])})
         >>> _ = lance.write_dataset(table, uri)
-        >>> rows = ll.Source(uri, blobs={"video": "file"}).read(np.array([0, 1]))
-        >>> first, missing = blob_files(rows, "video")
+        >>> source = ll.Source(uri, blobs={"video": "file"})
+        >>> first, missing = blob_files(source.read(np.array([0, 1])), "video", rows=source)
         >>> _ = first.seek(4)
         >>> first.read(3), missing
         (b'456', None)
@@ -386,13 +379,25 @@ def blob_files(
             f"files carries its dataset); read it with ll.Source(..., blobs={{{column!r}: "
             "'file'})"
         )
-    key = (metadata[FILE_URI_KEY].decode(), int(metadata[FILE_VERSION_KEY]))
+    rows = rows if rows is not None else batch_rows()
+    if rows is None:
+        raise ValueError(
+            "blob_files: outside a Loader's transform, pass the rows the batch was read from: "
+            f"blob_files(batch, {column!r}, rows=source) (inside a transform they are known)"
+        )
     offsets = batch.column(column)
+    offsets = offsets.combine_chunks() if isinstance(offsets, pa.ChunkedArray) else offsets
+    return rows.blob_files(column, offsets, buffer_size)
+
+
+def take_blob_files(dataset: lance.LanceDataset, column: str, offsets: pa.Array,
+                    buffer_size: int) -> list[lance.BlobFile | None]:
+    """``lance.BlobFile`` objects of ``column`` at the Lance row ``offsets`` of ``dataset``
+    (``None`` where the offset is null: a null blob)."""
     valid = np.asarray(offsets.is_valid().to_numpy(zero_copy_only=False))
     files: list[lance.BlobFile | None] = [None] * len(valid)
     if not valid.any():
         return files
-    dataset = _dataset_for(key)
     wanted = np.asarray(offsets.fill_null(0).to_numpy(zero_copy_only=False))[valid]
     opened = dataset.take_blobs(
         column, indices=wanted.astype(np.uint64).tolist(), buffer_size=buffer_size
@@ -400,24 +405,3 @@ def blob_files(
     for i, blob in zip(np.flatnonzero(valid).tolist(), opened, strict=True):
         files[i] = blob
     return files
-
-
-def _dataset_for(key: tuple[str, int]) -> lance.LanceDataset:
-    """The dataset a ``"file"`` column points to: its rows' pinned dataset in this process, or
-    one opened here (once per process) from the URI and version."""
-    with _lock:
-        source = _registry.get(key)
-    if source is not None:
-        return source.dataset  # raises in a process forked after Lance ran, naming the fix
-    if forksafe.tainted():
-        raise RuntimeError(
-            f"blob_files: process {os.getpid()} was forked from a process that had already used "
-            "Lance, where Lance would hang or crash; open blob files in thread or process "
-            "workers of the loader (worker_type='thread' or 'process'), or start this process "
-            "with 'forkserver' or 'spawn'"
-        )
-    pid_key = (*key, os.getpid())
-    with _lock:
-        if pid_key not in _opened:
-            _opened[pid_key] = lance.dataset(key[0], version=key[1])
-        return _opened[pid_key]

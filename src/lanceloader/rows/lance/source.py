@@ -67,6 +67,7 @@ from lanceloader.rows.lance.blobs import (
     check_blob_choices,
     payload_bytes_per_row,
     rows_schema,
+    take_blob_files,
 )
 from lanceloader.rows.lance.cached import CachedReads
 from lanceloader.rows.lance.first_reads import FirstReads
@@ -597,6 +598,15 @@ class Source(RowsBase):
             return pa.array([], pa.uint64())
         taken = self.dataset.take(np.asarray(offsets, dtype=np.int64), columns=["_rowid"])
         return taken.column("_rowid").combine_chunks()
+
+    def blob_files(self, column: str, offsets: pa.Array, buffer_size: int) -> list[Any]:
+        """``lance.BlobFile`` objects of blob ``column`` at Lance row ``offsets`` (what a
+        ``"file"`` column holds), on the pinned dataset opened in this process with its storage
+        options (their reads count in its next read's I/O)."""
+        if self.blobs.get(column) != "file":
+            raise ValueError(f"blob_files: column {column!r} of {self.uri!r} is not read as "
+                             f"files; read it with blobs={{{column!r}: 'file'}}")
+        return take_blob_files(self.dataset, column, offsets, buffer_size)
 
     def check_nulls(self, conversion: Any) -> None:
         """Refuse, at construction, nulls that ``conversion`` cannot hold, when a scan is cheap
