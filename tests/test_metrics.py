@@ -268,18 +268,32 @@ def test_log_every_wrapped_per_epoch_continues_the_steps_and_keeps_the_epoch_bou
     """The natural loop wraps the loader in each epoch: the steps go on across epochs (one
     curve, not a vertical line per epoch), and on the last batch of an epoch the loader still
     stands in that epoch, as without the wrapper."""
+    from lanceloader.integrations.metrics import totals_of
+
     loader, bare = loader_of(small_uri), loader_of(small_uri)
     steps: list[int] = []
     seen: list[tuple[int, int]] = []
     expected: list[tuple[int, int]] = []
+    rates: list[tuple[float, tuple[int, float]]] = []  # (rows/s written, the totals then)
+
+    def write(m: dict[str, float], step: int) -> None:
+        steps.append(step)
+        totals = totals_of(loader)
+        rates.append((m["lanceloader/rows_per_s"], (totals.rows, totals.wall_s)))
+
     for epoch in range(3):
-        for _ in metrics.log_every(loader, lambda m, step: steps.append(step), EVERY):
+        for _ in metrics.log_every(loader, write, EVERY):
             seen.append((loader.epoch, loader.state_dict()["epoch"]))
         for _ in bare:
             expected.append((bare.epoch, bare.state_dict()["epoch"]))
         assert loader.epoch == epoch + 1
     assert seen == expected and seen[19] == (0, 0) and seen[20] == (1, 1)
     assert steps == list(range(EVERY, 61, EVERY))
+    # Each window is the EVERY batches since the last write, across wrappers too.
+    for (rate, (rows, wall)), (_, (rows_before, wall_before)) in zip(
+        rates[1:], rates, strict=False
+    ):
+        assert rate == pytest.approx((rows - rows_before) / (wall - wall_before)), rates
     # An explicit step counts on from there, across the wrapper's epochs.
     logged = metrics.log_every(loader, lambda m, step: steps.append(step), EVERY, step=1000)
     list(logged), list(logged)

@@ -7,6 +7,7 @@ at the loader's global step (the write counts as the loop's work, not as waiting
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -16,6 +17,9 @@ from lanceloader.integrations.metrics.ranks import _world, across_ranks
 from lanceloader.integrations.metrics.scalars import PREFIX, scalars, totals_of
 
 Sink = Callable[[dict[str, float], int], None]
+# Each loader's totals at its last write, whichever wrapper wrote: a loop that wraps the loader
+# anew each epoch gets the windows one wrapper would (contiguous, ``every`` batches each).
+_last_writes: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def sink_of(logger: Any) -> Sink:
@@ -132,6 +136,8 @@ class LoggedLoader(Iterable[Any]):
         left = len(it) if hasattr(it, "__len__") else -1
         if not self._counted:  # the loader's own step, so steps go on across wrappers
             self.step = loader_step(self.loader, left, self.step)
+        if self._since is None:  # a new wrapper's first window starts at the last write
+            self._since = _last_writes.get(self.loader)
         try:
             for batch in it:  # the write, after a batch is delivered, is the loop's time
                 self.step += 1
@@ -164,6 +170,8 @@ class LoggedLoader(Iterable[Any]):
                 }
             )
         self._since = stats
+        with contextlib.suppress(TypeError):  # a loader without weak references: no sharing
+            _last_writes[self.loader] = stats
         if self._write is not None:
             self._write(metrics, self.step)
         return metrics
