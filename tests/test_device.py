@@ -24,7 +24,8 @@ import torch
 import lanceloader as ll
 from checkpointing import assert_checkpoint_conformance
 from conftest import lanceloader_threads
-from lanceloader.batch.images import DEVICE_TOLERANCE, decode_images, finish_images, normalise
+from lanceloader.batch.images import decode_images, normalise
+from lanceloader.batch.images_gpu import DEVICE_TOLERANCE, finish_images
 from lanceloader.batch.transforms import apply_transform
 from lanceloader.demo import write_demo_dataset
 from lanceloader.engine.device import DeviceQueue, Slot, check_placement
@@ -298,7 +299,7 @@ def test_gpu_decode_without_cuda_is_a_clear_error(monkeypatch) -> None:
 def test_only_rgb_and_grey_jpegs_go_to_the_gpu_decoder() -> None:
     from PIL import Image
 
-    from lanceloader.batch.images import _gpu_decodable
+    from lanceloader.batch.images_gpu import _gpu_decodable
 
     pixels = picture(20, 30)
 

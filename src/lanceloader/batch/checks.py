@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from lanceloader.batch.nulls import is_list, null_fix
 from lanceloader.batch.output import (
     LENGTHS_SUFFIX,
     Conversion,
-    _is_list,
-    _kind,
     as_conversion,
-    null_fix,
+    column_kind,
 )
 from lanceloader.batch.tensors import FRAMEWORKS, ConversionError, import_framework, uint64_message
 
@@ -100,7 +99,7 @@ def null_checked_columns(schema: pa.Schema, output: str | Conversion) -> dict[st
     for f in schema:
         if f.name in conversion.fill_nulls or not f.nullable:
             continue
-        kind = _kind(f.name, f.type, conversion.output)
+        kind = column_kind(f.name, f.type, conversion.output)
         if kind in ("number", "bool", "temporal", "bfloat16"):
             width = 2 if kind == "bfloat16" else max(1, f.type.bit_width // 8)
             found[f.name] = width
@@ -125,7 +124,7 @@ def _check_field(
     path: str, typ: pa.DataType, conv: Conversion, names: set[str], paths: set[str]
 ) -> None:
     paths.add(path)
-    kind = _kind(path, typ, conv.output)
+    kind = column_kind(path, typ, conv.output)
     if kind == "struct":
         child_names = {f.name for f in typ}
         for f in typ:
@@ -154,7 +153,7 @@ def _leaf_type(typ: pa.DataType) -> pa.DataType:
     while True:
         if isinstance(typ, pa.BaseExtensionType):
             typ = typ.storage_type
-        elif pa.types.is_dictionary(typ) or _is_list(typ):
+        elif pa.types.is_dictionary(typ) or is_list(typ):
             typ = typ.value_type
         else:
             return typ

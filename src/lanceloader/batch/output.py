@@ -70,11 +70,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lanceloader.batch.byterows import ByteRows, byte_rows, is_binary, without_views
+from lanceloader.batch.nulls import (
+    check_casts,
+    check_fill_nulls,
+    checked_scalar,
+    is_list,
+    is_text,
+    null_error,
+    null_fix,
+)
 from lanceloader.batch.tensors import (
     ConversionError,
     bfloat16,
     cast_checked,
-    is_bfloat16,
     to_framework,
 )
 
@@ -152,8 +160,8 @@ class Conversion:
             isinstance(self.pad_to, bool) or not isinstance(self.pad_to, int) or self.pad_to < 1
         ):
             raise ValueError(f"pad_to must be None or an int >= 1, got {self.pad_to!r}")
-        object.__setattr__(self, "fill_nulls", _check_fill_nulls(self.fill_nulls))
-        object.__setattr__(self, "casts", _check_casts(self.casts))
+        object.__setattr__(self, "fill_nulls", check_fill_nulls(self.fill_nulls))
+        object.__setattr__(self, "casts", check_casts(self.casts))
         changed = [n for n in ("fill_nulls", "casts", "pad_to") if getattr(self, n)]
         changed += [
             n
@@ -239,7 +247,7 @@ def column_to_numpy(
     conversion = as_conversion(conversion or "numpy")
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    kind = _kind(name, col.type, conversion.output)
+    kind = column_kind(name, col.type, conversion.output)
     if kind in _ARRAY_KINDS:
         return _cast(name, _array(name, col, conversion), conversion)
     if kind == "ragged":
@@ -259,12 +267,12 @@ def column_to_numpy(
 # --- type rules --------------------------------------------------------------------------------
 
 
-def _kind(path: str, typ: pa.DataType, output: str) -> str:
+def column_kind(path: str, typ: pa.DataType, output: str) -> str:
     """What a column of type ``typ`` becomes; raises for the types no array can hold."""
     if isinstance(typ, pa.BaseExtensionType):
         if typ.extension_name == "lance.bfloat16":
             return "bfloat16"
-        if isinstance(typ, pa.FixedShapeTensorType) and _kind(path, typ.value_type, output) in (
+        if isinstance(typ, pa.FixedShapeTensorType) and column_kind(path, typ.value_type, output) in (
             "number",
             "bool",
             "bfloat16",
@@ -276,14 +284,14 @@ def _kind(path: str, typ: pa.DataType, output: str) -> str:
         return "number"
     elif _is_temporal(typ):
         return "temporal"
-    elif _is_list(typ):
-        if _kind(path, typ.value_type, output) in _ARRAY_KINDS:
+    elif is_list(typ):
+        if column_kind(path, typ.value_type, output) in _ARRAY_KINDS:
             return "fixed_list" if pa.types.is_fixed_size_list(typ) else "ragged"
         return "nested"  # lists of strings, of lists, of structs: no array holds them
-    elif _is_text(typ):
+    elif is_text(typ):
         return "text"
     elif pa.types.is_dictionary(typ):
-        _kind(path, typ.value_type, output)
+        column_kind(path, typ.value_type, output)
         return "dictionary"
     elif pa.types.is_struct(typ):
         return "struct"
@@ -293,60 +301,9 @@ def _kind(path: str, typ: pa.DataType, output: str) -> str:
     )
 
 
-def _is_list(typ: pa.DataType) -> bool:
-    return pa.types.is_fixed_size_list(typ) or pa.types.is_list(typ) or pa.types.is_large_list(typ)
-
-
 def _is_temporal(typ: pa.DataType) -> bool:
     t = pa.types
     return t.is_timestamp(typ) or t.is_date(typ) or t.is_time(typ) or t.is_duration(typ)
-
-
-def _is_text(typ: pa.DataType) -> bool:
-    names = (
-        "string",
-        "large_string",
-        "binary",
-        "large_binary",
-        "fixed_size_binary",
-        "string_view",
-        "binary_view",
-    )
-    return any(getattr(pa.types, f"is_{n}", lambda _: False)(typ) for n in names)
-
-
-def _check_fill_nulls(fill_nulls: Any) -> dict[str, Any]:
-    if not isinstance(fill_nulls, Mapping):
-        raise TypeError(
-            "fill_nulls must be a dict of column name to fill value, e.g. {'score': 0.0}, got "
-            f"{type(fill_nulls).__name__}"
-        )
-    for name, value in fill_nulls.items():
-        if not isinstance(value, int | float | str | bytes | list):  # bool is an int
-            raise TypeError(
-                f"fill_nulls[{name!r}] must be a number, bool, str, bytes or (for a column of "
-                f"nested lists) a list, got {value!r}"
-            )
-    return dict(fill_nulls)
-
-
-def _check_casts(casts: Any) -> dict[str, str]:
-    if not isinstance(casts, Mapping):
-        raise TypeError(
-            f"casts must be a dict of column name to dtype, e.g. {{'id': 'int64'}}, got "
-            f"{type(casts).__name__}"
-        )
-    for name, dtype in casts.items():
-        try:
-            ok = np.dtype(dtype).kind in "biuf"
-        except TypeError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"casts[{name!r}] must name a NumPy bool, integer or float dtype such as 'int64' "
-                f"or 'float32', got {dtype!r}"
-            )
-    return {name: np.dtype(dtype).name for name, dtype in casts.items()}
 
 
 # --- Arrow to NumPy ----------------------------------------------------------------------------
@@ -398,65 +355,12 @@ def _fill(path: str, out: np.ndarray, arr: pa.Array, conv: Conversion) -> np.nda
     if not arr.null_count:
         return out
     if path not in conv.fill_nulls:
-        raise _null_error(path, arr)
+        raise null_error(path, arr)
     storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
     mask = storage.is_null().to_numpy(zero_copy_only=False)
     out = out.copy()
-    out[mask] = _scalar(path, "fill_nulls", conv.fill_nulls[path], out.dtype)
+    out[mask] = checked_scalar(path, "fill_nulls", conv.fill_nulls[path], out.dtype)
     return out
-
-
-def _null_error(path: str, arr: pa.Array) -> ConversionError:
-    storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
-    first = int(np.flatnonzero(storage.is_null().to_numpy(zero_copy_only=False))[0])
-    error = ConversionError(
-        f"column {path!r} ({arr.type}) has {arr.null_count} null values (of {len(arr)}), the "
-        f"first at row {first} of this batch; {null_fix(path, arr.type)}"
-    )
-    error.row = first
-    return error
-
-
-def null_fix(path: str, typ: pa.DataType, filter: str | None = None) -> str:
-    """The fixes for nulls in column ``path``, as calls that run as written: the ``fill_nulls``
-    keyword (of ``Loader``, the torch datasets and ``Conversion``) with a value of the column's
-    type, or a filter (added to ``filter``, the one in use).
-
-    >>> null_fix("score", pa.float32())
-    "fill them: Loader(..., fill_nulls={'score': 0.0}) (also a keyword of ll.torch's datasets and ll.Conversion), or filter them out: filter='score IS NOT NULL'"
-    """
-    keep = f"{path} IS NOT NULL" if filter is None else f"({filter}) AND {path} IS NOT NULL"
-    return (
-        f"fill them: Loader(..., fill_nulls={{{path!r}: {fill_example(typ)!r}}}) (also a "
-        f"keyword of ll.torch's datasets and ll.Conversion), or filter them out: "
-        f"filter={keep!r}"
-    )
-
-
-def fill_example(typ: pa.DataType) -> Any:
-    """A ``fill_nulls`` value that fits a column of type ``typ``.
-
-    >>> fill_example(pa.int32()), fill_example(pa.string()), fill_example(pa.list_(pa.int8()))
-    (0, '', [])
-    """
-    if isinstance(typ, pa.BaseExtensionType):
-        typ = typ.storage_type if not isinstance(typ, pa.FixedShapeTensorType) else typ.value_type
-        return 0.0 if pa.types.is_fixed_size_binary(typ) else fill_example(typ)  # bfloat16
-    if pa.types.is_dictionary(typ):
-        return fill_example(typ.value_type)
-    if pa.types.is_fixed_size_list(typ):
-        return fill_example(typ.value_type)
-    if _is_list(typ):
-        return []
-    if pa.types.is_boolean(typ):
-        return False
-    if pa.types.is_floating(typ):
-        return 0.0
-    if is_binary(typ):
-        return b""
-    if _is_text(typ):
-        return ""
-    return 0
 
 
 def with_fill_nulls(
@@ -483,24 +387,6 @@ def with_fill_nulls(
     return replace(conversion, fill_nulls=fill_nulls)
 
 
-def _scalar(path: str, option: str, value: Any, dtype: np.dtype) -> np.ndarray:
-    """``value`` as ``dtype``; refuses values that would change (0.5 into int, -1 into uint8)."""
-    kind = "f" if is_bfloat16(dtype) else dtype.kind
-    if kind == "b":
-        fits = isinstance(value, bool | int) and value in (0, 1)
-    elif kind in "iu":
-        info = np.iinfo(dtype)
-        fits = isinstance(value, int) and info.min <= value <= info.max
-    else:
-        fits = kind == "f" and isinstance(value, int | float)
-    if not fits:
-        raise ConversionError(
-            f"{option} value {value!r} for column {path!r} does not fit its dtype {dtype}; "
-            "use a value of that type and range"
-        )
-    return np.array(value).astype(dtype)
-
-
 def _cast(path: str, out: np.ndarray, conv: Conversion) -> np.ndarray:
     target = conv.casts.get(path)
     if target is None or out.dtype == target:
@@ -512,7 +398,7 @@ def _cast(path: str, out: np.ndarray, conv: Conversion) -> np.ndarray:
 
 def _ragged(path: str, arr: pa.Array, conv: Conversion) -> Padded | list[np.ndarray]:
     if arr.null_count and path not in conv.fill_nulls:
-        raise _null_error(path, arr)
+        raise null_error(path, arr)
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
     lengths = lengths.astype(np.int64, copy=False)
     values = _cast(path, _array(path, arr.flatten(), conv), conv)
@@ -525,7 +411,7 @@ def _ragged(path: str, arr: pa.Array, conv: Conversion) -> Padded | list[np.ndar
             f"column {path!r} has a row of {longest} values, longer than pad_to={conv.pad_to}; "
             "raise pad_to, truncate the lists in a transform, or use ragged='list'"
         )
-    pad = _scalar(path, "pad_value", conv.pad_value, values.dtype)
+    pad = checked_scalar(path, "pad_value", conv.pad_value, values.dtype)
     out = np.full((len(arr), width, *values.shape[1:]), pad, dtype=values.dtype)
     out[np.arange(width) < lengths[:, None]] = values
     return Padded(out, lengths)
@@ -534,7 +420,7 @@ def _ragged(path: str, arr: pa.Array, conv: Conversion) -> Padded | list[np.ndar
 def _text(path: str, arr: pa.Array, conv: Conversion) -> list[Any] | np.ndarray | ByteRows:
     if arr.null_count:
         if path not in conv.fill_nulls:
-            raise _null_error(path, arr)
+            raise null_error(path, arr)
         arr = without_views(arr)  # Arrow cannot fill nulls of view types
         try:
             arr = pc.fill_null(arr, pa.scalar(conv.fill_nulls[path], arr.type))
