@@ -11,7 +11,14 @@ each run also gives the cache fills that the main process's ``stats()`` reports.
 Cases: ``cache="auto"`` (the default) and ``cache=None``, each on thread and on process workers;
 with ``--shm``, also ``cache="/dev/shm/<dir>"`` (a directory given on tmpfs).
 
+``--source``: the cache's own cost, without the engine. In one process, ``Source.read_rows`` of
+123,136 random rows at a time (the size the loader gathers) through the automatic cache, epochs
+1-4 (the first fills it); then a fresh process reading one epoch of the filled cache (what a
+process worker does each epoch). CPU seconds per million rows: load on a shared machine does
+not inflate them as it does wall-clock time.
+
     python benchmarks/cache_workers.py --rows 1000000 --repeats 3
+    python benchmarks/cache_workers.py --source --repeats 3
 """
 
 from __future__ import annotations
@@ -48,6 +55,56 @@ print(json.dumps({"epoch1": rates[0], "epoch2": rates[1], "fills": fills,
 """
 
 
+SOURCE = r"""
+import json, os, pickle, subprocess, sys, tempfile, time
+import numpy as np
+from lanceloader.rows.lance.source import Source
+FRESH = '''
+import json, pickle, sys, time, numpy as np
+source = pickle.loads(open(sys.argv[1], "rb").read())
+order = np.random.default_rng(9).permutation(source.num_rows)
+cpu = time.process_time()
+for start in range(0, source.num_rows, 123136):
+    source.read_rows(order[start:start + 123136])
+print(json.dumps((time.process_time() - cpu) * 1e6 / source.num_rows))
+'''
+with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
+    os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
+    source = Source(sys.argv[1], columns=["id", "label", "x"], cache="auto", random_order=True)
+    rng, cpu_per_m = np.random.default_rng(0), []
+    for _ in range(4):
+        order, cpu = rng.permutation(source.num_rows), time.process_time()
+        for start in range(0, source.num_rows, 123136):
+            source.read_rows(order[start:start + 123136])
+        cpu_per_m.append((time.process_time() - cpu) * 1e6 / source.num_rows)
+    with open(os.path.join(shm, "source.pkl"), "wb") as file:
+        pickle.dump(source, file)
+    fresh = subprocess.run([sys.executable, "-c", FRESH, os.path.join(shm, "source.pkl")],
+                           capture_output=True, text=True, check=True)
+print(json.dumps({"epochs": cpu_per_m, "fresh": json.loads(fresh.stdout)}))
+"""
+
+
+def run_source(uri: str, repeats: int) -> None:
+    """``--source``: the cache's CPU seconds per 1M rows, in one process and in a fresh one."""
+    runs = []
+    for _ in range(repeats):
+        done = subprocess.run(
+            [sys.executable, "-c", SOURCE, uri], capture_output=True, text=True, timeout=1800
+        )
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-3000:])
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(runs[-1]), flush=True)
+    later = [cpu for run in runs for cpu in run["epochs"][1:]]
+    fresh = [run["fresh"] for run in runs]
+    print(
+        f"CPU s per 1M rows, epochs 2-4 in one process: median {statistics.median(later):.2f} "
+        f"({min(later):.2f}-{max(later):.2f}); a fresh process's epoch: median "
+        f"{statistics.median(fresh):.2f} ({min(fresh):.2f}-{max(fresh):.2f})"
+    )
+
+
 def run_case(uri: str, worker_type: str, cache: str) -> dict:
     """One case in a fresh interpreter: its JSON line."""
     done = subprocess.run(
@@ -68,6 +125,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shm", action="store_true", help="also cache='/dev/shm/<dir>'")
     parser.add_argument("--dataset", help="an existing demo dataset (default: one is written)")
+    parser.add_argument("--source", action="store_true", help="the cache alone (see above)")
     args = parser.parse_args()
     from lanceloader.demo import write_demo_dataset
 
@@ -76,6 +134,9 @@ def main() -> None:
         uri = args.dataset or str(
             write_demo_dataset(Path(tmp) / "d.lance", rows=args.rows, fragments=8)
         )
+        if args.source:
+            run_source(uri, args.repeats)
+            return
         results: dict[tuple[str, str], list[dict]] = {}
         for _ in range(args.repeats):
             for cache in caches:
