@@ -327,13 +327,20 @@ def dataset_identity(schema: pa.Schema, fragments: list[Any]) -> str:
     count. It costs one pass over the manifest's fragment list, no I/O.
     """
     parts: list[Any] = [schema.to_string(show_schema_metadata=False)]
-    for fragment in fragments:
-        meta = fragment.metadata
+    for fragment in fragments:  # a LanceFragment or its metadata (read once by the caller)
+        meta = getattr(fragment, "metadata", fragment)
         deletion = meta.deletion_file
-        parts.append([meta.id, meta.physical_rows, [f.path for f in meta.files],
+        parts.append([meta.id, meta.physical_rows, file_paths(meta),
                       None if deletion is None else [deletion.id, deletion.num_deleted_rows]])
     blob = json.dumps(parts, separators=(",", ":"), default=str).encode()
     return hashlib.blake2b(blob, digest_size=8).hexdigest()
+
+
+def file_paths(metadata: Any) -> list[str]:
+    """The data file names of one fragment's metadata. Lance's ``DataFile.path`` builds a class
+    per call (its shim for the old ``path()`` method: 55 us, 110 ms over 2,000 fragments); the
+    name it wraps is read directly where this Lance has it (the same string)."""
+    return [getattr(f, "_path", None) or f.path for f in metadata.files]
 
 
 def open_dataset(

@@ -17,6 +17,10 @@ from lanceloader.rows.dataset import is_object_store
 # columns, 20 MB: 10 ms); beyond, or on object storage, nulls are found in the batch that holds
 # them, whose error names the batch and the row.
 NULL_SCAN_BYTES = 128 << 20
+# ... and of at most this many fragments: a scan opens every data file (0.15-0.25 ms each, 2 busy
+# cores), so 2,000 appended fragments of 500 rows cost 330 ms where the same rows in 4 fragments
+# cost 15 ms (benchmarks/fragments.py). 64 fragments: at most ~15 ms of opening.
+NULL_SCAN_FRAGMENTS = 64
 _logger = logging.getLogger("lanceloader")
 
 
@@ -35,6 +39,8 @@ class _Scanned(Protocol):
     @property
     def dataset(self) -> lance.LanceDataset: ...
 
+    def fragment_positions(self) -> np.ndarray: ...
+
     def schema_table(self) -> Any: ...
 
     def row_offsets(self, positions: np.ndarray) -> np.ndarray: ...
@@ -45,11 +51,13 @@ class _Scanned(Protocol):
 def check_nulls(source: _Scanned, conversion: Any) -> None:
     """Refuse nulls that ``conversion`` cannot hold in the rows of ``source``, in the
     fixed-width columns of :func:`~lanceloader.batch.checks.null_checked_columns`, at most
-    :data:`NULL_SCAN_BYTES` of them; otherwise the batch that holds a null raises, naming the
-    batch and the row. One Lance scan with the source's filter; a split keeps the nulls of its
-    own rows."""
+    :data:`NULL_SCAN_BYTES` of them in at most :data:`NULL_SCAN_FRAGMENTS` fragments; otherwise
+    the batch that holds a null raises, naming the batch and the row. One Lance scan with the
+    source's filter; a split keeps the nulls of its own rows."""
     if is_object_store(source.uri) or forksafe.tainted():
         return  # a tainted process reads through a clean reader only: no scans here
+    if len(source.fragment_positions()) - 1 > NULL_SCAN_FRAGMENTS:
+        return  # opening every file would cost more than the rest of the construction
     rows_schema = source.schema_table().schema  # the columns as read (a blob: not Lance's struct)
     columns = null_checked_columns(rows_schema, conversion)
     ds = source.dataset

@@ -48,7 +48,7 @@ from lanceloader.arguments import check_optional_str, check_storage_options
 from lanceloader.lifecycle import forksafe
 from lanceloader.rows.cache.auto import auto_cache
 from lanceloader.rows.cache.disk import DiskCache
-from lanceloader.rows.cache.pieces import AUTO, MemoryCache, make_cache
+from lanceloader.rows.cache.pieces import AUTO, MemoryCache, make_cache, piece_rows
 from lanceloader.rows.dataset import (
     NOT_READ_FAILURES,
     ReadError,
@@ -65,7 +65,6 @@ from lanceloader.rows.dataset import (
 from lanceloader.rows.lance.blobs import (
     attach_blobs,
     check_blob_choices,
-    payload_bytes_per_row,
     rows_schema,
     take_blob_files,
 )
@@ -73,7 +72,9 @@ from lanceloader.rows.lance.cached import CachedReads
 from lanceloader.rows.lance.first_reads import FirstReads
 from lanceloader.rows.lance.fragment_tails import FragmentTails
 from lanceloader.rows.lance.nulls import check_nulls
-from lanceloader.rows.lance.splits import split_mask
+from lanceloader.rows.lance.plan import bytes_per_row, select_rows
+from lanceloader.rows.lance.sorted_read import read_sorted_local
+from lanceloader.rows.lance.units import Unit, cache_units, read_unit
 from lanceloader.rows.protocol import (
     DatasetName,
     Intervals,
@@ -95,14 +96,6 @@ from lanceloader.state.format import local_uri
 
 _logger = logging.getLogger("lanceloader")
 _MAKING = threading.Lock()  # one FragmentTails per Source and process, whichever thread asks
-
-# Runs of at least this many contiguous rows are read as fragment ranges; shorter runs join one
-# `take`, which beats many small range reads (measured: 1024-row blocks 3.0M vs 1.5M rows/s).
-# On object storage every read is one `take`: Lance then sends all of a read's requests at once,
-# where range reads one after another each wait for the store (S3 emulated with 20 ms per
-# request: sequential 1.19x, block shuffle 1.05x the rows/s of range reads of >= 4,096 rows).
-MIN_RANGE_ROWS = 4096
-FEW_SHORT_RUNS = 2
 
 
 class Source(RowsBase):
@@ -169,8 +162,9 @@ class Source(RowsBase):
         version = int(version) if isinstance(version, numbers.Integral) else version
         ds = open_dataset(dataset, version, self.storage_options)
         self._fragments = ds.get_fragments()
+        metadata = [f.metadata for f in self._fragments]  # once: 14 us a fragment
         self.dataset_name = DatasetName(local_uri(ds.uri), ds.version,
-                                        dataset_identity(ds.schema, self._fragments))
+                                        dataset_identity(ds.schema, metadata))
         self._version: int = ds.version
         self.schema: pa.Schema = ds.schema
         self.columns: list[str] = check_columns(columns, ds.schema)
@@ -196,15 +190,17 @@ class Source(RowsBase):
         )
         self._fragments_at = Intervals(self._fragment_starts)  # before any read (its errors)
         self.plan_origin = "none"
-        self._rows: np.ndarray | None = self._select_rows(ds)
-        self.bytes_per_row: float = self._bytes_per_row()
+        self._rows: np.ndarray | None = select_rows(self, ds)
+        self.bytes_per_row, sampled = bytes_per_row(self, self._fragments, self._fragment_starts)
+        if sampled is not None:
+            self._opening().opened([sampled])  # its file's metadata is in ds's cache now
         if auto:  # decided once the rows and their size are known
             self.cache, self.cache_choice = auto_cache(
                 random_order, is_object_store(self.uri), self.bytes_per_row * self.num_rows,
                 cache_size)
-        # the reads through the cache: its pieces of these fragments (rows/lance/cached.py)
-        self.cached = None if self.cache is None else CachedReads(
-            self, self._fragments, self._fragment_starts, self._rows, self._on_store)
+        # the reads through the cache: its pieces of these fragments, or of runs of small ones
+        self._units: list[Unit] = []
+        self.cached = None if self.cache is None else self._cached_reads(metadata)
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
         if self.num_rows == 0:
             self._warn_empty()
@@ -224,23 +220,12 @@ class Source(RowsBase):
 
     # --- construction -------------------------------------------------------------------
 
-    def _select_rows(self, ds: lance.LanceDataset) -> np.ndarray | None:
-        """Lance row offsets kept by filter and split, or None when every row is kept."""
-        if self.splits is None and self.split is not None:
-            raise ValueError(f"split={self.split!r} needs splits=, e.g. {{'train': 0.9, 'val': 0.1}}")
-        if self.splits is not None and self.split is None:
-            raise ValueError(f"splits={self.splits} needs split=, one of {sorted(self.splits)}")
-        if self.filter is None and self.splits is None:
-            return None
-        if self.split_key is not None:
-            check_columns([self.split_key], ds.schema, what="split_key")
-        if not isinstance(self.cache, DiskCache):
-            self.plan_origin = "scan"
-            return self._scan_rows(ds)
-        rows, made = self.cache.load_or_make(self.cache_key("plan"),
-                                             lambda: self._scan_rows(ds))
-        self.plan_origin = "scan" if made else "cache"
-        return rows
+    def _cached_reads(self, metadata: list[Any]) -> CachedReads:
+        """The reads through the cache (``rows/lance/cached.py``), its pieces cut from cache
+        units: a fragment, or a run of consecutive small ones (``rows/lance/units.py``)."""
+        self._units, starts = cache_units(metadata, np.diff(self._fragment_starts),
+                                          piece_rows(self.bytes_per_row))
+        return CachedReads(self, self._units, starts, self._rows, self._on_store)
 
     def cache_key(self, kind: str, *extra: Any) -> str:
         """The cache name of an array derived from this source's rows (the filter/split plan,
@@ -249,45 +234,6 @@ class Source(RowsBase):
         key = json.dumps([self.identity, self.filter, self.splits, self.split, self.split_key,
                           *extra])
         return f"{kind}-" + hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
-
-    def _scan_rows(self, ds: lance.LanceDataset) -> np.ndarray:
-        """The planning scan: the Lance row offsets of the rows the filter and split keep."""
-        scan_columns = ["_rowoffset"] + ([self.split_key] if self.split_key is not None else [])
-        try:
-            table = ds.to_table(columns=scan_columns, filter=self.filter)
-        except Exception as exc:  # Lance raises ValueError/OSError/RuntimeError for bad SQL
-            redact_exception(exc, self.storage_options)
-            raise ValueError(
-                f"filter {self.filter!r} is not a valid Lance SQL predicate for columns "
-                f"{ds.schema.names}: {clean_message(exc, self.uri, self.storage_options)}"
-            ) from exc
-        rows = table.column("_rowoffset").to_numpy().astype(np.int64)
-        if self.splits is not None:
-            assert self.split is not None
-            keys = table.column(self.split_key) if self.split_key is not None else rows
-            rows = rows[split_mask(keys, self.splits, self.split)]
-        return rows
-
-    def _bytes_per_row(self, sample_rows: int = 256) -> float:
-        """Arrow bytes per row of the columns, estimated from the first rows of the first
-        non-empty fragment (0.0 for an empty dataset): what reads are sized by (``engine.py``).
-        Taken at construction, where Lance may be used, so that no process forked later needs
-        to. A damaged first fragment raises :class:`ReadError` here."""
-        for i, fragment in enumerate(self._fragments):
-            start = int(self._fragment_starts[i])
-            rows = min(sample_rows, int(self._fragment_starts[i + 1]) - start)
-            if rows == 0:
-                continue
-            try:
-                table = fragment.to_table(columns=self.columns, limit=sample_rows)
-            except NOT_READ_FAILURES:
-                raise
-            except BaseException as exc:
-                raise self.read_error(exc, offsets=np.arange(start, start + rows)) from exc
-            if table.num_rows:  # a blob column's payloads counted by their descriptors' size
-                self._opening().opened([i])  # its file's metadata is in ds's cache now
-                return table.nbytes / table.num_rows + payload_bytes_per_row(table, self.blobs)
-        return 0.0
 
     # --- pickling and per-process reopening ---------------------------------------------
 
@@ -501,13 +447,14 @@ class Source(RowsBase):
         return attach_blobs(table.select(self.columns), offsets, self.blobs, self, io)
 
     def read_fragment(self, index: int, start: int, rows: int, io: StorageIO) -> pa.Table:
-        """Up to ``rows`` rows of the ``index``-th fragment from its row ``start`` (a cache
-        piece), blob columns read as :attr:`blobs` says. One chunk (Lance's batch size set to
+        """Up to ``rows`` rows of the ``index``-th cache unit (a fragment, or a run of small ones:
+        :mod:`lanceloader.rows.lance.units`) from its row ``start`` (a cache piece), in one
+        chunk, blob columns read as :attr:`blobs` says. One chunk (Lance's batch size set to
         the rows): ``to_table`` gave a chunk per 8,192 rows, which the cache then copied into one
         (3.6 ms of CPU per 13.6 MB piece on the emulated store, same requests)."""
-        table = self._fragments[index].scanner(
-            columns=self.columns, offset=start, limit=rows, batch_size=max(rows, 1)).to_table()
-        first = int(self._fragment_starts[index]) + start
+        unit = self._units[index]
+        table = read_unit(self.dataset, self._fragments, unit, self.columns, start, rows)
+        first = int(self._fragment_starts[unit.first]) + start
         return attach_blobs(table, np.arange(first, first + table.num_rows), self.blobs, self,
                             io)
 
@@ -519,33 +466,9 @@ class Source(RowsBase):
             fragments = distinct(self._fragment_of(offsets)).tolist()
             with self._opening().reading(fragments):  # a file's metadata fetched once
                 return ds.take(offsets, columns=self.columns), np.arange(len(offsets))
-        if not len(offsets):
-            return self.schema_table().slice(0, 0), np.zeros(0, dtype=np.int64)
-        fragment_of = self._fragment_of(offsets)
-        breaks = np.flatnonzero((np.diff(offsets) != 1) | (np.diff(fragment_of) != 0)) + 1
-        starts = np.concatenate(([0], breaks))
-        stops = np.concatenate((breaks, [len(offsets)]))
-        # Runs of >= MIN_RANGE_ROWS are range reads, and so are a few short ones (a run cut by a
-        # fragment's end); many short runs (a block shuffle's blocks) are one take.
-        long = stops - starts >= MIN_RANGE_ROWS
-        if np.count_nonzero(~long) <= FEW_SHORT_RUNS:
-            long[:] = True
-        pieces: list[pa.Table] = []
-        order: list[np.ndarray] = []
-        for lo, hi in zip(starts[long].tolist(), stops[long].tolist(), strict=True):
-            frag = int(fragment_of[lo])
-            local = int(offsets[lo] - self._fragment_starts[frag])
-            pieces.append(
-                self._fragments[frag].to_table(columns=self.columns, offset=local, limit=hi - lo)
-            )
-            order.append(np.arange(lo, hi))
-        if not long.all():  # the rows of short runs: one take (no per-run Python)
-            idx = np.flatnonzero(np.repeat(~long, stops - starts))
-            pieces.append(ds.take(offsets[idx], columns=self.columns))
-            order.append(idx)
-        if not pieces:
-            return self.schema_table().slice(0, 0), np.zeros(0, dtype=np.int64)
-        return pa.concat_tables(pieces), np.concatenate(order)
+        return read_sorted_local(ds, self._fragments, self._fragment_starts,
+                                 self._fragment_of(offsets), offsets, self.columns,
+                                 self.schema_table().slice(0, 0))
 
     def _sharing(self) -> FragmentTails:
         """This process's :class:`FragmentTails` (made here after unpickling)."""
