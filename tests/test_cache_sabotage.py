@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -164,3 +165,22 @@ def test_cache_files_damaged_mid_epoch_never_kill_the_reader_nor_change_its_rows
         if case[0] == "automatic":
             assert result["cache"].startswith("auto: " + str(shm)), (case, result)
         assert done[case][0] > 0 and result["damaged"] > 0, (case, result)  # the damage bit
+
+
+def test_a_readers_touch_never_hides_a_write_made_since_it_looked(tmp_path):
+    """Readers mark a cache file recently used by setting its access time. They wrote back the
+    mtime they had seen, so a write made in between vanished from every other reader's version
+    check (and from the record of a checked file, which then passed unchecked)."""
+    from lanceloader.rows.cache.files import touch_access_time
+
+    path = tmp_path / "piece.arrow"
+    path.write_bytes(b"checked")
+    seen = path.stat()
+    time.sleep(0.02)  # the write's mtime differs from the one seen, even at a coarse clock
+    with open(path, "r+b") as file:  # another process writes in place after the look
+        file.write(b"damaged")
+    written = path.stat().st_mtime_ns
+    assert written != seen.st_mtime_ns
+    touch_access_time(str(path), seen.st_mtime_ns)
+    assert path.stat().st_mtime_ns == written
+    assert path.stat().st_atime_ns >= seen.st_atime_ns

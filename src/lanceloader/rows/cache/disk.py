@@ -33,7 +33,6 @@ import errno
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,6 +60,7 @@ from lanceloader.rows.cache.files import (
     read_sealed,
     read_trailer,
     seal,
+    touch_access_time,
     version_of,
     was_checked,
 )
@@ -152,7 +152,7 @@ class DiskCache(PlansAndRanges):
                 self.drop(name, path, version, str(exc), damaged=not isinstance(exc, OlderFile))
                 return None
             with contextlib.suppress(OSError):  # least recently used goes first
-                os.utime(file.fileno(), ns=(time.time_ns(), version[2]))
+                touch_access_time(os.fspath(path), version[2])
         return payload, extra, version
 
     def _open_checked(

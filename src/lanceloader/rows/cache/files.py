@@ -25,10 +25,12 @@ on it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import os
 import struct
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -188,6 +190,32 @@ def version_of(stat: os.stat_result) -> tuple[int, int, int]:
     """A file version: inode, size and mtime (a write in place changes the mtime; touching a
     file's access time, as readers do, keeps it)."""
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_UTIME_NOW, _UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+try:
+    _utimensat = ctypes.CDLL(None, use_errno=True).utimensat
+except (OSError, AttributeError):  # not Linux's libc: rewrite the mtime as read
+    _utimensat = None
+
+
+def touch_access_time(path: str, mtime_ns: int) -> None:
+    """Set ``path``'s access time to now (least recently used files are evicted first),
+    leaving its modification time alone (``UTIME_OMIT``): writing back the mtime a reader saw
+    would hide a write made since from every other reader's version check. Where ``utimensat``
+    is missing, the mtime ``mtime_ns`` is written back. Raises ``OSError`` (a read-only
+    directory: the caller skips it)."""
+    if _utimensat is None:
+        os.utime(path, ns=(time.time_ns(), mtime_ns))
+        return
+    times = (_Timespec * 2)(_Timespec(0, _UTIME_NOW), _Timespec(0, _UTIME_OMIT))
+    if _utimensat(-100, os.fsencode(path), times, 0) != 0:  # AT_FDCWD
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
 
 
 def checked_record(name: str, stat: os.stat_result) -> bytes:

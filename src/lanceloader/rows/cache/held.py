@@ -29,7 +29,7 @@ from collections import OrderedDict
 
 import pyarrow as pa
 
-from lanceloader.rows.cache.files import SUFFIX
+from lanceloader.rows.cache.files import SUFFIX, touch_access_time
 
 # Pieces held per process, within this many bytes (a directory on a disk).
 HELD_BYTES = 256 << 20
@@ -117,7 +117,7 @@ class HeldPieces:
                 return table
             self._tables[name] = (version, table, now)
         with contextlib.suppress(OSError):  # least recently used goes first (read-only: skip)
-            os.utime(path, ns=(time.time_ns(), stat.st_mtime_ns))
+            touch_access_time(path, stat.st_mtime_ns)
         return table
 
     def hold(self, name: str, version: Version, table: pa.Table) -> pa.Table | None:
