@@ -30,7 +30,7 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_quick_start(tmp_path) -
     assert any(n.endswith("entry_points.txt") for n in names)
     with tarfile.open(sdist) as tar:
         files = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"pyproject.toml", "README.md", "src/lanceloader/rows/mixed.py"} <= files
+    assert {"pyproject.toml", "README.md", "src/lanceloader/rows/mix.py"} <= files
     env = tmp_path / "venv"
     venv.create(env)  # without pip: ensurepip costs ~8 s of CPU; this pip installs into it
     python = env / "bin" / "python"

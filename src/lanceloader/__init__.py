@@ -25,7 +25,7 @@ from lanceloader.rows.clips.source import audio_clips, video_clips
 from lanceloader.rows.dataset import ReadError
 from lanceloader.rows.lance.blobs import blob_files
 from lanceloader.rows.lance.source import Source
-from lanceloader.rows.mixed import Mix
+from lanceloader.rows.mix import Mix
 from lanceloader.rows.packed import pack
 from lanceloader.state.format import StateMismatchError, load_state, save_state
 from lanceloader.write.convert import ConvertSummary, convert

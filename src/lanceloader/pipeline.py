@@ -50,7 +50,7 @@ from lanceloader.rows.cache.pieces import AUTO
 from lanceloader.rows.clips.source import AudioClips, VideoClips, clip_source
 from lanceloader.rows.clips.windows import clips_of
 from lanceloader.rows.lance.source import Source
-from lanceloader.rows.mixed import Mix
+from lanceloader.rows.mix import Mix
 from lanceloader.rows.packed import PackedSource, Packing
 from lanceloader.rows.protocol import RowsBase, RowSource
 from lanceloader.state.format import StreamSpec, check_keys, order_settings

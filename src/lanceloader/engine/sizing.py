@@ -68,8 +68,7 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
     1
 
     ``read_parts``: the reads one read makes underneath, each sized as a read of its own (a mix
-    of 3 equal sources: 3, :attr:`MixedSource.read_parts
-    <lanceloader.rows.mixed.MixedSource.read_parts>`), so each Lance call is as large as one
+    of 3 equal sources: 3, its :class:`~lanceloader.rows.protocol.ReadHints`), so each Lance call is as large as one
     source's would be (with a transform too: a mix of 3 with a transform read 2 batches as 3
     Lance calls, at 3.4x the CPU per row of a single source; 6 batches, 1.2x):
 

@@ -404,7 +404,7 @@ def to_record_batch(table: pa.Table) -> pa.RecordBatch:
 @dataclass(frozen=True)
 class Pieces:
     """A read's rows as runs of a few record batches, in order, not yet copied into one table:
-    what a mix with long runs of one source reads (:func:`lanceloader.rows.mixed.mixed_rows`).
+    what a mix with long runs of one source reads (:func:`lanceloader.rows.placement.mixed_rows`).
 
     ``runs`` are ``(batch, start, length)``: rows ``[start, start + length)`` of
     ``batches[batch]``. The worker converts each of ``batches`` once and hands out every batch
