@@ -116,7 +116,7 @@ def add_samples(made: dict[str, Any], at: list[str], s: Stats) -> None:
     """One loader's samples (labels ``at``) into the families of :func:`families`."""
     for k, (field, _) in COUNTERS.items():
         made[k].add_metric(at, float(getattr(s, field)))
-    for k in ("read", "transform", "convert"):
+    for k in ("read", "decode", "transform", "convert"):
         made["worker_seconds"].add_metric([*at, k], getattr(s, f"{k}_s"))
     made["loop_seconds"].add_metric([*at, "waiting"], s.wait_s)
     made["loop_seconds"].add_metric([*at, "working"], s.step_s)

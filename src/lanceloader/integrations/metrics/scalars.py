@@ -48,7 +48,7 @@ def scalars(
         },
         **{
             f"{k}_share": w[f"{k}_s"] / cap if cap > 0 else 0.0
-            for k in ("read", "transform", "convert")
+            for k in ("read", "decode", "transform", "convert")
         },
         "storage_MB_per_s": w["io_bytes"] / wall / 1e6 if wall > 0 else 0.0,
         "batches": float(stats.batches),
@@ -71,6 +71,7 @@ class Totals:
     wait_s: float
     step_s: float
     read_s: float
+    decode_s: float
     transform_s: float
     convert_s: float
     io_bytes: int
@@ -94,6 +95,7 @@ def totals_of(loader: Any) -> Totals | Stats:
         c["wait_s"],
         c["step_s"],
         c["read_s"],
+        c["decode_s"],
         c["transform_s"],
         c["convert_s"],
         int(c["io_bytes"]),
@@ -117,6 +119,7 @@ def window(stats: Stats | Totals, since: Stats | Totals | None = None) -> dict[s
         "wait_s",
         "step_s",
         "read_s",
+        "decode_s",
         "transform_s",
         "convert_s",
         "io_bytes",
