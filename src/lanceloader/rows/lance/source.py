@@ -6,12 +6,13 @@ in ``[0, num_rows)`` to a Lance row offset, and reads any list of positions as o
 ``RecordBatch`` in exactly that order.
 
 Reads coalesce: the requested rows are sorted and deduplicated, contiguous runs become range reads
-of one fragment (Lance's fastest path on local disk, measured in ``benchmarks/``), the scattered
+(Lance's fastest path on local disk: :mod:`lanceloader.rows.lance.sorted_read`), the scattered
 rest becomes one ``take`` (on object storage, everything is one ``take``, and the first read of
 each fragment in a process goes alone, so reads in flight together fetch a file's metadata once:
 :mod:`lanceloader.rows.lance.first_reads`), and the result is put back into the requested order with
-one Arrow ``take``. With ``cache=``, reads go through the cache first
-(:mod:`lanceloader.rows.cache.pieces`).
+one Arrow ``take``. With ``cache=``, reads go through the cache first, in pieces of a fragment or
+of a run of small ones (:mod:`lanceloader.rows.lance.cached`, :mod:`lanceloader.rows.lance.units`).
+Construction (the filter/split plan, the bytes per row) is :mod:`lanceloader.rows.lance.plan`.
 
 Errors: every failure of a read is raised as :class:`ReadError` (an ``OSError``), which names the
 URI, the pinned version, the fragments and rows read and, from a worker, the batches; the
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import numbers
 import os
 import threading
@@ -53,14 +53,11 @@ from lanceloader.rows.dataset import (
     NOT_READ_FAILURES,
     ReadError,
     check_columns,
-    clean_message,
     dataset_identity,
     is_object_store,
-    object_store_hint,
     object_store_options,
     open_dataset,
     reaching_store,
-    redact_exception,
 )
 from lanceloader.rows.lance.blobs import (
     attach_blobs,
@@ -69,6 +66,12 @@ from lanceloader.rows.lance.blobs import (
     take_blob_files,
 )
 from lanceloader.rows.lance.cached import CachedReads
+from lanceloader.rows.lance.describe import (
+    damaged_fragment,
+    describe_offsets,
+    read_error,
+    warn_empty,
+)
 from lanceloader.rows.lance.first_reads import FirstReads
 from lanceloader.rows.lance.fragment_tails import FragmentTails
 from lanceloader.rows.lance.nulls import check_nulls
@@ -94,7 +97,6 @@ from lanceloader.rows.protocol import (
 )
 from lanceloader.state.format import local_uri
 
-_logger = logging.getLogger("lanceloader")
 _MAKING = threading.Lock()  # one FragmentTails per Source and process, whichever thread asks
 
 
@@ -185,9 +187,8 @@ class Source(RowsBase):
         self._on_store = is_object_store(self.uri)
         self._store_fragment_positions: np.ndarray | None = None
         self._fragment_ids = [f.fragment_id for f in self._fragments]
-        self._fragment_starts = np.cumsum(
-            [0] + [f.count_rows() for f in self._fragments], dtype=np.int64
-        )
+        self._fragment_starts = np.cumsum([0] + [f.count_rows() for f in self._fragments],
+                                          dtype=np.int64)
         self._fragments_at = Intervals(self._fragment_starts)  # before any read (its errors)
         self.plan_origin = "none"
         self._rows: np.ndarray | None = select_rows(self, ds)
@@ -198,25 +199,11 @@ class Source(RowsBase):
             self.cache, self.cache_choice = auto_cache(
                 random_order, is_object_store(self.uri), self.bytes_per_row * self.num_rows,
                 cache_size)
-        # the reads through the cache: its pieces of these fragments, or of runs of small ones
-        self._units: list[Unit] = []
+        self._units: list[Unit] = []  # what the cache's pieces are cut from (_cached_reads)
         self.cached = None if self.cache is None else self._cached_reads(metadata)
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
         if self.num_rows == 0:
-            self._warn_empty()
-
-    def _warn_empty(self) -> None:
-        """An empty epoch is legal (a filter for a class not yet in the data), but rarely meant."""
-        total = int(self._fragment_starts[-1])
-        if total == 0:
-            why = "the dataset has no rows"
-        elif self.filter is not None and self.split is None:
-            why = f"filter {self.filter!r} matches none of its {total} rows"
-        else:
-            why = (f"filter {self.filter!r} and split {self.split!r} keep none of its {total} "
-                   "rows")
-        _logger.warning("Lance dataset %r (version %d): %s, so every epoch is empty (0 batches)",
-                        self.uri, self.version, why)
+            warn_empty(self, int(self._fragment_starts[-1]))
 
     # --- construction -------------------------------------------------------------------
 
@@ -239,11 +226,8 @@ class Source(RowsBase):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_ds"] = None
-        state["_fragments"] = None
-        state["_reader"] = None
-        state["_first_reads"] = None
-        state["_tails"] = None
+        for live in ("_ds", "_fragments", "_reader", "_first_reads", "_tails"):
+            state[live] = None  # opened anew in each process
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -340,27 +324,10 @@ class Source(RowsBase):
             raise self.read_error(exc, positions) from exc
 
     def _damaged_fragment(self, positions: np.ndarray) -> tuple[Exception, np.ndarray] | None:
-        """After a failed read of a local dataset across several fragments: the first
-        fragment whose share of the read fails again on its own (its error and its offsets),
-        so the error names the damaged file, not every fragment the read touched; None when
-        each share reads (a passing fault) or on an object store (each retry could wait out
-        the store's timeouts). Costs nothing unless a read failed."""
-        if is_object_store(self.uri):
-            return None
+        """The damaged fragment among those a failed read touched (its error and offsets), or
+        None (:func:`~lanceloader.rows.lance.describe.damaged_fragment`)."""
         offsets = self.row_offsets(positions)
-        fragment_of = self._fragment_of(offsets)
-        fragments = np.unique(fragment_of)
-        if len(fragments) < 2:
-            return None
-        for index in fragments.tolist():
-            share = offsets[fragment_of == index]
-            try:
-                self.read_offsets(share, StorageIO())
-            except NOT_READ_FAILURES:
-                raise
-            except Exception as exc:
-                return exc, share
-        return None
+        return damaged_fragment(self, offsets, self._fragment_of(offsets))
 
     def settings(self) -> dict[str, Any]:
         """Which rows the positions are (``state["order"]``): the filter and the split."""
@@ -371,18 +338,10 @@ class Source(RowsBase):
                    offsets: np.ndarray | None = None) -> ReadError:
         """The :class:`ReadError` for ``exc``, raised while reading ``positions`` (or the Lance
         row ``offsets``)."""
-        redact_exception(exc, self.storage_options)
         if offsets is None:
             offsets = self.row_offsets(positions if positions is not None
                                        else np.zeros(0, np.int64))
-        first, last = (int(offsets.min()), int(offsets.max())) if len(offsets) else (0, 0)
-        ids = tuple(self._fragment_ids[i] for i in np.unique(self._fragment_of(offsets)).tolist())
-        detail = clean_message(exc, self.uri, self.storage_options)
-        hint = object_store_hint(detail, self.uri, self.storage_options)
-        detail = f"{detail} ({type(exc).__name__})" + (f"; likely cause: {hint}" if hint else "")
-        return ReadError(detail, self.uri,
-                         self.version, ids, (first, last, len(offsets)),
-                         self.describe_offsets(offsets), None, None)
+        return read_error(self, exc, offsets, self._fragment_of(offsets), self._fragment_ids)
 
     def _fragment_of(self, offsets: np.ndarray) -> np.ndarray:
         """The index (in the pinned version's fragment list) of the fragment of each offset."""
@@ -396,19 +355,8 @@ class Source(RowsBase):
     def describe_offsets(self, offsets: np.ndarray, limit: int = 4) -> str:
         """:meth:`describe_rows` of Lance row offsets."""
         offsets = np.sort(offsets)
-        if not len(offsets):
-            return "no rows"
-        index = self._fragment_of(offsets)
-        parts = []
-        for i in np.unique(index)[:limit].tolist():
-            local = offsets[index == i] - self._fragment_starts[i]
-            rows = (f"row {local[0]}" if len(local) == 1 else
-                    f"rows {local[0]}-{local[-1]}" + (f" ({len(local)} of them)"
-                                                       if local[-1] - local[0] + 1 != len(local)
-                                                       else ""))
-            parts.append(f"fragment {self._fragment_ids[i]} {rows}")
-        more = len(np.unique(index)) - limit
-        return ", ".join(parts) + (f" and {more} more fragments" if more > 0 else "")
+        return describe_offsets(offsets, self._fragment_of(offsets), self._fragment_starts,
+                                self._fragment_ids, limit)
 
     def _read_local(self, positions: np.ndarray, io: StorageIO) -> tuple[pa.Table, int]:
         """The rows at ``positions`` and how many of them came from the cache."""

@@ -1,0 +1,187 @@
+"""Many fragments (issue 44): a table grown by appends reads like the same rows in a few fragments.
+
+The cache cuts its pieces from units (a fragment, or a run of consecutive small ones), a run of
+rows that crosses fragments is one read, the construction-time null scan stops past
+``NULL_SCAN_FRAGMENTS`` fragments (the batch holding a null still refuses it), and the dataset
+identity is the hash it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lanceloader as ll
+from lanceloader.batch.checks import ConversionError
+from lanceloader.rows.cache.disk import SUFFIX
+from lanceloader.rows.cache.pieces import fragment_key
+from lanceloader.rows.dataset import dataset_identity
+from lanceloader.rows.lance import nulls
+from lanceloader.rows.lance.source import Source
+from lanceloader.rows.lance.units import cache_units
+
+
+def appended(path, fragments: int, rows: int, nulls_at: tuple[int, ...] = ()) -> str:
+    """A table appended to ``fragments`` times, ``rows`` rows each (one fragment each); ``score``
+    is null at ``nulls_at``."""
+    n = fragments * rows
+    ids = np.arange(n, dtype=np.int64)
+    score = pa.array([None if i in nulls_at else float(i) for i in range(n)], pa.float32())
+    table = pa.table({"id": ids, "label": ids % 7, "score": score})
+    for i in range(fragments):
+        lance.write_dataset(table.slice(i * rows, rows), path, mode="append" if i else "create")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def many_uri(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("many") / "many.lance"
+    uri = appended(path, 120, 50)
+    lance.dataset(uri).delete("id % 13 = 5")  # deletion files in many fragments
+    return uri
+
+
+counts_strategy = st.lists(st.integers(0, 40), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=counts_strategy, piece_rows=st.integers(1, 100), cut=st.integers(0, 30))
+def test_units_cover_the_fragments_in_order_and_appends_change_the_last_only(
+    counts, piece_rows, cut
+) -> None:
+    metas = [_Meta(i) for i in range(len(counts))]
+    units, starts = cache_units(metas, np.array(counts, dtype=np.int64), piece_rows)
+    covered = [i for u in units for i in range(u.first, u.stop)]
+    assert covered == list(range(len(counts)))
+    assert starts.tolist() == [0, *np.cumsum(counts)[[u.stop - 1 for u in units]].tolist()]
+    for u in units:
+        assert u.stop - u.first == 1 or sum(counts[u.first : u.stop]) <= piece_rows
+    cut = min(cut, len(counts))
+    prefix, _ = cache_units(metas[:cut], np.array(counts[:cut], dtype=np.int64), piece_rows)
+    assert [(u.first, u.stop) for u in prefix[:-1]] == [(u.first, u.stop) for u in units][
+        : max(len(prefix) - 1, 0)
+    ]
+
+
+class _Meta:
+    """Fragment metadata as the unit code reads it."""
+
+    def __init__(self, i: int) -> None:
+        self.id, self.physical_rows, self.deletion_file = i, 1, None
+        self.files = [type("F", (), {"path": f"{i}.lance"})()]
+
+
+def test_a_unit_of_one_fragment_keeps_the_fragments_piece_names(tmp_path) -> None:
+    uri = appended(tmp_path / "big.lance", 3, 2000)
+    lance.dataset(uri).delete("id = 2100")
+    ds = lance.dataset(uri)
+    fragments = ds.get_fragments()
+    metas = [f.metadata for f in fragments]
+    units, _ = cache_units(metas, np.array([f.count_rows() for f in fragments]), 1000)
+    schema = ds.schema
+    assert [fragment_key(u.metadata, ["id"], schema) for u in units] == [
+        fragment_key(m, ["id"], schema) for m in metas
+    ]
+
+
+def test_a_runs_piece_name_changes_with_any_of_its_fragments(tmp_path) -> None:
+    uri = appended(tmp_path / "small.lance", 6, 10)
+
+    def keys() -> list[str]:
+        ds = lance.dataset(uri)
+        fragments = ds.get_fragments()
+        units, _ = cache_units(
+            [f.metadata for f in fragments], np.array([f.count_rows() for f in fragments]), 30
+        )
+        return [fragment_key(u.metadata, ["id"], ds.schema) for u in units]
+
+    before = keys()
+    assert len(before) == 2
+    lance.dataset(uri).delete("id = 45")  # in the second run
+    after = keys()
+    assert after[0] == before[0] and after[1] != before[1]
+
+
+def test_a_cache_over_many_small_fragments_keeps_few_pieces_and_the_right_rows(
+    many_uri, tmp_path
+) -> None:
+    cache = tmp_path / "cache"
+    src = Source(many_uri, columns=["id", "label"], cache=str(cache))
+    expected = lance.dataset(many_uri).to_table(columns=["id"]).column("id").to_numpy()
+    rng = np.random.default_rng(0)
+    blocks = rng.permutation(-(-src.num_rows // 64))
+    order = np.concatenate([np.arange(b * 64, min(src.num_rows, b * 64 + 64)) for b in blocks])
+    got = np.concatenate(
+        [src.read(order[i : i + 700]).column("id").to_numpy() for i in range(0, len(order), 700)]
+    )
+    np.testing.assert_array_equal(got, expected[order])
+    pieces = [p for p in cache.iterdir() if p.name.endswith(SUFFIX)]
+    assert 1 <= len(pieces) <= 2, pieces  # one piece per fragment was 120
+    again = Source(many_uri, columns=["id", "label"], cache=str(cache))
+    np.testing.assert_array_equal(
+        again.read(order[:900]).column("id").to_numpy(), expected[order[:900]]
+    )
+    assert again.read_rows(order[:900]).rows_cached == 900
+
+
+@settings(max_examples=40, deadline=None)
+@given(lo=st.integers(0, 5500), length=st.integers(1, 5000))
+def test_runs_across_fragments_read_the_rows_lance_has(many_uri, lo, length) -> None:
+    src = _source(many_uri)
+    hi = min(lo + length, src.num_rows)
+    lo = min(lo, hi - 1)
+    positions = np.arange(lo, hi)
+    expected = lance.dataset(many_uri).take(positions, columns=["id", "label"])
+    assert src.read_table(positions).to_pydict() == expected.to_pydict()
+
+
+_SOURCES: dict[str, Source] = {}
+
+
+def _source(uri: str) -> Source:
+    """One Source per table for the property test (construction is not what it tests)."""
+    if uri not in _SOURCES:
+        _SOURCES[uri] = Source(uri, columns=["id", "label"])
+    return _SOURCES[uri]
+
+
+def test_the_null_scan_stops_past_its_fragment_cap_and_the_batch_refuses(
+    tmp_path, monkeypatch
+) -> None:
+    uri = appended(tmp_path / "nulls.lance", 5, 20, nulls_at=(47,))
+    with pytest.raises(ConversionError, match="Lance row 47"):  # 5 fragments: scanned
+        ll.Loader(uri, batch_size=16, columns=["score"], output="numpy")
+    monkeypatch.setattr(nulls, "NULL_SCAN_FRAGMENTS", 4)
+    loader = ll.Loader(uri, batch_size=16, columns=["score"], output="numpy")  # not scanned
+    with pytest.raises(ConversionError) as info:
+        list(loader)
+    assert "its row 15 is position 47" in "\n".join(info.value.__notes__)
+
+
+def test_the_dataset_identity_is_the_hash_it_was(many_uri) -> None:
+    ds = lance.dataset(many_uri)
+    fragments = ds.get_fragments()
+    parts: list = [ds.schema.to_string(show_schema_metadata=False)]
+    for f in fragments:  # the formula before issue 44, through Lance's DataFile.path
+        m = f.metadata
+        d = m.deletion_file
+        parts.append(
+            [
+                m.id,
+                m.physical_rows,
+                [str(x.path) for x in m.files],
+                None if d is None else [d.id, d.num_deleted_rows],
+            ]
+        )
+    blob = json.dumps(parts, separators=(",", ":"), default=str).encode()
+    before = hashlib.blake2b(blob, digest_size=8).hexdigest()
+    assert dataset_identity(ds.schema, fragments) == before
+    assert dataset_identity(ds.schema, [f.metadata for f in fragments]) == before
+    assert Source(many_uri, columns=["id"]).identity == before
