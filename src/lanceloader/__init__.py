@@ -27,6 +27,7 @@ from lanceloader.rows.lance.blobs import blob_files
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mix import Mix
 from lanceloader.rows.packed import pack
+from lanceloader.rows.protocol import DatasetName, Read, RowsBase
 from lanceloader.state.format import StateMismatchError, load_state, save_state
 from lanceloader.write.convert import ConvertSummary, convert
 from lanceloader.write.materialize import MaterializeSummary, materialize
@@ -37,6 +38,7 @@ __all__ = [
     "Conversion",
     "ConversionError",
     "ConvertSummary",
+    "DatasetName",
     "EpochIterator",
     "Ledger",
     "Loader",
@@ -45,7 +47,9 @@ __all__ = [
     "Mix",
     "Order",
     "Plan",
+    "Read",
     "ReadError",
+    "RowsBase",
     "Source",
     "StallError",
     "StateMismatchError",
