@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 # With a transform, a read of two batches is still in the CPU cache when the worker transforms
-# it: decoding 10 KB JPEGs ran 0.84x raw decode at 8 batches, 0.94x at 2 (benchmarks/transforms.py).
+# it (docs/performance.md, "Read sizes").
 TRANSFORM_BATCHES_PER_READ = 2
 # Rows read by one Lance call. Range reads keep getting cheaper per row up to ~64k rows; random
 # takes are slower per call, so fewer rows keep the time to the first batch low.
@@ -25,25 +25,19 @@ ROWS_PER_READ_SEQUENTIAL = 65_536
 ROWS_PER_READ_RANDOM = 16_384
 # Bytes read by one Lance call at most (rows of 264 B: ~31,800 rows, not 65,536; rows over 8 KB
 # get READ_ROWS_LEAST, below): reads stay in the cache-friendly range and the memory in flight
-# stays small.
-# Larger reads page-fault their buffers in afresh every time (glibc maps blocks of 32 MiB and
-# more from the kernel) and Lance reads big binary batches slower per row: 8 MiB reads ran at
-# 1.15-1.5x the rows/s of 32 MiB ones on 11 KB blobs, and alike on tabular rows; 16 MiB reads
-# of tabular rows made 13x the page faults and block-shuffle mixes ran 0.8x, not 0.96x, a
-# single source.
+# stays small. Larger reads page-fault their buffers in afresh every time (glibc maps blocks of
+# 32 MiB and more from the kernel) and Lance reads big binary batches slower per row
+# (docs/performance.md, "Read sizes").
 READ_BYTES = 8 << 20
 # But a read of few large rows pays a Lance call's fixed cost (~0.75 ms) and the engine's per
 # read over few rows: reads of big rows hold at least READ_ROWS_LEAST rows within
-# READ_BYTES_MOST. 11 KB blobs in order ran at 0.69-0.90x the raw scan in reads of 512 rows
-# (2 batches, what 8 MiB allows), 0.94-0.98x in reads of 1,024 (benchmarks/engine.py bytes).
+# READ_BYTES_MOST (docs/performance.md, "Read sizes").
 READ_ROWS_LEAST = 1024
 READ_BYTES_MOST = 16 << 20
 # A shuffle's read through a cache gathers its rows from every piece, at a cost per piece and
-# read besides the cost per row: reads of 32 MiB of rows (122,880 of 272 B) made the default
-# full shuffle's second epoch 1.45x as fast as reads of 8 MiB, alternated in one process (3 Dec
-# 2026, 2M rows in 40 pieces: 3.86M rows/s -> 5.60M, CPU 0.38 -> 0.28 us a row; 1.6-1.8x in
-# separate runs). Its buffers come from Arrow's pool, which reuses them (the page faults
-# READ_BYTES avoids are Lance's).
+# read besides the cost per row, which reads of 32 MiB amortise (docs/performance.md, "Read
+# sizes"). Its buffers come from Arrow's pool, which reuses them (the page faults READ_BYTES
+# avoids are Lance's).
 READ_BYTES_GATHER = 32 << 20
 
 
@@ -68,9 +62,10 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
     1
 
     ``read_parts``: the reads one read makes underneath, each sized as a read of its own (a mix
-    of 3 equal sources: 3, its :class:`~lanceloader.rows.protocol.ReadHints`), so each Lance call is as large as one
-    source's would be (with a transform too: a mix of 3 with a transform read 2 batches as 3
-    Lance calls, at 3.4x the CPU per row of a single source; 6 batches, 1.2x):
+    of 3 equal sources: 3, its :class:`~lanceloader.rows.protocol.ReadHints`), so each Lance
+    call is as large as one source's would be, with a transform too (a Lance call's fixed cost,
+    paid per part: docs/performance.md, "The mix's reads"):
+
 
     >>> batches_per_read(False, 256, transform=False, bytes_per_row=264, read_parts=3)
     372
@@ -80,15 +75,15 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
     ``store_ranges``: the reads are a Lance source's sequential ranges on an object store (with
     or without a cache: :func:`~lanceloader.engine.tasks.store_ranges`), where each read costs a
     round trip whatever its size and a fragment read in two reads costs a request per column
-    more: they hold up to :data:`READ_BYTES_MOST` (1M rows of 264 B in 20 fragments of 13 MB on S3 emulated with
-    20 ms per request: 99 requests an epoch, 0.89x Lance's scan, against 139 and 0.64x in
-    reads of 8 MiB; Lance's scan made 102):
+    more: they hold up to :data:`READ_BYTES_MOST`, so an epoch makes about as many requests as
+    Lance's own scan (docs/performance.md, "Reads on an object store"):
 
     >>> batches_per_read(False, 256, transform=False, bytes_per_row=264, store_ranges=True)
     248
 
     ``cache_gathers``: the reads are a shuffle's gathers from a cache's pieces, sized by
-    :data:`READ_BYTES_GATHER` (4 times the rows of a sequential read at most):
+    :data:`READ_BYTES_GATHER` (4 times the rows of a sequential read at most), which amortise a
+    gather's cost per piece (docs/performance.md, "Read sizes"):
 
     >>> batches_per_read(False, 256, transform=False, bytes_per_row=272, cache_gathers=True)
     481
@@ -111,11 +106,10 @@ def default_workers(cores: int, worker_type: str, reads_wait: bool) -> int:
     or a mix of only such sources: the rows protocol's ``waits_on_lance``).
 
     Such a worker holds no core: it waits in Lance's range read while Lance's own threads read
-    and decode. One per core kept 2 reads of 8 MiB in flight where Lance's scan keeps its
-    read-ahead: 11 KB blobs to Arrow arrived at 0.82x the raw scan, two per core at 0.94x
-    (benchmarks/engine.py --parts bytes, medians of 5; 1.17-1.24x the rows/s). Random takes,
-    cache gathers, placements and transforms are the workers' own CPU: a second thread per core
-    only takes turns (a full shuffle ran 0.8-0.9x).
+    and decode, and one per core kept fewer reads in flight than Lance's scan keeps read ahead.
+    Random takes, cache gathers, placements and transforms are the workers' own CPU: a second
+    thread per core only takes turns (docs/performance.md, "Worker counts").
+
 
     >>> default_workers(2, "thread", reads_wait=True), default_workers(2, "thread", False)
     (4, 2)
