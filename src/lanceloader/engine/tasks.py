@@ -46,16 +46,16 @@ def stream_tasks(
     read asks one data file for one range per column group (the few rows of a fragment's end
     that the batch at a cut holds come from the read before it:
     :mod:`lanceloader.rows.lance.fragment_tails`; through a cache, from the piece that read fills).
-    200,000 rows in 4 fragments of 50,000, batches of 256: 17 requests an epoch where reads
-    cut only at fragment starts that were batch starts made 29, and Lance's own scan 20.
+    An epoch then makes fewer requests than Lance's own scan (docs/performance.md, "Reads on an
+    object store").
     """
     hints = work.source.hints
     if batches.step != 1 or not store_ranges(work.source, work.order):
-        # Ramping up from one batch pays the store's latency per small read: reads at full size
-        # from the first ran a full shuffle's first 20,000 rows 39x faster on S3 emulated with
-        # 20 ms per request, a sequential epoch 1.42x. A read of several Lance calls (a mix: one
-        # per source) ramps from that many batches, so each call ramps as on its source's own
-        # Loader.
+        # Ramping up from one batch pays the store's latency per small read, so reads there are
+        # at full size from the first (docs/performance.md, "Reads on an object store"). A read
+        # of several Lance calls (a mix: one per source) ramps from that many batches, so each
+        # call ramps as on its source's own Loader.
+
         yield from read_tasks(
             epoch, plan, per_read, batches,
             window_rows=work.order.window_rows or hints.window_rows,

@@ -154,8 +154,8 @@ def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = N
     and the few reads before full size each pay a Lance call's fixed cost (~0.75 ms CPU, the
     cost of ~8,000 rows of 264 B) on few rows. Doubling made 8 reads before full size (65,536
     rows of 256-row batches); growing 4x makes 4, each as quick to arrive (a call of up to
-    4,096 rows costs about its fixed cost): an epoch of 1.2M rows in 12 fragments made 54 Lance
-    calls where doubling made 56, a mix of three such sources 60 where it made 69.
+    4,096 rows costs about its fixed cost), and fewer Lance calls an epoch
+    (docs/performance.md, "The read ramp").
 
     ``first_read``: the ramp's first read, in batches (then 4x, 16x, ... that). A read that
     makes ``n`` Lance calls underneath (a mix of ``n`` sources, ``MixedSource.read_parts``)
@@ -168,7 +168,8 @@ def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = N
     and end on a block shuffle's window boundaries and fetch whole blocks. Only windows that fit
     in a read (``every <= per_read``) are aligned to: reads of part of a larger window never
     fetch whole blocks, and cutting them on its boundary would only add a short read per
-    window (a mix of 3 packed datasets: 0.67x single-source throughput aligned, 0.93x not).
+    window (docs/performance.md, "The mix's reads").
+
     Ranges with a step other than 1 are not aligned.
 
     >>> list(read_ranges(range(30), per_read=16))

@@ -198,8 +198,8 @@ class Mix:
         """Mixed samples in which every block-shuffled source gives whole windows of its order
         (``Order.window_rows``), or ``None`` if no source has windows. Reads of whole units fetch
         whole blocks of each source; a read cutting a source's window fetches a part of each of
-        its blocks, read again by the next read (3 sources of 8 blocks of 1,024 rows, unaligned:
-        1.27x the bytes and 2x the requests of one source)."""
+        its blocks, read again by the next read (docs/performance.md, "The mix's reads")."""
+
         il, units = self.interleave, []
         for k, source in enumerate(self.sources):
             window = source.order.window_rows
