@@ -32,8 +32,8 @@ Strides = tuple[int, int, list[tuple[int, int]]]  # (period, q, [(first place, f
 def group_order(keys: np.ndarray) -> np.ndarray:
     """``np.argsort(keys, kind="stable")`` of non-negative integer keys (a row's piece, its
     chunk): the order that groups equal keys, each group in its rows' order. NumPy sorts 16-bit
-    keys by radix, so keys below 65,536 sort as ``uint16``: 0.45 ms instead of 1.2 ms for a
-    read's 30,840 rows in 24 pieces.
+    keys by radix, so keys below 65,536 sort as ``uint16``, faster (docs/performance.md,
+    "Gathers").
 
     >>> group_order(np.array([3, 1, 3, 0])).tolist()
     [3, 1, 0, 2]
@@ -57,7 +57,7 @@ def gather_rows(
     place, first row), ...])``: rows ``first row + i q`` of part ``k`` are at places ``first
     place + i period`` (a mix read sample by sample, :class:`~lanceloader.ordering.interleave.
     Slots`). A fixed-width column of a part in order (``wheres[k]`` is ``None``) is then copied
-    by strided slices, not by an index (1.3x faster on 264-byte rows, 2.8x on 8-byte ones).
+    by strided slices, not by an index, faster (docs/performance.md, "Gathers").
 
     Contract: the places of all parts together are each of ``0 … n-1`` exactly once (a
     partition of the rows, as a read grouped by piece makes), and the parts have the schema of
@@ -222,8 +222,9 @@ def run_of(rows: int, where: np.ndarray | None, place: np.ndarray
            ) -> tuple[int, int, int] | None:
     """``(first place, first row, count)`` when a part of ``rows`` rows gives consecutive rows
     (all of them when ``where`` is None) to consecutive places, as a sequential read through a
-    cache does: one slice copy per column instead of an index (2x faster on 256-byte rows);
-    else None.
+    cache does: one slice copy per column instead of an index, faster (docs/performance.md,
+    "Gathers"); else None.
+
 
     >>> run_of(10, np.arange(3, 8), np.arange(100, 105)), run_of(4, None, np.array([0, 2, 1, 3]))
     ((100, 3, 5), None)

@@ -308,9 +308,9 @@ def sorted_unique(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]
 
 def distinct(values: np.ndarray) -> np.ndarray:
     """``np.unique(values)`` for integers, by a sort. NumPy 2.3 and later find unique integers
-    by hashing them, 10-30x slower than sorting (a read's 60,000 rows: 15 ms against 1.4 ms;
-    1M: 0.84 s against 25 ms), and values already strictly increasing (a sequential read) need
-    no sort: they are returned as they are (read them, never write to them).
+    by hashing them, 10-30x slower than sorting (docs/performance.md, "Gathers"), and values
+    already strictly increasing (a sequential read) need no sort: they are returned as they are
+    (read them, never write to them).
 
     >>> distinct(np.array([3, 1, 3, 0])).tolist(), distinct(np.array([2, 5])).tolist()
     ([0, 1, 3], [2, 5])
@@ -336,9 +336,11 @@ class Intervals:
     equals ``np.searchsorted(starts, offsets, side="right") - 1`` for offsets in ``[starts[0],
     end)``.
 
-    Why not ``searchsorted``: a read's 30,720 offsets took 0.56 ms of binary search (6.5% of a
-    cached full shuffle's worker time, its branches unpredictable); a table of buckets no wider
-    than the narrowest interval, then a step over any start inside the bucket, takes 0.18 ms.
+    Why not ``searchsorted``: its branches are unpredictable, and a read's binary search was a
+    noticeable share of a cached full shuffle's worker time; a table of buckets no wider than
+    the narrowest interval, then a step over any start inside the bucket, takes a third of that
+    (docs/performance.md, "Gathers").
+
     Where the intervals are too uneven for that (a bucket would hold over :data:`MAX_STEPS`
     starts within a table of 65,536 buckets), it binary-searches as before.
 
