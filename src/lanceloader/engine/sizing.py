@@ -66,7 +66,6 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
     call is as large as one source's would be, with a transform too (a Lance call's fixed cost,
     paid per part: docs/performance.md, "The mix's reads"):
 
-
     >>> batches_per_read(False, 256, transform=False, bytes_per_row=264, read_parts=3)
     372
     >>> batches_per_read(False, 256, transform=True, read_parts=3)
@@ -109,7 +108,6 @@ def default_workers(cores: int, worker_type: str, reads_wait: bool) -> int:
     and decode, and one per core kept fewer reads in flight than Lance's scan keeps read ahead.
     Random takes, cache gathers, placements and transforms are the workers' own CPU: a second
     thread per core only takes turns (docs/performance.md, "Worker counts").
-
 
     >>> default_workers(2, "thread", reads_wait=True), default_workers(2, "thread", False)
     (4, 2)

@@ -55,7 +55,6 @@ def stream_tasks(
         # at full size from the first (docs/performance.md, "Reads on an object store"). A read
         # of several Lance calls (a mix: one per source) ramps from that many batches, so each
         # call ramps as on its source's own Loader.
-
         yield from read_tasks(
             epoch, plan, per_read, batches,
             window_rows=work.order.window_rows or hints.window_rows,

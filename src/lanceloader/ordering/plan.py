@@ -169,7 +169,6 @@ def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = N
     in a read (``every <= per_read``) are aligned to: reads of part of a larger window never
     fetch whole blocks, and cutting them on its boundary would only add a short read per
     window (docs/performance.md, "The mix's reads").
-
     Ranges with a step other than 1 are not aligned.
 
     >>> list(read_ranges(range(30), per_read=16))

@@ -225,7 +225,6 @@ def run_of(rows: int, where: np.ndarray | None, place: np.ndarray
     cache does: one slice copy per column instead of an index, faster (docs/performance.md,
     "Gathers"); else None.
 
-
     >>> run_of(10, np.arange(3, 8), np.arange(100, 105)), run_of(4, None, np.array([0, 2, 1, 3]))
     ((100, 3, 5), None)
     """

@@ -199,7 +199,6 @@ class Mix:
         (``Order.window_rows``), or ``None`` if no source has windows. Reads of whole units fetch
         whole blocks of each source; a read cutting a source's window fetches a part of each of
         its blocks, read again by the next read (docs/performance.md, "The mix's reads")."""
-
         il, units = self.interleave, []
         for k, source in enumerate(self.sources):
             window = source.order.window_rows

@@ -340,7 +340,6 @@ class Intervals:
     noticeable share of a cached full shuffle's worker time; a table of buckets no wider than
     the narrowest interval, then a step over any start inside the bucket, takes a third of that
     (docs/performance.md, "Gathers").
-
     Where the intervals are too uneven for that (a bucket would hold over :data:`MAX_STEPS`
     starts within a table of 65,536 buckets), it binary-searches as before.
 
