@@ -5,16 +5,15 @@ holds, :func:`decode_audio_window` decodes ``length`` samples from sample ``star
 ``[C, T]``. ``lanceloader.decode_audio`` (``batch/audio.py``) crops every row of a batch with
 them; ``ll.audio_clips`` (``rows/clips/source.py``) makes every window of a file a sample.
 
-Decoders, chosen per format by measurement (1 s windows of 5 s and 30 s files on this
-project's 2-core machine; ``benchmarks/multimodal_audio.py`` measures the loader end to end):
+Decoders, chosen per format by measurement (the timings: docs/performance.md, "Audio
+decoding"; ``benchmarks/multimodal_audio.py`` measures the loader end to end):
 
-* WAV, FLAC, AIFF, Vorbis: soundfile (libsndfile), seek then read; exact (0.7-5 ms a window).
+* WAV, FLAC, AIFF, Vorbis: soundfile (libsndfile), seek then read; exact.
 * MP3: soundfile from the file's start while the window ends within ``MP3_FROM_START_S``
-  seconds (4.5 ms for a 5 s file), else PyAV: seek ``PREROLL_SAMPLES`` early, decode, and trim
-  by the frames' timestamps (9 ms anywhere in a 30 s file). libsndfile's own MP3 seek is not
-  used: it lands up to ~220 samples off and decodes the first frames without their bit
-  reservoir.
-* Opus at 48 kHz: PyAV, seek early and trim as for MP3 (17-27 ms a window; soundfile 36-45 ms).
+  seconds, else PyAV: seek ``PREROLL_SAMPLES`` early, decode, and trim by the frames'
+  timestamps (a flat cost anywhere in the file). libsndfile's own MP3 seek is not used: it
+  lands up to ~220 samples off and decodes the first frames without their bit reservoir.
+* Opus at 48 kHz: PyAV, seek early and trim as for MP3 (faster than soundfile).
   Opus whose header names another (input) rate: soundfile, which decodes at that rate (FFmpeg
   decodes Opus at 48 kHz only).
 * Anything else (AAC, M4A, WMA, ...): PyAV as for Opus, placed by the container's timestamps.
@@ -66,7 +65,7 @@ __all__ = [
 
 # An MP3 window that ends within this many seconds of the start is decoded from the start by
 # soundfile (cost grows ~0.5 ms per second decoded); later ones seek with PyAV (~9 ms flat):
-# they cross near 10-12 s (measured, module text).
+# they cross near 10-12 s (measured: docs/performance.md, "Audio decoding").
 MP3_FROM_START_S = 10.0
 # Samples decoded before a seek's target and thrown away: a PyAV seek lands on a packet at or
 # before the target, and MP3's bit reservoir (up to 511 bytes back: ~5 frames at 32 kbit/s) and
@@ -432,8 +431,8 @@ def _read_soundfile(f: Any, length: int) -> np.ndarray:
     """Up to ``length`` frames from ``f``'s position as ``[frames, C]`` float32, with
     libsndfile's ``sf_readf_float`` itself: ``SoundFile.read`` seeks again to where it already
     is after each read, which for FLAC is a second search of the file (a quarter of a crop's
-    CPU, measured: 0.73 against 0.95 ms for 1 s of a 6 s FLAC). Where soundfile's internals
-    differ from 0.12-0.14's, its ``read``."""
+    CPU: docs/performance.md, "Audio decoding"). Where soundfile's internals differ from
+    0.12-0.14's, its ``read``."""
     import soundfile
 
     lib, ffi, handle = (

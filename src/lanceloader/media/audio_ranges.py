@@ -244,7 +244,7 @@ def _flac(
     (independent of each other: no preroll), decoded by FFmpeg's decoder from one packet of
     them all (it decodes a packet's frames one after the other), or already decoded with the
     read's other windows (``decoded``: :func:`decode_flac_runs`). One packet per window, not
-    one per frame, costs less (a 1 s crop of 16 kHz FLAC: 0.38 against 0.44 ms of CPU). Where
+    one per frame, costs less CPU (docs/performance.md, "Audio decoding"). Where
     FFmpeg's samples are not 16 or 32-bit integers, libsndfile reads a small file of the header
     (marked the last metadata block) and the frames. Both give libsndfile's floats: integers
     divided by 2^(bits-1)."""
@@ -275,11 +275,9 @@ def decode_flac_runs(runs: list[tuple[bytes, bytes, int]]) -> list[np.ndarray | 
     decoded as ``[C, samples]`` float32: the runs of files recorded alike (one decoder,
     :func:`_flac_decoder`) in **one** packet through FFmpeg, split back at the runs' sample
     counts. A read's windows then cost one decode call, not one each: the Python around each
-    call holds the GIL, which two workers' threads queue for (reads of 32 one-second FLAC crops
-    through a clip source, medians of 6 alternated runs: 0.57 against 0.54 ms of CPU per crop
-    on one thread, 0.66 against 0.53 ms of wall time per crop on two). ``None`` for a run
-    whose group did not decode to exactly its
-    samples (a damaged file) or to 16/32-bit integers: decode it alone, which names the error.
+    call holds the GIL, which two workers' threads queue for (docs/performance.md, "Audio
+    decoding"). ``None`` for a run whose group did not decode to exactly its samples (a
+    damaged file) or to 16/32-bit integers: decode it alone, which names the error.
 
     >>> import io, soundfile
     >>> flac = io.BytesIO()
@@ -398,10 +396,10 @@ def _flac_frames(streaminfo: bytes, frames: bytes) -> np.ndarray | None:
 
 def _mp3(data: bytes, index: AudioIndex, info: AudioInfo, first: int, count: int) -> np.ndarray:
     """FFmpeg's MP3 decoder over the frames, given as one packet (it decodes a packet's frames
-    one after the other: the same samples as a packet per frame, at 0.64x the CPU of the
-    decode, and one call's Python instead of one per frame), the output placed from the end of
-    the last frame (the first frames' reservoir may be missing: they are the preroll, thrown
-    away)."""
+    one after the other: the same samples as a packet per frame, at less CPU, and one call's
+    Python instead of one per frame: docs/performance.md, "Audio decoding"), the output placed
+    from the end of the last frame (the first frames' reservoir may be missing: they are the
+    preroll, thrown away)."""
     import av
 
     from lanceloader.media.audio import _planar_float

@@ -100,11 +100,10 @@ class PyAVDecoder:
     of ``thread_type``. ``threads=0`` (the default) takes the cores not taken by the other
     decodes running in this process at the time a decode starts (``cores // decodes``, at least
     one): several worker threads decoding at once run one thread each (frame threads on busy
-    cores cost CPU time for nothing: single-threaded decoding took 0.85-0.9x the CPU time per
-    clip), and a decode running alone (the tail of an epoch, or while the other workers wait
-    for their bytes) gets the idle cores: ``"AUTO"`` (frame and slice threads) then decoded
-    16-frame clips of a 360p H.264 video 1.2-1.5x faster than one thread (x264 writes one slice
-    per frame, so slice threads alone run one thread); the delay frame threads add is drained
+    cores cost CPU time for nothing), and a decode running alone (the tail of an epoch, or while
+    the other workers wait for their bytes) gets the idle cores, with ``"AUTO"`` (frame and
+    slice threads: x264 writes one slice per frame, so slice threads alone run one thread)
+    (docs/performance.md, "Video decoding threads"); the delay frame threads add is drained
     at the end of each run of GOPs. Process workers each count their own decodes only.
     Holds nothing between calls.
 
