@@ -127,9 +127,9 @@ def decode_images(
         mode: ``"RGB"`` (C=3) or ``"L"`` (grey, C=1); alpha is dropped.
         dtype: ``"uint8"`` (0..255) or ``"float32"``: ``(pixel / 255 - mean) / std`` per channel
             (mean and std in 0..1 units, e.g. ImageNet's 0.485, 0.456, 0.406 / 0.229, 0.224, 0.225).
-        backend: ``"auto"`` decodes JPEGs with simplejpeg (measured ~1.8-2x faster than
-            Pillow on 128x128 JPEGs, ``benchmarks/transforms.py``) when it is installed, and
-            everything else with Pillow; ``"pil"`` or ``"simplejpeg"`` force one.
+        backend: ``"auto"`` decodes JPEGs with simplejpeg (faster than Pillow on small JPEGs:
+            docs/performance.md, "Image decoding") when it is installed, and everything else
+            with Pillow; ``"pil"`` or ``"simplejpeg"`` force one.
         output_column: where the ``[N, H, W, C]`` tensor goes; default replaces ``column``.
         layout: ``"HWC"`` (default, ``[N, H, W, C]``) or ``"CHW"`` (``[N, C, H, W]``, what
             PyTorch's convolutions take).

@@ -37,7 +37,7 @@ class Rows(list):  # type: ignore[type-arg]
     The per-row samples are views cut from the batch on first access, so the fast path never
     makes them. Trade-off: ``default_collate`` pays one view per row and column, then one stack
     copy and one shared-memory transfer per column; :func:`collate` pays one copy per batch, in
-    a worker only, and one transfer (measured 1.8-3.7x faster: ``benchmarks/torch_map.py``).
+    a worker only, and one transfer, faster (docs/performance.md, "Torch map-style batches").
 
     >>> rows = Rows({"id": torch.tensor([7, 8]), "text": ["a", "b"]})
     >>> len(rows), rows[1]["id"].item(), rows[1]["text"]

@@ -36,10 +36,8 @@ the whole read. On an object store the ranges are fetched on the read's own fetc
 clips (:func:`fetch_chunks`; a range two chunks share, a video's header, is read once), started
 before the rows' columns are read, and each clip decodes as soon as its chunk is there: the
 read's round trips overlap each other and its decodes instead of adding up (the rows'
-columns are read on a fetch thread too, while the clips decode). On the emulated store
-(+20 ms per request) the loader ran at ~0.6x its own local rate, and no faster with 4 workers
-than with 2: the emulator (moto and the proxy, Python) took 18 ms of CPU per clip on the same
-2 cores, beside the loader's 28 (benchmarks/multimodal.py). Bytes in flight: the read's own
+columns are read on a fetch thread too, while the clips decode; what this gave on an emulated
+store: docs/performance.md, "Clips on an object store"). Bytes in flight: the read's own
 clips' ranges, as with one call; a read waits at most :data:`FETCH_WAIT_S`.
 For audio, likewise the bytes each window needs (:mod:`lanceloader.media.audio_ranges`: WAV by
 arithmetic, FLAC and MP3 the header and the frames the window spans, other formats the whole
