@@ -39,6 +39,7 @@ from lanceloader.ordering.plan import ReadTask
 from lanceloader.rows.dataset import ReadError
 from lanceloader.rows.protocol import (
     Pieces,
+    Read,
     RowSource,
     as_table,
     to_record_batch,
@@ -135,36 +136,12 @@ class BatchWork:
         return chunks
 
     def __call__(self, task: ReadTask) -> TaskResult:
+        """The task's batches: one read of its positions, then each batch converted (a slice of
+        the read's conversion where that gives the same) or transformed and converted."""
         clock = time.perf_counter
-        spans: list[tuple[str, float, float, dict[str, Any]]] = []
-        seconds = {"read": 0.0, "decode": 0.0, "transform": 0.0, "convert": 0.0}
-        t0 = clock()
-        sizes = task.sizes
         positions = self.order.positions(task.epoch, task.samples)
-        with _annotate("lanceloader.read"):
-            try:
-                read = self.source.read_rows(positions, task.epoch)
-            except ReadError as exc:
-                exc.batches, exc.epoch = task.batches, task.epoch
-                raise
-        rows = read.rows
-        if rows.num_rows != len(positions):  # batches are counted and sliced by position
-            raise RuntimeError(f"lanceloader: a read of {len(positions)} positions from "
-                               f"{self.source.dataset_name.uri!r} returned {rows.num_rows} rows; "
-                               "this is a "
-                               "bug, please report it")
-        t1 = clock()
-        # a read that decodes (clips) says how long it decoded: booked as decode, not storage
-        decoded = t1 - min(read.decode_s, t1 - t0)
-        seconds["read"], seconds["decode"] = decoded - t0, t1 - decoded
-        if self.trace:
-            spans.append(("read", t0, decoded,
-                          {"first_batch": task.batches[0], "rows": len(positions)}))
-            if t1 > decoded:
-                spans.append(("decode", decoded, t1, {"first_batch": task.batches[0]}))
-        lane = f"{threading.current_thread().name} (pid {os.getpid()})"
-        result = TaskResult([], [], [], seconds, read.io_bytes, read.io_iops, read.rows_cached,
-                            spans=spans, lane=lane, cache_damaged=read.cache_damaged)
+        read, result = self._read(task, positions)
+        rows, seconds = read.rows, result.seconds
         # Arrow bytes per row, once per read (per batch it costs ~10 µs): exact for fixed-width
         # columns, the read's average for strings.
         bytes_per_row = (rows.bytes_per_row if isinstance(rows, Pieces) else
@@ -173,16 +150,16 @@ class BatchWork:
         chunks = self._convert_chunks(rows)
         seconds["convert"] += clock() - t0
         conv = self.conversion
-        table: pa.Table | None = None  # the rows as one table, made once a batch needs Arrow
-        offset = 0
         if conv.output in ("numpy", "torch") and chunks:
             # batches each within one converted chunk: slices, found in one pass (no search
             # per batch); torch tensors made once per chunk
             t0 = clock()
-            if _slice_all(result, chunks, sizes, bytes_per_row, conv.output):
+            if _slice_all(result, chunks, task.sizes, bytes_per_row, conv.output):
                 seconds["convert"] += clock() - t0
                 return result
-        for i, size in enumerate(sizes):
+        table: pa.Table | None = None  # the rows as one table, made once a batch needs Arrow
+        offset = 0
+        for i, size in enumerate(task.sizes):
             result.rows.append(size)  # a read gives a row per position
             result.nbytes.append(round(bytes_per_row * size))
             ready = _slice_of(chunks, offset, size)
@@ -191,50 +168,85 @@ class BatchWork:
                 view = _slice_rows(ready[0], ready[1], ready[1] + size)
                 result.batches.append(view if conv.output == "numpy" else to_output(view, conv))
                 seconds["convert"] += clock() - t0
-                offset += size
-                continue
-            if table is None:
-                table = as_table(rows)
-            batch: Any = to_record_batch(table.slice(offset, size))
-            try:
-                if self.transform is not None:
-                    t0 = clock()
-                    with _annotate("lanceloader.transform"), transforming(self.source), \
-                            row_keys(self.order.seed, task.epoch,
-                                     task.samples[offset:offset + size]):
-                        batch, skipped = apply_transform(
-                            self.transform, batch, self.on_error,
-                            max_skip_fraction=self.max_skip_fraction,
-                        )
-                    result.rows_skipped += skipped
-                    result.rows[-1] -= skipped
-                    t1 = clock()
-                    seconds["transform"] += t1 - t0
-                    if self.trace:
-                        spans.append(("transform", t0, t1, {"batch": task.batches[i]}))
-                # A transform may return Arrow or a dict (converted as usual), or its own format.
-                if isinstance(batch, pa.RecordBatch | dict):
-                    t0 = clock()
-                    batch = to_output(batch, conv)
-                    t1 = clock()
-                    seconds["convert"] += t1 - t0
-                    if self.trace:
-                        spans.append(("convert", t0, t1, {"batch": task.batches[i]}))
-                result.batches.append(batch)
-            except Exception as exc:
-                rows = positions[offset:offset + size]
-                _add_note(
-                    exc,
-                    f"lanceloader: raised while preparing batch {task.batches[i]} of epoch "
-                    f"{task.epoch}: preparing rows {_preview(rows)} of Lance dataset "
-                    f"{self.source.dataset_name.uri!r} (version "
-                    f"{self.source.dataset_name.version}), "
-                    f"{self.source.describe_rows(rows)}{self._row_note(exc, rows)}",
-                )
-                raise
+            else:
+                if table is None:
+                    table = as_table(rows)
+                result.batches.append(self._prepare(
+                    table.slice(offset, size), task, i, positions[offset:offset + size],
+                    task.samples[offset:offset + size], result))
             offset += size
         return result
 
+    def _read(self, task: ReadTask, positions: np.ndarray) -> tuple[Read, TaskResult]:
+        """The read of the task's positions, timed (a read that decodes, clips, says how long
+        it decoded: booked as decode, not storage), and the task's result to fill."""
+        clock = time.perf_counter
+        t0 = clock()
+        with _annotate("lanceloader.read"):
+            try:
+                read = self.source.read_rows(positions, task.epoch)
+            except ReadError as exc:
+                exc.batches, exc.epoch = task.batches, task.epoch
+                raise
+        if read.rows.num_rows != len(positions):  # batches are counted and sliced by position
+            raise RuntimeError(f"lanceloader: a read of {len(positions)} positions from "
+                               f"{self.source.dataset_name.uri!r} returned "
+                               f"{read.rows.num_rows} rows; this is a bug, please report it")
+        t1 = clock()
+        decoded = t1 - min(read.decode_s, t1 - t0)
+        seconds = {"read": decoded - t0, "decode": t1 - decoded, "transform": 0.0,
+                   "convert": 0.0}
+        spans: list[tuple[str, float, float, dict[str, Any]]] = []
+        if self.trace:
+            spans.append(("read", t0, decoded,
+                          {"first_batch": task.batches[0], "rows": len(positions)}))
+            if t1 > decoded:
+                spans.append(("decode", decoded, t1, {"first_batch": task.batches[0]}))
+        lane = f"{threading.current_thread().name} (pid {os.getpid()})"
+        return read, TaskResult([], [], [], seconds, read.io_bytes, read.io_iops,
+                                read.rows_cached, spans=spans, lane=lane,
+                                cache_damaged=read.cache_damaged)
+
+    def _prepare(self, rows: pa.Table, task: ReadTask, i: int, positions: np.ndarray,
+                 samples: np.ndarray, result: TaskResult) -> Any:
+        """Batch ``i`` of the task (``rows``): the transform (under the batch's row keys and
+        rows), then the conversion; an error gets a note naming the batch and its rows."""
+        clock, seconds, spans = time.perf_counter, result.seconds, result.spans
+        batch: Any = to_record_batch(rows)
+        try:
+            if self.transform is not None:
+                t0 = clock()
+                with _annotate("lanceloader.transform"), transforming(self.source), \
+                        row_keys(self.order.seed, task.epoch, samples):
+                    batch, skipped = apply_transform(
+                        self.transform, batch, self.on_error,
+                        max_skip_fraction=self.max_skip_fraction,
+                    )
+                result.rows_skipped += skipped
+                result.rows[-1] -= skipped
+                t1 = clock()
+                seconds["transform"] += t1 - t0
+                if self.trace:
+                    spans.append(("transform", t0, t1, {"batch": task.batches[i]}))
+            # A transform may return Arrow or a dict (converted as usual), or its own format.
+            if isinstance(batch, pa.RecordBatch | dict):
+                t0 = clock()
+                batch = to_output(batch, self.conversion)
+                t1 = clock()
+                seconds["convert"] += t1 - t0
+                if self.trace:
+                    spans.append(("convert", t0, t1, {"batch": task.batches[i]}))
+            return batch
+        except Exception as exc:
+            name = self.source.dataset_name
+            _add_note(
+                exc,
+                f"lanceloader: raised while preparing batch {task.batches[i]} of epoch "
+                f"{task.epoch}: preparing rows {_preview(positions)} of Lance dataset "
+                f"{name.uri!r} (version {name.version}), "
+                f"{self.source.describe_rows(positions)}{self._row_note(exc, positions)}",
+            )
+            raise
 
     def _row_note(self, exc: Exception, rows: np.ndarray) -> str:
         """Where the row an error names (``ConversionError.row``, a null) lies in the dataset:
