@@ -174,19 +174,18 @@ def convert(
             many pixels; default: keep the bytes as they are.
         check_images: images only: how a file is checked before it is stored (see
             :func:`checked_image`): ``"structure"`` (the default: JPEG and PNG walked through
-            to their end, every segment, chunk and checksum, without decoding the pixels;
-            ~7 µs of CPU an image, a sixth of the conversion's CPU time for 11 KB JPEGs,
-            which on 2 cores overlaps with Lance writing the previous batch), ``"decode"``
-            (every image decoded, as training will: also catches damage inside the
-            compressed pixels; the conversion takes 3-4x as long) or ``"none"`` (stored as
-            they are). Measured by ``benchmarks/ingest.py``.
+            to their end, every segment, chunk and checksum, without decoding the pixels: a
+            small share of the conversion's CPU time), ``"decode"`` (every image decoded, as
+            training will: also catches damage inside the compressed pixels, at several times
+            the conversion's time) or ``"none"`` (stored as they are). The costs:
+            docs/performance.md, "Converting images".
         batch_rows: rows per batch streamed to Lance; default 65,536 (images: 1,024 files read
             together).
         max_rows_per_file: rows per Lance data file (a fragment).
         num_workers: threads reading and checking images; default 1 (reading small local
-            files is bound by Python, not the disk: 2 threads ran 0.8x one on 2 cores), and the
-            number of cores with ``resize`` or ``check_images="decode"`` (decoding releases the
-            GIL) — raise it for a network filesystem.
+            files is bound by Python, not the disk: docs/performance.md, "Converting images"),
+            and the number of cores with ``resize`` or ``check_images="decode"`` (decoding
+            releases the GIL) — raise it for a network filesystem.
         storage_options: for an object-store ``out_uri``, passed to Lance.
         progress: show a progress bar on stderr; default when stderr is a terminal.
         blob_columns: binary columns to write as Lance blob columns (each value out of line,
