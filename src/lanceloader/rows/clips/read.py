@@ -42,49 +42,29 @@ class ClipRead:
         self.io = StorageIO()
 
     def read(self, positions: np.ndarray, epoch: int) -> Read:
-        """The clips at ``positions`` (at least one) for ``epoch``."""
+        """The clips at ``positions`` (at least one) for ``epoch``: the clips' bytes fetched
+        (an object store: on the read's own fetch threads, shut down before it returns) while
+        the rows' other columns are read, each clip decoded as its bytes are there."""
         source = self.source
         media = source.windows.media(positions)
         starts = source.windows.starts(positions, source.seed, epoch)
-        columns: dict[str, Any] = {}
-        io_bytes = io_iops = cached = damaged = 0
-        table = None
-        ds = self.ds
         offsets = source.inner.row_offsets(media)
-        fetches = rows = None
         unique, where = np.unique(media, return_inverse=True)
-        # an object store's fetches wait on threads of this read's own, shut down below
-        pool = fetch_threads() if source.fetch_ahead and isinstance(self.spec, VideoClips) else None
+        video = isinstance(self.spec, VideoClips)
+        pool = fetch_threads() if source.fetch_ahead and video else None
+        fetches = rows = None
         done = False
         try:
-            if isinstance(self.spec, VideoClips):
-                # the clips' bytes are on their way while the rows' columns are read
+            if video:  # the clips' bytes are on their way while the rows' columns are read
                 fetches = self._fetch_video(media, offsets, starts, pool)
-            if source.row_columns:
-                if pool is not None:  # read while the clips decode
-                    rows = pool.submit(source.inner.read_rows, unique, epoch)
-                else:
-                    rows = concurrent.futures.Future()
-                    rows.set_result(source.inner.read_rows(unique, epoch))
-            if fetches is not None:
-                clips, decode_s = self._decode_fetched(fetches)
-            else:
-                clips, decode_s = self._read_audio(media, offsets, starts)
-            if rows is not None:
-                read = wait_fetched(rows)
-                table = as_table(read.rows).select(source.row_columns).take(pa.array(where))
-                columns = {c: table.column(c) for c in source.row_columns}
-                io_bytes, io_iops = read.io_bytes, read.io_iops
-                cached, damaged = read.rows_cached, read.cache_damaged
-            io = ds.io_stats_incremental()  # Lance's I/O since the last read took its count
+            rows = self._rows_of(unique, epoch, pool)
+            clips, decode_s = (self._decode_fetched(fetches) if fetches is not None
+                               else self._read_audio(media, offsets, starts))
+            inner = wait_fetched(rows) if rows is not None else None
+            io = self.ds.io_stats_incremental()  # Lance's I/O since the last read took its count
             done = True
-        except Undecodable as bad:
-            if table is None and rows is not None:  # the row's columns name it (its path)
-                try:
-                    table = as_table(wait_fetched(rows).rows).take(pa.array(where))
-                except Exception:  # the clip's error is the one to raise
-                    table = None
-            raise source.clip_error(bad, table) from bad.__cause__
+        except Undecodable as bad:  # the row's columns name it (its path)
+            raise source.clip_error(bad, _named(rows, where)) from bad.__cause__
         except (ReadError, *NOT_READ_FAILURES):
             raise
         except BaseException as exc:
@@ -96,19 +76,37 @@ class ClipRead:
                 rows.cancel()
             if pool is not None:
                 close_fetch_threads(pool, done)
-        out = pa.table(
-            {
-                self.spec.column: tensor_array(clips),
-                "clip_start": pa.array(starts, pa.int64()),
-                **columns,
-            }
-        )
+        return self._out(clips, starts, inner, where, io, decode_s)
+
+    def _rows_of(self, unique: np.ndarray, epoch: int, pool: Any) -> Any:
+        """The media rows' other columns, read on a fetch thread while the clips decode (an
+        object store), else here; ``None`` when the clips carry no other column."""
+        source = self.source
+        if not source.row_columns:
+            return None
+        if pool is not None:
+            return pool.submit(source.inner.read_rows, unique, epoch)
+        rows: concurrent.futures.Future = concurrent.futures.Future()
+        rows.set_result(source.inner.read_rows(unique, epoch))
+        return rows
+
+    def _out(self, clips: np.ndarray, starts: np.ndarray, inner: Read | None,
+             where: np.ndarray, io: Any, decode_s: float) -> Read:
+        """The read's rows (the clips, their starts, the rows' columns) and everything it did:
+        the inner read's, Lance's since the last read, the ranges read past Lance."""
+        source = self.source
+        columns: dict[str, Any] = {}
+        if inner is not None:
+            table = as_table(inner.rows).select(source.row_columns).take(pa.array(where))
+            columns = {c: table.column(c) for c in source.row_columns}
+        out = pa.table({self.spec.column: tensor_array(clips),
+                        "clip_start": pa.array(starts, pa.int64()), **columns})
         return Read(
             out.cast(source.schema) if out.schema != source.schema else out,
-            io_bytes + io.read_bytes + self.io.bytes,
-            io_iops + io.read_iops + self.io.reads,
-            cached,
-            damaged,
+            (inner.io_bytes if inner else 0) + io.read_bytes + self.io.bytes,
+            (inner.io_iops if inner else 0) + io.read_iops + self.io.reads,
+            inner.rows_cached if inner else 0,
+            inner.cache_damaged if inner else 0,
             decode_s,
         )
 
@@ -302,3 +300,12 @@ class ClipRead:
                 raise Undecodable("audio", i, m, offset, start) from exc
         return out, time.perf_counter() - began
 
+
+def _named(rows: Any, where: np.ndarray) -> pa.Table | None:
+    """The rows' columns of a read whose clip failed (they name it: its path), or ``None``."""
+    if rows is None:
+        return None
+    try:
+        return as_table(wait_fetched(rows).rows).take(pa.array(where))
+    except Exception:  # the clip's error is the one to raise
+        return None
