@@ -70,6 +70,42 @@ def gather_rows(
     ...             )["x"].to_pylist()
     [2, 2]
     """
+    schema = _checked_parts(parts, wheres, places, n)
+    views = [column_views(part) for part in parts]
+    # A part whose rows each have exactly one place is scattered in its own order (one pass
+    # over its rows: a mix's parts); others are gathered (a cache's pieces: a few rows each).
+    scatter: list[np.ndarray | Strides | None] = [
+        place if where is None else scatter_targets(where, place, len(part))
+        for part, where, place in zip(parts, wheres, places, strict=True)
+    ]
+    for k, stride in enumerate(strides or ()):
+        if stride is not None and wheres[k] is None:
+            scatter[k] = stride
+    runs = [run_of(len(part), where, place)
+            for part, where, place in zip(parts, wheres, places, strict=True)]
+    columns: list[pa.Array | pa.ChunkedArray] = []
+    inverse: pa.Array | None = None
+    for i, field in enumerate(schema):
+        if all(v[i] is not None for v in views):
+            parts_i = [v[i] for v in views]
+            columns.append(gather_fixed(field.type, parts_i,  # type: ignore[arg-type]
+                                        wheres, places, n, scatter, runs))
+            continue
+        if inverse is None:  # the request's place of each row of the parts joined
+            inverse = pa.array(inverse_permutation(np.concatenate(places)))
+        taken = [
+            part.column(i) if w is None else part.column(i).take(pa.array(w))
+            for part, w in zip(parts, wheres, strict=True)
+        ]
+        joined = pa.chunked_array([c for column in taken for c in column.chunks], field.type)
+        columns.append(joined.take(inverse))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _checked_parts(parts: list[pa.Table], wheres: list[np.ndarray | None],
+                   places: list[np.ndarray], n: int) -> pa.Schema:
+    """The parts' schema, once :func:`gather_rows`'s contract is checked: every row of the
+    result one place, every place one row, one schema."""
     if not parts:
         raise ValueError("gather_rows needs at least one part (a table) to gather rows from")
     counts = [len(p) if w is None else len(w) for p, w in zip(places, wheres, strict=True)]
@@ -88,43 +124,7 @@ def gather_rows(
                 f"gather_rows: a part has the schema {part.schema} where the "
                 f"first has {schema}: gather parts of one projection"
             )
-    views = [column_views(part) for part in parts]
-    # A part whose rows each have exactly one place is scattered in its own order (one pass
-    # over its rows: a mix's parts); others are gathered (a cache's pieces: a few rows each).
-    scatter: list[np.ndarray | Strides | None] = [
-        place if where is None else scatter_targets(where, place, len(part))
-        for part, where, place in zip(parts, wheres, places, strict=True)
-    ]
-    for k, stride in enumerate(strides or ()):
-        if stride is not None and wheres[k] is None:
-            scatter[k] = stride
-    runs = [run_of(len(part), where, place)
-            for part, where, place in zip(parts, wheres, places, strict=True)]
-    columns: list[pa.Array | pa.ChunkedArray] = []
-    inverse: pa.Array | None = None
-    for i, field in enumerate(schema):
-        if all(v[i] is not None for v in views):
-            columns.append(
-                gather_fixed(
-                    field.type,
-                    [v[i] for v in views],  # type: ignore[misc]
-                    wheres,
-                    places,
-                    n,
-                    scatter,
-                    runs,
-                )
-            )
-            continue
-        if inverse is None:  # the request's place of each row of the parts joined
-            inverse = pa.array(inverse_permutation(np.concatenate(places)))
-        taken = [
-            part.column(i) if w is None else part.column(i).take(pa.array(w))
-            for part, w in zip(parts, wheres, strict=True)
-        ]
-        joined = pa.chunked_array([c for column in taken for c in column.chunks], field.type)
-        columns.append(joined.take(inverse))
-    return pa.Table.from_arrays(columns, schema=schema)
+    return schema
 
 
 _views: dict[int, tuple[weakref.ref[pa.Table], list[list[np.ndarray] | None]]] = {}
