@@ -357,7 +357,7 @@ def bench_report(
             "transform": args.transform,
             "epochs": epochs,
             "max_batches": args.max_batches,
-            "clips": clips.settings() if (clips := getattr(loader.source, "spec", None)) else None,
+            "clips": loader.source.settings().get("clips"),
         },
         "stats": loader.stats().to_dict(),
         "epochs": [loader.stats(epoch=e).to_dict() for e in range(epochs)],
@@ -452,8 +452,8 @@ def bench(args: argparse.Namespace) -> int:
     with media_hints(args), input_errors():  # --clips / --audio named for a media dataset
         loader = Loader(args.uri, **loader_settings(args))
     split = f" of split {args.split!r}" if args.split else ""
-    clips = getattr(loader.source, "spec", None)  # --clips / --audio: rows are clips
-    unit = "rows" if clips is None else "clips" if clips.kind == "video" else "windows"
+    clips = loader.source.settings().get("clips")  # --clips / --audio: rows are clips
+    unit = "rows" if clips is None else "clips" if clips["kind"] == "video" else "windows"
     print(
         f"lanceloader bench {loader.source.dataset_name.uri} "
         f"(version {loader.source.dataset_name.version}): "
