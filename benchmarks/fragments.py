@@ -14,10 +14,10 @@ Method
   ``cache="auto"``), then two epochs (``epoch 0``, ``epoch 1``; from ``iter()`` to the last row
   counted).
 * Cases: ``block`` (``shuffle=True, shuffle_block_size=1024``, the cache ``auto`` chooses:
-  ``/dev/shm``, shared by the runs, so its pieces are warm after the first run), ``block cold``
-  (the same into a new cache directory under ``/dev/shm`` per run, removed after: every piece
-  filled in epoch 0), ``sequential`` (no shuffle: ``auto`` chooses no cache) and ``full``
-  (``shuffle=True``).
+  ``/dev/shm``; it lives while processes use it, so epoch 0 of a run fills it unless another
+  process keeps it), ``block cold`` (the same into a new cache directory under ``/dev/shm`` per
+  run, removed after: every piece filled in epoch 0), ``sequential`` (no shuffle: ``auto``
+  chooses no cache) and ``full`` (``shuffle=True``).
 * Reported: the median of ``--repeats`` runs per case and table, and their ratios (many / four;
   construct / open). Targets (issue 44): construct <= 2x ``open`` plus the plan; a block-shuffle
   epoch over the appended table <= 1.5x the same rows in 4 fragments.
