@@ -131,25 +131,19 @@ def test_a_cache_over_many_small_fragments_keeps_few_pieces_and_the_right_rows(
     assert again.read_rows(order[:900]).rows_cached == 900
 
 
+@pytest.fixture(scope="module")
+def many_source(many_uri) -> Source:
+    return Source(many_uri, columns=["id", "label"])
+
+
 @settings(max_examples=40, deadline=None)
 @given(lo=st.integers(0, 5500), length=st.integers(1, 5000))
-def test_runs_across_fragments_read_the_rows_lance_has(many_uri, lo, length) -> None:
-    src = _source(many_uri)
-    hi = min(lo + length, src.num_rows)
+def test_runs_across_fragments_read_the_rows_lance_has(many_uri, many_source, lo, length) -> None:
+    hi = min(lo + length, many_source.num_rows)
     lo = min(lo, hi - 1)
     positions = np.arange(lo, hi)
     expected = lance.dataset(many_uri).take(positions, columns=["id", "label"])
-    assert src.read_table(positions).to_pydict() == expected.to_pydict()
-
-
-_SOURCES: dict[str, Source] = {}
-
-
-def _source(uri: str) -> Source:
-    """One Source per table for the property test (construction is not what it tests)."""
-    if uri not in _SOURCES:
-        _SOURCES[uri] = Source(uri, columns=["id", "label"])
-    return _SOURCES[uri]
+    assert many_source.read_table(positions).to_pydict() == expected.to_pydict()
 
 
 def test_the_null_scan_stops_past_its_fragment_cap_and_the_batch_refuses(
