@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import os
 from fractions import Fraction
 from pathlib import Path
@@ -106,7 +107,7 @@ def write_video(
     options = {"movflags": "+faststart"} if faststart and path.suffix in {".mp4", ".mov"} else {}
     if fragmented:
         options = {"movflags": "+frag_keyframe+empty_moov"}
-    if pts is not None and (len(pts) != frames or any(b <= a for a, b in zip(pts, pts[1:]))):
+    if pts is not None and (len(pts) != frames or any(b <= a for a, b in itertools.pairwise(pts))):
         raise ValueError(f"pts: pass {frames} rising times in milliseconds, one per frame")
     with av.open(str(path), mode="w", options=options) as container:
         sound = None

@@ -29,8 +29,8 @@ from lanceloader.rows.lance.inline_blobs import (
     inline_runs,
     read_inline,
 )
-from lanceloader.rows.protocol import StorageIO
 from lanceloader.rows.lance.source import Source
+from lanceloader.rows.protocol import StorageIO
 
 ROWS = 40
 NULL_EVERY = 7  # rows i with i % 7 == 3 hold a null blob

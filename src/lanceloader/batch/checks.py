@@ -107,7 +107,7 @@ def null_checked_columns(schema: pa.Schema, output: str | Conversion) -> dict[st
 
 
 def nulls_error(column: str, typ: pa.DataType, count: int, rows: int, where: str,
-                filter: str | None) -> ConversionError:
+                filter: str | None, blob_file: bool = False) -> ConversionError:
     """The construction-time error for ``count`` nulls of ``column`` among the ``rows`` a loader
     reads, the first at ``where``; the fix is a call that runs as written.
 
@@ -117,7 +117,7 @@ def nulls_error(column: str, typ: pa.DataType, count: int, rows: int, where: str
     return ConversionError(
         f"column {column!r} ({typ}) has {count} null values in the {rows} rows this loader "
         f"reads (the first: {where}), which output arrays cannot hold; "
-        f"{null_fix(column, typ, filter)}")
+        f"{null_fix(column, typ, filter, blob_file)}")
 
 
 def _check_field(

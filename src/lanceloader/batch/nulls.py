@@ -46,26 +46,43 @@ def check_fill_nulls(fill_nulls: Any) -> dict[str, Any]:
     return dict(fill_nulls)
 
 
-def null_error(path: str, arr: pa.Array) -> ConversionError:
+def null_error(path: str, arr: pa.Array, blob_file: bool = False) -> ConversionError:
     storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
     first = int(np.flatnonzero(storage.is_null().to_numpy(zero_copy_only=False))[0])
     error = ConversionError(
         f"column {path!r} ({arr.type}) has {arr.null_count} null values (of {len(arr)}), the "
-        f"first at row {first} of this batch; {null_fix(path, arr.type)}"
+        f"first at row {first} of this batch; {null_fix(path, arr.type, blob_file=blob_file)}"
     )
     error.row = first
     return error
 
 
-def null_fix(path: str, typ: pa.DataType, filter: str | None = None) -> str:
+#: the field metadata of a blob column read as files (``blobs={column: "file"}``): its values
+#: are row offsets, so no value may stand in for a null (it would name another row's blob)
+BLOB_FILE_KEY = b"lanceloader:blob-uri"
+
+
+def is_blob_file(field: pa.Field) -> bool:
+    """Whether ``field`` is a blob column read as files (row offsets of the pinned version)."""
+    return BLOB_FILE_KEY in (field.metadata or {})
+
+
+def null_fix(path: str, typ: pa.DataType, filter: str | None = None,
+             blob_file: bool = False) -> str:
     """The fixes for nulls in column ``path``, as calls that run as written: the ``fill_nulls``
     keyword (of ``Loader``, the torch datasets and ``Conversion``) with a value of the column's
-    type, or a filter (added to ``filter``, the one in use).
+    type, or a filter (added to ``filter``, the one in use). A blob column read as files
+    (``blob_file``) gets no fill: its values are row offsets, and any would name another row's
+    blob; Arrow output keeps the nulls, which ``ll.blob_files`` gives as ``None``.
 
     >>> null_fix("score", pa.float32())
     "fill them: Loader(..., fill_nulls={'score': 0.0}) (also a keyword of ll.torch's datasets and ll.Conversion), or filter them out: filter='score IS NOT NULL'"
     """
     keep = f"{path} IS NOT NULL" if filter is None else f"({filter}) AND {path} IS NOT NULL"
+    if blob_file:
+        return (f"filter them out: filter={keep!r}, or read with output='arrow' (a null stays "
+                "null, and ll.blob_files gives None for it); no fill_nulls value is right "
+                "here: a row offset would open another row's blob")
     return (
         f"fill them: Loader(..., fill_nulls={{{path!r}: {fill_example(typ)!r}}}) (also a "
         f"keyword of ll.torch's datasets and ll.Conversion), or filter them out: "

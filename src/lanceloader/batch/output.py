@@ -74,6 +74,7 @@ from lanceloader.batch.nulls import (
     check_casts,
     check_fill_nulls,
     checked_scalar,
+    is_blob_file,
     is_list,
     is_text,
     null_error,
@@ -226,7 +227,10 @@ def to_output(
         else zip(batch.schema.names, batch.columns, strict=True)
     )
     arrays: dict[str, Any] = {}
+    fields = {} if isinstance(batch, Mapping) else {f.name: f for f in batch.schema}
     for name, col in columns:
+        if name in fields and col.null_count and is_blob_file(fields[name]):
+            raise null_error(name, col, blob_file=True)
         if isinstance(col, pa.Array | pa.ChunkedArray):
             col = column_to_numpy(name, col, conversion)
         _put(arrays, name, col)

@@ -197,6 +197,7 @@ class _Timespec(ctypes.Structure):
 
 
 _UTIME_NOW, _UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+_utimensat: Any
 try:
     _utimensat = ctypes.CDLL(None, use_errno=True).utimensat
 except (OSError, AttributeError):  # not Linux's libc: rewrite the mtime as read

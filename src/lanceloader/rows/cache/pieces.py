@@ -71,7 +71,7 @@ Two kinds:
     keeps it in RAM and shares it).
 
 The directory also holds the plans of filters and splits (``plan-*.npy``, see
-``Source._select_rows``): every rank and worker of a machine computes a plan once, and byte
+``rows/lance/plan.select_rows``): every rank and worker of a machine computes a plan once, and byte
 ranges that are not rows (``fetch_bytes(key, make)``, e.g. the bytes of a video clip): one
 ``make()`` per key among all its users, sealed, checked and capped like pieces.
 

@@ -40,6 +40,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from lanceloader.batch.nulls import BLOB_FILE_KEY
 from lanceloader.rows.lance.inline_blobs import (
     fragment_files,
     inline_plan,
@@ -51,7 +52,7 @@ BLOB_EXTENSION_NAME = "lance.blob.v2"
 BLOB_METADATA_KEY = b"lance-encoding:blob"
 BLOB_CHOICES = ("bytes", "file", "descriptor")
 #: field metadata of a ``"file"`` column: the dataset (URI, version) its row offsets belong to
-FILE_URI_KEY = b"lanceloader:blob-uri"
+FILE_URI_KEY = BLOB_FILE_KEY  # b"lanceloader:blob-uri" (batch/nulls.py: no fill for them)
 FILE_VERSION_KEY = b"lanceloader:blob-version"
 #: what Lance's scans and takes return for a blob v2 column (pylance 14)
 DESCRIPTOR_TYPE = pa.struct(

@@ -10,6 +10,7 @@ import lance
 import numpy as np
 
 from lanceloader.batch.checks import null_checked_columns, nulls_error
+from lanceloader.batch.nulls import is_blob_file
 from lanceloader.lifecycle import forksafe
 from lanceloader.rows.dataset import is_object_store
 
@@ -80,7 +81,8 @@ def check_nulls(source: _Scanned, conversion: Any) -> None:
         null = table.column(name).is_null().to_numpy(zero_copy_only=False)
         if null.any():
             first = offsets[null][:1]
-            raise nulls_error(name, rows_schema.field(name).type, int(null.sum()),
+            field = rows_schema.field(name)
+            raise nulls_error(name, field.type, int(null.sum()),
                               source.num_rows,
                               f"Lance row {int(first[0])}, {source.describe_offsets(first)}",
-                              source.filter)
+                              source.filter, is_blob_file(field))
