@@ -481,3 +481,18 @@ def test_a_read_fills_its_largest_piece_before_a_sliver_of_another(uri, tmp_path
         cache_module.piece_name(source.cached.fragment_keys[1], size, 0),
         cache_module.piece_name(source.cached.fragment_keys[0], size, 1),
     ]
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_the_fills_of_every_worker_reach_the_loaders_stats(uri, tmp_path, small_pieces, worker_type):
+    """Process workers fill the cache in processes of their own: their fills were missing from
+    the main process's stats (0 where thread workers showed every piece). Every piece is
+    filled once, by some worker, and ``stats()`` counts it there, in both."""
+    loader = loader_of(
+        uri, cache=str(tmp_path / "c"), shuffle=True, num_workers=2, worker_type=worker_type
+    )
+    rows_of(loader)
+    rows_of(loader)
+    stats = loader.stats()
+    assert stats.cache_fills == len(list((tmp_path / "c").glob("*.arrow"))) == 6
+    assert "6 pieces filled into the cache" in str(stats)

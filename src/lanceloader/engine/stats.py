@@ -58,7 +58,8 @@ from lanceloader.engine.waits import WAIT_KEYS, wait_percentiles
 COUNTERS = (
     "batches", "rows", "nbytes", "wall_s", "read_s", "decode_s", "transform_s", "convert_s",
     "wait_s",
-    "step_s", "rows_read", "rows_skipped", "rows_cached", "cache_damaged", "io_bytes", "io_iops", "depth_sum",
+    "step_s", "rows_read", "rows_skipped", "rows_cached", "cache_damaged", "cache_fills", "io_bytes",
+    "io_iops", "depth_sum",
     "depth_samples", "copy_batches", "copy_bytes", "copy_s", "copy_exposed_s", "copies_late",
     "device_ahead_max", "device_ahead_bytes_max",
     # the first batch's wait; CPU: this process's seconds, the usable cores' busy and total
@@ -97,6 +98,8 @@ class Stats:
     rows_cached: int = 0  # rows read from the loader's cache (``cache=``), not from storage
     # cache files that failed their check (dropped, read again from the dataset, never delivered)
     cache_damaged: int = 0
+    # pieces downloaded and kept in the cache, by every worker (threads and processes)
+    cache_fills: int = 0
     padding_fraction: float | None = None  # with ``pack=``: padding tokens of the packed rows
     # the loader's cache and why (``cache="auto"`` chose it, or none, for a reason; or given)
     cache: str | None = None
@@ -176,6 +179,8 @@ class Stats:
                             f"{self.io_bandwidth / 1e6:,.1f} MB/s while reading"
                             + (f"; {100 * self.rows_cached / self.rows_read:.0f}% of rows from "
                                "the cache" if self.rows_cached and self.rows_read else "")
+                            + (f"; {self.cache_fills:,} pieces filled into the cache"
+                               if self.cache_fills else "")
                             + (f"; {self.cache_damaged} damaged cache files dropped and read "
                                "again" if self.cache_damaged else "")),
             ("read", f"{self.read_s:.2f} s ({100 * self.read_s / cap:.0f}% of {self.workers} "
@@ -337,11 +342,12 @@ class Recorder:
 
     def task(self, seconds: dict[str, float], rows_read: int, io_bytes: int, io_iops: int,
              rows_skipped: int, in_flight: int, rows_cached: int = 0,
-             cache_damaged: int = 0) -> None:
+             cache_damaged: int = 0, cache_fills: int = 0) -> None:
         """A worker's task arrived at the consumer."""
         c = self._current
         c["rows_cached"] += rows_cached
         c["cache_damaged"] += cache_damaged
+        c["cache_fills"] += cache_fills
         for stage, value in seconds.items():
             c[f"{stage}_s"] += value
         c["rows_read"] += rows_read
@@ -447,6 +453,7 @@ class Recorder:
             queue_depth_mean=c["depth_sum"] / depth_n if depth_n else 0.0,
             bottleneck=verdict(c, workers, shuffle_random, worker_type, cores, cache), cache=cache,
             rows_cached=int(c["rows_cached"]), cache_damaged=int(c["cache_damaged"]),
+            cache_fills=int(c["cache_fills"]),
             copy_batches=int(c["copy_batches"]), copy_bytes=int(c["copy_bytes"]),
             copy_s=c["copy_s"], copy_exposed_s=c["copy_exposed_s"],
             copies_late=int(c["copies_late"]), device_ahead_max=int(c["device_ahead_max"]),

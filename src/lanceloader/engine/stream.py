@@ -210,7 +210,8 @@ class Stream(Iterator[Any]):
         self._recorder.task(result.seconds, rows_read, result.io_bytes, result.io_iops,
                             result.rows_skipped, self._pool.in_flight + 1,
                             rows_cached=result.rows_cached,
-                            cache_damaged=result.cache_damaged)
+                            cache_damaged=result.cache_damaged,
+                            cache_fills=result.cache_fills)
         for name, start, end, args in result.spans:
             self._recorder.event(name, start, end, lane=result.lane, **args)
 

@@ -83,6 +83,7 @@ class TaskResult:
     rows_cached: int = 0
     rows_skipped: int = 0
     cache_damaged: int = 0
+    cache_fills: int = 0
     spans: list[tuple[str, float, float, dict[str, Any]]] = field(default_factory=list)
     lane: str = ""
 
@@ -205,7 +206,7 @@ class BatchWork:
         lane = f"{threading.current_thread().name} (pid {os.getpid()})"
         return read, TaskResult([], [], [], seconds, read.io_bytes, read.io_iops,
                                 read.rows_cached, spans=spans, lane=lane,
-                                cache_damaged=read.cache_damaged)
+                                cache_damaged=read.cache_damaged, cache_fills=read.cache_fills)
 
     def _prepare(self, rows: pa.Table, task: ReadTask, i: int, positions: np.ndarray,
                  samples: np.ndarray, result: TaskResult) -> Any:

@@ -171,6 +171,7 @@ class MixedSource(RowsBase):
         wheres: list[np.ndarray | None] = []
         io_bytes = iops = cached = damaged = 0
         decode_s = 0.0
+        fills = 0
         for k in range(len(self.names)):
             index = runs.indices(k)
             if not len(index):
@@ -184,6 +185,7 @@ class MixedSource(RowsBase):
             cached += read.rows_cached
             damaged += read.cache_damaged
             decode_s += read.decode_s
+            fills += read.cache_fills
             table = self._conform(k, as_table(read.rows))
             if self.mix.source_column:
                 label = self.mix.labels[k]
@@ -192,7 +194,8 @@ class MixedSource(RowsBase):
                 )
             parts.append(table)
             wheres.append(where)
-        return Read(mixed_rows(parts, wheres, runs), io_bytes, iops, cached, damaged, decode_s)
+        return Read(mixed_rows(parts, wheres, runs), io_bytes, iops, cached, damaged, decode_s,
+                    fills)
 
     def _conform(self, k: int, table: pa.Table) -> pa.Table:
         """Source ``k``'s rows (transformed already), checked against the common schema."""

@@ -109,7 +109,8 @@ class OrderedSource:
             parts.append(self.conform(as_table(reads[-1].rows), e, sample[at]))
         return Read(pa.concat_tables(parts), sum(r.io_bytes for r in reads),
                     sum(r.io_iops for r in reads), sum(r.rows_cached for r in reads),
-                    sum(r.cache_damaged for r in reads), sum(r.decode_s for r in reads))
+                    sum(r.cache_damaged for r in reads), sum(r.decode_s for r in reads),
+                    sum(r.cache_fills for r in reads))
 
     def conform(self, table: pa.Table, epoch: np.ndarray | int, sample: np.ndarray) -> pa.Table:
         """``table`` (the rows of ``sample`` of ``epoch``) through the transform, which must

@@ -377,7 +377,8 @@ class PackedSource(RowsBase):
                         "position_ids": tensor_array(positions_in)})
         # rows from the cache in packed rows (the read's unit): each its share of documents
         cached = round(len(positions) * read.rows_cached / len(docs)) if len(docs) else 0
-        return Read(out, read.io_bytes, read.io_iops, cached, read.cache_damaged, read.decode_s)
+        return Read(out, read.io_bytes, read.io_iops, cached, read.cache_damaged, read.decode_s,
+                    read.cache_fills)
 
     def schema_table(self) -> pa.Table:
         return empty_table(self.schema)

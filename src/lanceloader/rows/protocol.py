@@ -59,7 +59,8 @@ class Read:
     everything the read did: the storage bytes and requests it made (Lance's, and any ranges
     read past Lance), the rows served by the cache (in the read's own rows: at most
     ``len(rows)``), the cache files that failed their check during the read (dropped and read
-    again, never delivered), and the seconds it spent decoding (clips decode inside the read,
+    again, never delivered), the pieces it filled into the cache, and the seconds it spent
+    decoding (clips decode inside the read,
     so fetch and decode overlap on object stores; ``stats()`` books them as decode)."""
 
     rows: pa.Table | Pieces
@@ -68,6 +69,7 @@ class Read:
     rows_cached: int = 0
     cache_damaged: int = 0
     decode_s: float = 0.0
+    cache_fills: int = 0  # pieces this read downloaded and kept in the cache
 
 
 class StorageIO:

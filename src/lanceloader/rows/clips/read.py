@@ -108,6 +108,7 @@ class ClipRead:
             inner.rows_cached if inner else 0,
             inner.cache_damaged if inner else 0,
             decode_s,
+            inner.cache_fills if inner else 0,
         )
 
     def _ranges(self, requests: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], bytes]:

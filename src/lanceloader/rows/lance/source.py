@@ -308,12 +308,13 @@ class Source(RowsBase):
             past = StorageIO()  # blob payloads read past Lance's counters
             table, cached = self._read_local(positions, past)
             damaged = 0 if self.cache is None else self.cache.take_damaged()
+            fills = 0 if self.cache is None else self.cache.take_fills()
             if self._ds is None or self._pid != os.getpid():
                 # all from the cache: Lance not opened here
-                return Read(table, past.bytes, past.reads, cached, damaged)
+                return Read(table, past.bytes, past.reads, cached, damaged, cache_fills=fills)
             io = self._ds.io_stats_incremental()
             return Read(table, io.read_bytes + past.bytes, io.read_iops + past.reads,
-                        cached, damaged)
+                        cached, damaged, cache_fills=fills)
         except (ReadError, *NOT_READ_FAILURES):
             raise
         except BaseException as exc:
