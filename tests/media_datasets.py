@@ -1,4 +1,5 @@
-"""Small Lance datasets of real media (made by ``mediagen.py``) for tests that need clips."""
+"""Small media for tests: Lance datasets of real videos and audio (made by ``mediagen.py``) for
+tests that need clips, and folders of images for ``convert``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import lance
 import lance.blob
+import numpy as np
 import pyarrow as pa
 
 from mediagen import write_audio, write_video
@@ -42,3 +44,18 @@ def audio_dataset(folder: Path, seconds: list[float], rate: int = 8000) -> str:
     shutil.rmtree(out, ignore_errors=True)
     lance.write_dataset(table, out, data_storage_version="2.2")
     return out
+
+def image_folder(root: Path, per_class: int = 3, broken: tuple[str, ...] = ()) -> Path:
+    """root/<class>/<i>.jpg (and .png) for classes 'cat', 'dog'; ``broken`` files are garbage."""
+    from PIL import Image
+
+    for c, name in enumerate(["cat", "dog"]):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            image = Image.fromarray(np.full((8 + i, 10, 3), 40 * c + i, np.uint8))
+            suffix = ".png" if i % 2 else ".jpg"
+            image.save(root / name / f"{i}{suffix}")
+    for relative in broken:
+        (root / relative).write_bytes(b"not an image")
+    (root / "cat" / "notes.txt").write_text("ignored")
+    return root

@@ -55,7 +55,7 @@ def kill_self_on_third_batch(batch):
     return batch
 
 
-# --- faults (tests/test_faults.py) ---------------------------------------------------------
+# --- faults (tests/engine/test_faults.py) ---------------------------------------------------------
 
 # Released by a test once it has measured what it measures, so that thread workers left to
 # finish their task detached end it then (process workers are killed instead).
@@ -95,7 +95,7 @@ def fail_on_odd_id(row):
 
 
 def draw(row, rng):
-    """A per-sample random draw (tests/test_augment.py): what the row's generator gives."""
+    """A per-sample random draw (tests/batch/test_augment.py): what the row's generator gives."""
     return {"id": row["id"], "r": float(rng.random())}
 
 

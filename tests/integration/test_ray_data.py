@@ -13,7 +13,7 @@ import pytest
 
 import lanceloader as ll
 from lanceloader.demo import demo_table, write_demo_dataset
-from test_ingest import image_folder
+from media_datasets import image_folder
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.integration

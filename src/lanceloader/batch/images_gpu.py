@@ -23,7 +23,7 @@ from lanceloader.batch.transforms import ErrorPolicy, row_at
 # (uint8, resized): the CPU path's simplejpeg scales JPEGs down while decoding (DCT scaling)
 # and differs from its Pillow backend by as much (5.8 for 256x256 to 224x224, measured); the GPU
 # decodes whole, then resizes as Pillow does (bilinear, antialiased): within 1.2 of backend="pil"
-# on the CPU (tests/test_device.py).
+# on the CPU (tests/engine/test_device.py).
 DEVICE_TOLERANCE = 6.0
 
 

@@ -87,7 +87,7 @@ class _Decodes:
 
 _DECODES = _Decodes()
 # gbrp's planes in RGB order: unscaled frames of these formats are converted to planar RGB by
-# swscale (bit-identical to packed rgb24: tests/test_video.py checks both formats), so a
+# swscale (bit-identical to packed rgb24: tests/media/test_video.py checks both formats), so a
 # channels-first clip is filled with three contiguous copies per frame instead of a transposing
 # copy (3x less time per frame at 480x640). Scaled, the two differ: packed, then transposed.
 _RGB_PLANES = (2, 0, 1)

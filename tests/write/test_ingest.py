@@ -24,20 +24,7 @@ from PIL import Image
 
 import lanceloader as ll
 from lanceloader.demo import demo_table
-
-
-def image_folder(root: Path, per_class: int = 3, broken: tuple[str, ...] = ()) -> Path:
-    """root/<class>/<i>.jpg (and .png) for classes 'cat', 'dog'; ``broken`` files are garbage."""
-    for c, name in enumerate(["cat", "dog"]):
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            image = Image.fromarray(np.full((8 + i, 10, 3), 40 * c + i, np.uint8))
-            suffix = ".png" if i % 2 else ".jpg"
-            image.save(root / name / f"{i}{suffix}")
-    for relative in broken:
-        (root / relative).write_bytes(b"not an image")
-    (root / "cat" / "notes.txt").write_text("ignored")
-    return root
+from media_datasets import image_folder
 
 
 def test_an_image_folder_round_trips(tmp_path):

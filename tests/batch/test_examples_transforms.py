@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # Arrow memory is read-only; the loader silences torch's warning about wrapping it once per process,
 # but pytest resets warning filters for every test.

@@ -15,6 +15,7 @@ import lance
 import pyarrow as pa
 import pytest
 
+from cli_run import assert_one_line_error, run_cli
 from lanceloader import Loader, cli
 from lanceloader.cli import main
 
@@ -28,24 +29,6 @@ def slow_identity(batch):
     calls.append(batch.num_rows)
     return batch
 '''
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of ``lanceloader ARGS`` run in this process."""
-    try:
-        code = main(args)
-    except SystemExit as exc:  # argparse: --help and usage errors
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_line_error(code: int, err: str, command: str, *fragments: str) -> None:
-    assert code == 2, err
-    assert err.startswith(f"lanceloader {command}: error: "), err
-    assert len(err.strip().splitlines()) == 1, err
-    for fragment in fragments:
-        assert fragment in err, err
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cache import COLUMNS, ROWS, loader_of, rows_of
 
 from lanceloader.demo import write_demo_dataset
 from lanceloader.rows.cache import auto as autocache_module
@@ -19,7 +20,6 @@ from lanceloader.rows.cache.files import in_memory_filesystem
 from lanceloader.rows.cache.held import HeldPieces
 from lanceloader.rows.cache.pieces import make_cache
 from lanceloader.rows.lance.source import Source
-from test_cache import COLUMNS, ROWS, loader_of, rows_of
 
 
 @pytest.fixture(scope="module")

@@ -149,7 +149,7 @@ def test_resume_anywhere_continues_the_stream(
     assert len(json.dumps(state)) <= 2048
     n, step = factory().samples_per_epoch, batch * world_after
     # A last global batch smaller than the world is padded by wrapping around (as torch's
-    # DistributedSampler does; tests/test_plan.py): compare streams without it.
+    # DistributedSampler does; tests/ordering/test_plan.py): compare streams without it.
     assume(all(r == 0 or r >= world_after for r in ((n - state["sample"]) % step, n % step)))
     r = n % (batch * world_before)
     assume(r == 0 or r >= world_before)

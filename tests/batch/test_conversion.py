@@ -37,7 +37,7 @@ from lanceloader.batch.transforms import apply_transform
 pytestmark = pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
 
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/
 
 
 def sample_batch() -> pa.RecordBatch:
@@ -421,7 +421,9 @@ def bfloat16_dataset(directory: str) -> lance.LanceDataset:
 
 def run_isolated(check: str, *args: str) -> None:
     """Run ``check(*args)``, a function of this module, in a fresh Python process."""
-    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import test_conversion; test_conversion.{check}(*sys.argv[1:])"
+    here = str(Path(__file__).resolve().parent)
+    code = (f"import sys; sys.path[:0] = [{here!r}, {str(TESTS)!r}]; import test_conversion; "
+            f"test_conversion.{check}(*sys.argv[1:])")
     done = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300
     )

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_cache import ORDERS, ROWS, loader_of, rows_of
 
 from conftest import ids_of
 from lanceloader.demo import write_demo_dataset
@@ -18,7 +19,6 @@ from lanceloader.rows.cache import auto as autocache_module
 from lanceloader.rows.cache import pieces as cache_module
 from lanceloader.rows.cache.disk import DiskCache
 from lanceloader.rows.cache.pieces import make_cache
-from test_cache import ORDERS, ROWS, loader_of, rows_of
 
 
 @pytest.fixture(scope="module")

@@ -97,7 +97,7 @@ def start_pool_script(tmp_path, then: str) -> tuple[subprocess.Popen, list[int]]
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
         import workerfns
         from lanceloader.engine.processes import ProcessPool
         if __name__ == "__main__":

@@ -29,7 +29,7 @@ from conftest import lanceloader_threads
 from lanceloader.lifecycle.lifetime import NAMESPACE, SHM_DIR, alive, owner_of, shm_name
 from lanceloader.rows.lance.source import Source
 
-TESTS = str(Path(__file__).parent)
+TESTS = str(Path(__file__).resolve().parents[1])  # tests/
 STOP_BOUND_S = 1.0  # control is back this soon after break / an error / Ctrl-C (target 0.5 s)
 GONE_BOUND_S = 5.0  # nothing is left this long after the training process is SIGKILLed
 

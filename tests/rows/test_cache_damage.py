@@ -39,7 +39,7 @@ from lanceloader.rows.lance.source import Source
 
 COLUMNS = ["id", "label", "x"]
 ROWS = 6000
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 
 
 @pytest.fixture(scope="module")

@@ -496,7 +496,7 @@ def test_the_summary_says_what_was_written_and_keeps_the_dataset(uri, tmp_path):
 GLOBALS = """
 import os, signal, sys, types
 import numpy as np
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 import config
 import lanceloader as ll
 

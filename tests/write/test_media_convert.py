@@ -11,6 +11,7 @@ from pathlib import Path
 import lance
 import pytest
 
+from cli_run import assert_one_line_error, run_cli
 from lanceloader.cli import main
 from lanceloader.media.audio import probe_audio
 from lanceloader.media.audio_ranges import probe_audio_index
@@ -18,7 +19,6 @@ from lanceloader.media.video import index_fields, index_values, probe_video
 from lanceloader.rows.lance.blobs import blob_columns
 from lanceloader.write.convert import CLASSES_KEY, convert
 from mediagen import write_audio, write_video
-from test_cli import assert_one_line_error, run_cli
 
 AUDIO_COLUMNS = ["audio_sample_rate", "audio_channels", "audio_frames", "audio_duration"]
 BYTE_INDEX = ["audio_seek_samples", "audio_seek_offsets", "audio_header_length", "audio_preroll"]

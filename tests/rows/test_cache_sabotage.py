@@ -27,7 +27,7 @@ from lanceloader.rows.cache.files import in_memory_filesystem
 
 ROWS = 6000
 TRIALS = int(os.environ.get("LANCELOADER_SABOTAGE_TRIALS", "20"))
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 
 READER = r"""
 import json, os, sys
