@@ -35,6 +35,7 @@ test: check
 # the import contracts (stages point down; pyproject.toml [tool.importlinter]).
 check: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
@@ -47,9 +48,7 @@ docs: $(VENV)/.installed-docs
 docs-serve: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+lint: check
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/throughput.py

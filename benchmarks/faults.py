@@ -36,7 +36,7 @@ import textwrap
 import time
 from pathlib import Path
 
-STOP_CHILD = textwrap.dedent('''
+STOP_CHILD = textwrap.dedent("""
     import os, signal, sys, threading, time
     import lanceloader as ll
 
@@ -69,9 +69,9 @@ STOP_CHILD = textwrap.dedent('''
             start = sent[0]
         print(time.perf_counter() - start, flush=True)
         os._exit(0)  # do not wait for detached threads at exit: only the loop's time counts
-''')
+""")
 
-TRAINER_CHILD = textwrap.dedent('''
+TRAINER_CHILD = textwrap.dedent("""
     import json, multiprocessing, os, sys, time
     from multiprocessing import forkserver
 
@@ -99,7 +99,7 @@ TRAINER_CHILD = textwrap.dedent('''
         print(json.dumps({"pid": os.getpid(), "processes": workers +
                           [forkserver._forkserver._forkserver_pid]}), flush=True)
         time.sleep(600)
-''')
+""")
 
 
 def alive(pid: int) -> bool:
@@ -111,21 +111,30 @@ def alive(pid: int) -> bool:
 
 
 def files_of(pid: int) -> list[str]:
-    return [p.name for p in Path("/dev/shm").glob("lanceloader-*")
-            if f"-{pid}-" in p.name]
+    return [p.name for p in Path("/dev/shm").glob("lanceloader-*") if f"-{pid}-" in p.name]
 
 
 def run_stop(script: Path, env: dict[str, str], uri: str, how: str, worker_type: str) -> float:
-    done = subprocess.run([sys.executable, str(script), uri, how, worker_type], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), uri, how, worker_type],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return float(done.stdout.split()[-1])
 
 
 def run_killed(script: Path, env: dict[str, str], uri: str, kind: str) -> float:
-    trainer = subprocess.Popen([sys.executable, str(script), uri, kind], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), uri, kind],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = trainer.stdout.readline()
         if not line:
@@ -156,16 +165,25 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": args.src}
     work = Path(tempfile.mkdtemp(prefix="faults-bench-"))
     uri = str(work / "demo.lance")
-    subprocess.run([sys.executable, "-c", "import sys; from lanceloader.demo import "
-                    "write_demo_dataset; write_demo_dataset(sys.argv[1], rows=20_000)", uri],
-                   env=env, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from lanceloader.demo import "
+            "write_demo_dataset; write_demo_dataset(sys.argv[1], rows=20_000)",
+            uri,
+        ],
+        env=env,
+        check=True,
+    )
     (work / "stop.py").write_text(STOP_CHILD)
     (work / "trainer.py").write_text(TRAINER_CHILD)
     results: dict[str, float] = {}
     for how in ("break", "ctrl-c"):
         for worker_type in ("thread", "process"):
-            times = [run_stop(work / "stop.py", env, uri, how, worker_type)
-                     for _ in range(args.repeats)]
+            times = [
+                run_stop(work / "stop.py", env, uri, how, worker_type) for _ in range(args.repeats)
+            ]
             results[f"stop {how}, 4 busy {worker_type} workers (s)"] = statistics.median(times)
     for kind in ("process", "dataloader-forkserver"):
         times = [run_killed(work / "trainer.py", env, uri, kind) for _ in range(args.repeats)]

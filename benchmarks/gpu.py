@@ -81,8 +81,9 @@ def make_jpeg(seed: int) -> bytes:
     w, h = int(rng.integers(400, 601)), int(rng.integers(300, 501))
     y, x = np.mgrid[0:h, 0:w].astype(np.float32)
     phase = rng.uniform(0, 6.3, 3)
-    base = np.stack([128 + 100 * np.sin(x / (40 + 9 * c) + y / (55 + 7 * c) + phase[c])
-                     for c in range(3)], -1)
+    base = np.stack(
+        [128 + 100 * np.sin(x / (40 + 9 * c) + y / (55 + 7 * c) + phase[c]) for c in range(3)], -1
+    )
     base += 10 * rng.standard_normal(base.shape, dtype=np.float32)
     pixels = np.clip(base, 0, 255).astype(np.uint8)
     out = io.BytesIO()
@@ -106,14 +107,21 @@ def prepare_dataset(data_dir: Path, images: int, distinct: int) -> str:
     def tables() -> Any:
         for first in range(0, images, per_file):
             rows = np.arange(first, min(images, first + per_file))
-            yield pa.record_batch({"image": pa.array([pool_images[i % distinct] for i in rows],
-                                                     pa.binary()),
-                                   "label": pa.array(rows % 1000)})
+            yield pa.record_batch(
+                {
+                    "image": pa.array([pool_images[i % distinct] for i in rows], pa.binary()),
+                    "label": pa.array(rows % 1000),
+                }
+            )
 
     schema = pa.schema([("image", pa.binary()), ("label", pa.int64())])
     data_dir.mkdir(parents=True, exist_ok=True)
-    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, tables()), str(path),
-                        mode="overwrite", max_rows_per_file=per_file)
+    lance.write_dataset(
+        pa.RecordBatchReader.from_batches(schema, tables()),
+        str(path),
+        mode="overwrite",
+        max_rows_per_file=per_file,
+    )
     mean_kb = sum(map(len, pool_images)) / len(pool_images) / 1e3
     print(f"  written in {time.perf_counter() - start:.1f} s ({mean_kb:.0f} KB per image)")
     return str(path)
@@ -127,8 +135,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def make_step(device: torch.device, rate: float, batch_size: int) -> tuple[Callable[[Any], Any],
-                                                                            int]:
+def make_step(
+    device: torch.device, rate: float, batch_size: int
+) -> tuple[Callable[[Any], Any], int]:
     """A step that consumes ``rate`` images/s at ``batch_size``: a calibrated matmul loop that
     reads the batch; returns it and its matmul count."""
     n = 2048 if device.type == "cuda" else 128
@@ -164,13 +173,27 @@ def normalise(x: Any, device: torch.device) -> Any:
 # --- one run ------------------------------------------------------------------------------------
 
 
-def run_case(uri: str, case: dict[str, Any], step: Callable[[Any], Any] | None,
-             args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def run_case(
+    uri: str,
+    case: dict[str, Any],
+    step: Callable[[Any], Any] | None,
+    args: argparse.Namespace,
+    device: torch.device,
+) -> dict[str, Any]:
     """``args.warmup`` then ``args.batches`` steps of a fresh loader; the measurements."""
-    loader = ll.Loader(uri, args.batch_size, columns=["image", "label"], shuffle=True,
-                       shuffle_block_size=64, seed=0, transform=case["transform"],
-                       output="torch", device=case["device"], num_workers=case["workers"],
-                       drop_last=True)
+    loader = ll.Loader(
+        uri,
+        args.batch_size,
+        columns=["image", "label"],
+        shuffle=True,
+        shuffle_block_size=64,
+        seed=0,
+        transform=case["transform"],
+        output="torch",
+        device=case["device"],
+        num_workers=case["workers"],
+        drop_last=True,
+    )
     waits: list[float] = []
     totals: list[float] = []
     batches = iter(())
@@ -219,18 +242,34 @@ def cases(args: argparse.Namespace, device: torch.device) -> dict[str, dict[str,
     cpu_decode = ll.decode_images("image", size=SIZE, layout="CHW")
     out: dict[str, dict[str, Any]] = {}
     try:
-        gpu_decode = ll.decode_images("image", size=SIZE, dtype="float32", mean=MEAN, std=STD,
-                                      layout="CHW", device=str(device))
+        gpu_decode = ll.decode_images(
+            "image",
+            size=SIZE,
+            dtype="float32",
+            mean=MEAN,
+            std=STD,
+            layout="CHW",
+            device=str(device),
+        )
         if device.type != "cuda":
             raise ValueError("needs --device cuda, torchvision and a GPU")
-        out["gpu decode"] = {"transform": gpu_decode, "device": str(device),
-                             "workers": args.gpu_workers}
+        out["gpu decode"] = {
+            "transform": gpu_decode,
+            "device": str(device),
+            "workers": args.gpu_workers,
+        }
     except (ImportError, ValueError) as exc:
         out["gpu decode"] = {"skipped": str(exc).split(";")[0]}
-    out["cpu decode + stage"] = {"transform": cpu_decode, "device": str(device),
-                                 "workers": args.cpu_workers}
-    out["cpu decode, no stage"] = {"transform": cpu_decode, "device": None,
-                                   "workers": args.cpu_workers}
+    out["cpu decode + stage"] = {
+        "transform": cpu_decode,
+        "device": str(device),
+        "workers": args.cpu_workers,
+    }
+    out["cpu decode, no stage"] = {
+        "transform": cpu_decode,
+        "device": None,
+        "workers": args.cpu_workers,
+    }
     return out
 
 
@@ -240,22 +279,34 @@ def targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, Any, bool | N
     gmax, gstep, sstep = gpu.get("max"), gpu.get("step"), stage.get("step")
     hidden = sstep["copy_hidden"] if sstep else None
     return [
-        (f"gpu decode >= {TARGET_GPU_IMAGES_S:,} images/s", gmax and round(gmax["images_per_s"]),
-         gmax and gmax["images_per_s"] >= TARGET_GPU_IMAGES_S),
-        (f"  using <= {TARGET_GPU_CORES} cores", gmax and round(gmax["cores"], 2),
-         gmax and gmax["cores"] <= TARGET_GPU_CORES),
-        (f"exposed wait < {100 * TARGET_WAIT_SHARE:g}% of step time (gpu decode, step)",
-         gstep and f"{100 * gstep['wait_share']:.2f}%",
-         gstep and gstep["wait_share"] < TARGET_WAIT_SHARE),
-        (f"copy hidden >= {100 * TARGET_COPY_HIDDEN:g}% (cpu decode + stage, step)",
-         hidden is not None and f"{100 * hidden:.1f}%",
-         None if hidden is None else hidden >= TARGET_COPY_HIDDEN),
+        (
+            f"gpu decode >= {TARGET_GPU_IMAGES_S:,} images/s",
+            gmax and round(gmax["images_per_s"]),
+            gmax and gmax["images_per_s"] >= TARGET_GPU_IMAGES_S,
+        ),
+        (
+            f"  using <= {TARGET_GPU_CORES} cores",
+            gmax and round(gmax["cores"], 2),
+            gmax and gmax["cores"] <= TARGET_GPU_CORES,
+        ),
+        (
+            f"exposed wait < {100 * TARGET_WAIT_SHARE:g}% of step time (gpu decode, step)",
+            gstep and f"{100 * gstep['wait_share']:.2f}%",
+            gstep and gstep["wait_share"] < TARGET_WAIT_SHARE,
+        ),
+        (
+            f"copy hidden >= {100 * TARGET_COPY_HIDDEN:g}% (cpu decode + stage, step)",
+            hidden is not None and f"{100 * hidden:.1f}%",
+            None if hidden is None else hidden >= TARGET_COPY_HIDDEN,
+        ),
     ]
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    head = (f"{'case':<22}{'run':<6}{'images/s':>10}{'wait p50':>10}{'wait p95':>10}"
-            f"{'wait %':>8}{'ms/step':>9}{'cores':>7}{'copy hidden':>13}")
+    head = (
+        f"{'case':<22}{'run':<6}{'images/s':>10}{'wait p50':>10}{'wait p95':>10}"
+        f"{'wait %':>8}{'ms/step':>9}{'cores':>7}{'copy hidden':>13}"
+    )
     lines = [head, "-" * len(head)]
     for name, runs in results.items():
         if "skipped" in runs:
@@ -266,7 +317,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             lines.append(
                 f"{name:<22}{run:<6}{r['images_per_s']:>10,.0f}{r['wait_p50_ms']:>8.2f}ms"
                 f"{r['wait_p95_ms']:>8.2f}ms{100 * r['wait_share']:>7.2f}%{r['step_ms']:>9.2f}"
-                f"{r['cores']:>7.2f}{hidden:>13}")
+                f"{r['cores']:>7.2f}{hidden:>13}"
+            )
     return "\n".join(lines)
 
 
@@ -294,8 +346,10 @@ def main() -> None:
         torch.set_num_threads(1)  # the step's matmuls on one core; the workers get the rest
     uri = prepare_dataset(args.data_dir, args.images, args.distinct)
     step, matmuls = make_step(device, args.step_rate, args.batch_size)
-    print(f"device {device}, batch {args.batch_size}, step of {matmuls} matmuls "
-          f"(~{args.step_rate:,.0f} images/s), {args.batches} measured batches per run")
+    print(
+        f"device {device}, batch {args.batch_size}, step of {matmuls} matmuls "
+        f"(~{args.step_rate:,.0f} images/s), {args.batches} measured batches per run"
+    )
     results: dict[str, dict[str, Any]] = {}
     for name, case in cases(args, device).items():
         if "skipped" in case:
@@ -312,12 +366,20 @@ def main() -> None:
     for what, value, met in checks:
         verdict = "not run" if met is None else "met" if met else "MISSED"
         print(f"{what:<62}{'-' if value in (None, False) else value!s:>10}  {verdict}")
-    out = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results,
-           "targets": [{"target": w, "value": v, "met": m} for w, v, m in checks],
-           "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "torch": torch.__version__, "lanceloader": ll.__version__,
-                       "device": torch.cuda.get_device_name(device) if device.type == "cuda"
-                       else platform.processor() or "cpu"}}
+    out = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": results,
+        "targets": [{"target": w, "value": v, "met": m} for w, v, m in checks],
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "lanceloader": ll.__version__,
+            "device": torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else platform.processor() or "cpu",
+        },
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"\nwrote {args.out}")

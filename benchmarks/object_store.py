@@ -103,6 +103,7 @@ def median_run(s3: S3, fn, repeats: int) -> tuple[float, float]:
 
 def epochs(make, count: int, limit: int | None = None):
     """A run: a new loader (outside the clock); the rows/s of its epoch ``count`` (1-based)."""
+
     def run(start) -> int:
         loader = make()
         for _ in range(count - 1):
@@ -117,6 +118,7 @@ def epochs(make, count: int, limit: int | None = None):
                 break
         iterator.close()
         return rows
+
     return run
 
 
@@ -126,8 +128,9 @@ def cache_footprint(uri: str, cap: int, queue) -> None:
     with tempfile.TemporaryDirectory() as cache:
         largest = 0
         for order in ({}, BLOCK):
-            loader = ll.Loader(uri, batch_size=256, columns=COLUMNS, cache=cache, cache_size=cap,
-                               **order)
+            loader = ll.Loader(
+                uri, batch_size=256, columns=COLUMNS, cache=cache, cache_size=cap, **order
+            )
             for i, _ in enumerate(loader):
                 if i % 16 == 0:
                     largest = max(largest, loader.source.cache.used_bytes())
@@ -151,9 +154,9 @@ def checksum_seconds(directory: str) -> float:
         fd = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
-            cache_module.check_sealed(fd, size, path.name[:-len(cache_module.SUFFIX)])  # warm
+            cache_module.check_sealed(fd, size, path.name[: -len(cache_module.SUFFIX)])  # warm
             started = time.perf_counter()
-            cache_module.check_sealed(fd, size, path.name[:-len(cache_module.SUFFIX)])
+            cache_module.check_sealed(fd, size, path.name[: -len(cache_module.SUFFIX)])
             total += time.perf_counter() - started
         finally:
             os.close(fd)
@@ -169,7 +172,7 @@ def sequential_table(s3: S3, cases: dict, repeats: int) -> None:
     cpu: dict[str, list[float]] = {n: [] for n in names}
     load = os.getloadavg()[0]
     for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             clock = [0.0, 0.0]
 
             def start(clock: list[float] = clock) -> None:
@@ -182,15 +185,19 @@ def sequential_table(s3: S3, cases: dict, repeats: int) -> None:
             cpu[name].append(time.process_time() - clock[1])
             requests[name].append(sum(s3.requests().values()))
     raw = statistics.median(rates[names[0]])
-    print(f"\nsequential epoch on the store, medians of {repeats} alternated runs (load average "
-          f"{load:.1f} before, {os.getloadavg()[0]:.1f} after)\n")
+    print(
+        f"\nsequential epoch on the store, medians of {repeats} alternated runs (load average "
+        f"{load:.1f} before, {os.getloadavg()[0]:.1f} after)\n"
+    )
     print("| side | rows/s | spread | vs raw scan | requests per epoch | CPU s per epoch |")
     print("|---|---|---|---|---|---|")
     for name in names:
         median = statistics.median(rates[name])
-        print(f"| {name} | {median:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
-              f"{median / raw:.2f}x | {statistics.median(requests[name]):.0f} | "
-              f"{statistics.median(cpu[name]):.2f} |")
+        print(
+            f"| {name} | {median:,.0f} | {min(rates[name]):,.0f}-{max(rates[name]):,.0f} | "
+            f"{median / raw:.2f}x | {statistics.median(requests[name]):.0f} | "
+            f"{statistics.median(cpu[name]):.2f} |"
+        )
 
 
 def main() -> None:
@@ -202,10 +209,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8, help="loader threads (I/O bound)")
     parser.add_argument("--rss", action="store_true", help="also measure RSS and the disk cap")
-    parser.add_argument("--cache-only", action="store_true",
-                        help="only the epochs through cache= a directory")
-    parser.add_argument("--sequential", action="store_true",
-                        help="only a sequential epoch (cache=None, cache='auto') vs raw Lance")
+    parser.add_argument(
+        "--cache-only", action="store_true", help="only the epochs through cache= a directory"
+    )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="only a sequential epoch (cache=None, cache='auto') vs raw Lance",
+    )
     args = parser.parse_args()
 
     s3 = S3()
@@ -215,8 +226,9 @@ def main() -> None:
     # as in a training process) and emptied before each run that measures it
     shm = tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-")
     os.environ[autocache.AUTO_DIR_VARIABLE] = shm.name
-    local = write_demo_dataset(Path(scratch.name) / "local.lance", rows=args.rows,
-                               fragments=args.files)
+    local = write_demo_dataset(
+        Path(scratch.name) / "local.lance", rows=args.rows, fragments=args.files
+    )
     results: dict[str, dict[str, float]] = {}
     cached: dict[str, dict[str, float]] = {}
     try:
@@ -230,8 +242,9 @@ def main() -> None:
         def loader(dataset=uri, **kw):
             store = {"storage_options": options} if dataset == uri else {}
             kw.setdefault("cache", None)  # "without a cache" means it (the default is "auto")
-            return ll.Loader(dataset, batch_size=256, columns=COLUMNS, num_workers=args.workers,
-                             **store, **kw)
+            return ll.Loader(
+                dataset, batch_size=256, columns=COLUMNS, num_workers=args.workers, **store, **kw
+            )
 
         def raw_sequential(start) -> int:
             ds = raw_dataset()
@@ -248,70 +261,93 @@ def main() -> None:
                 rows += ds.take(ids, columns=COLUMNS).num_rows
             return rows
 
-        shuffled = np.random.default_rng(1).permutation(args.rows)[:args.shuffle_rows]
+        shuffled = np.random.default_rng(1).permutation(args.rows)[: args.shuffle_rows]
 
         def raw_takes(start) -> int:
             ds = raw_dataset()
             start()
-            return sum(ds.take(shuffled[i:i + 256], columns=COLUMNS).num_rows
-                       for i in range(0, len(shuffled), 256))
+            return sum(
+                ds.take(shuffled[i : i + 256], columns=COLUMNS).num_rows
+                for i in range(0, len(shuffled), 256)
+            )
 
-        raws = {"sequential": raw_sequential, "block shuffle 1024x8": raw_blocks,
-                "full shuffle": raw_takes}
+        raws = {
+            "sequential": raw_sequential,
+            "block shuffle 1024x8": raw_blocks,
+            "full shuffle": raw_takes,
+        }
         if args.sequential:
+
             def auto_epoch(start) -> int:
                 empty_auto_cache()  # outside the clock: epoch 1 fills it
                 return epochs(lambda: loader(cache="auto"), 1)(start)
 
-            sequential_table(s3, {"raw `to_batches`": raw_sequential,
-                                  "loader, `cache=None`": epochs(loader, 1),
-                                  "loader, `cache=\"auto\"` (epoch 1)": auto_epoch},
-                             args.repeats)
+            sequential_table(
+                s3,
+                {
+                    "raw `to_batches`": raw_sequential,
+                    "loader, `cache=None`": epochs(loader, 1),
+                    'loader, `cache="auto"` (epoch 1)': auto_epoch,
+                },
+                args.repeats,
+            )
             return
         for name, order in ({} if args.cache_only else ORDERS).items():
             limit = args.shuffle_rows if name == "full shuffle" else None
-            ours, ours_req = median_run(s3, epochs(lambda o=order: loader(**o), 1, limit),
-                                        args.repeats)
+            ours, ours_req = median_run(
+                s3, epochs(lambda o=order: loader(**o), 1, limit), args.repeats
+            )
             raw, raw_req = median_run(s3, raws[name], args.repeats)
-            results[name] = {"loader": ours, "raw": raw, "loader req": ours_req,
-                             "raw req": raw_req}
+            results[name] = {"loader": ours, "raw": raw, "loader req": ours_req, "raw req": raw_req}
 
         for name, order in ORDERS.items():
+
             def with_cache(epoch: int, o=order) -> float:
                 def run(start) -> int:
                     with tempfile.TemporaryDirectory() as directory:
                         return epochs(lambda: loader(cache=directory, **o), epoch)(start)
+
                 return median_run(s3, run, args.repeats)
 
             def new_loader(o=order) -> float:
                 """An epoch of a new loader on a directory another loader filled."""
+
                 def run(start) -> int:
                     with tempfile.TemporaryDirectory() as directory:
                         epochs(lambda: loader(cache=directory, **o), 1)(lambda: None)
                         return epochs(lambda: loader(cache=directory, **o), 1)(start)
+
                 return median_run(s3, run, args.repeats)[0]
 
             fill, fill_req = with_cache(1)
             second, second_req = with_cache(2)
             fresh = new_loader()
-            on_disk, _ = median_run(s3, epochs(lambda o=order: loader(local, **o), 1),
-                                    args.repeats)
+            on_disk, _ = median_run(s3, epochs(lambda o=order: loader(local, **o), 1), args.repeats)
             check_s = float("nan")
             if hasattr(cache_module, "check_sealed"):
                 with tempfile.TemporaryDirectory() as directory:
                     epochs(lambda o=order, d=directory: loader(cache=d, **o), 1)(lambda: None)
-                    check_s = statistics.median(checksum_seconds(directory)
-                                                for _ in range(args.repeats))
-            cached[name] = {"fill": fill, "fill req": fill_req, "second": second,
-                            "second req": second_req, "local": on_disk, "fresh": fresh,
-                            "check s": check_s}
+                    check_s = statistics.median(
+                        checksum_seconds(directory) for _ in range(args.repeats)
+                    )
+            cached[name] = {
+                "fill": fill,
+                "fill req": fill_req,
+                "second": second,
+                "second req": second_req,
+                "local": on_disk,
+                "fresh": fresh,
+                "check s": check_s,
+            }
 
         def default_epoch(epoch: int, order: dict) -> tuple[float, float]:
             """Epoch ``epoch`` of a loader with no cache argument (the automatic cache, in a
             directory under /dev/shm, emptied first)."""
+
             def run(start) -> int:
                 empty_auto_cache()
                 return epochs(lambda: loader(cache="auto", **order), epoch)(start)
+
             return median_run(s3, run, args.repeats)
 
         automatic: dict[str, tuple[float, float, float, float]] = {}
@@ -323,7 +359,8 @@ def main() -> None:
         memory = memory_req = scan = float("nan")
         if not args.cache_only:
             memory, memory_req = median_run(
-                s3, epochs(lambda: loader(cache="memory", shuffle=True), 2), args.repeats)
+                s3, epochs(lambda: loader(cache="memory", shuffle=True), 2), args.repeats
+            )
 
         def raw_local(start) -> int:
             ds = lance.dataset(local)
@@ -337,55 +374,84 @@ def main() -> None:
         s3.stop()
         del os.environ[autocache.AUTO_DIR_VARIABLE]
 
-    print(f"{args.rows:,} rows, {args.latency_ms:g} ms per request, loader "
-          f"{args.workers} threads, medians of {args.repeats}")
+    print(
+        f"{args.rows:,} rows, {args.latency_ms:g} ms per request, loader "
+        f"{args.workers} threads, medians of {args.repeats}"
+    )
     print("\nwithout a cache: the loader vs raw Lance, both on the emulated store")
-    print(f"{'case':<22}{'loader rows/s':>14}{'raw rows/s':>12}{'ratio':>8}"
-          f"{'req/1k rows':>13}{'raw req/1k':>12}")
+    print(
+        f"{'case':<22}{'loader rows/s':>14}{'raw rows/s':>12}{'ratio':>8}"
+        f"{'req/1k rows':>13}{'raw req/1k':>12}"
+    )
     for name, r in results.items():
-        print(f"{name:<22}{r['loader']:>14,.0f}{r['raw']:>12,.0f}"
-              f"{r['loader'] / r['raw']:>7.2f}x{r['loader req']:>13.2f}{r['raw req']:>12.2f}")
+        print(
+            f"{name:<22}{r['loader']:>14,.0f}{r['raw']:>12,.0f}"
+            f"{r['loader'] / r['raw']:>7.2f}x{r['loader req']:>13.2f}{r['raw req']:>12.2f}"
+        )
     if results:
         seq, blk = results["sequential"], results["block shuffle 1024x8"]
-        print(f"block / sequential (loader): {blk['loader'] / seq['loader']:.2f}x rows/s, "
-              f"{blk['loader req'] / max(seq['loader req'], 1e-9):.2f}x requests per 1,000 rows")
+        print(
+            f"block / sequential (loader): {blk['loader'] / seq['loader']:.2f}x rows/s, "
+            f"{blk['loader req'] / max(seq['loader req'], 1e-9):.2f}x requests per 1,000 rows"
+        )
 
-    print("\nwith cache= a directory: epoch 1 fills it (vs the same epoch without a cache), "
-          "epoch 2 reads it (vs the same order on local disk)")
-    print(f"{'case':<22}{'epoch 1':>11}{'time vs none':>14}{'req/1k':>8}{'epoch 2':>12}"
-          f"{'local disk':>12}{'ratio':>8}{'req/1k':>8}")
+    print(
+        "\nwith cache= a directory: epoch 1 fills it (vs the same epoch without a cache), "
+        "epoch 2 reads it (vs the same order on local disk)"
+    )
+    print(
+        f"{'case':<22}{'epoch 1':>11}{'time vs none':>14}{'req/1k':>8}{'epoch 2':>12}"
+        f"{'local disk':>12}{'ratio':>8}{'req/1k':>8}"
+    )
     for name, c in cached.items():
         none = results[name]["loader"] / c["fill"] if results else float("nan")
-        print(f"{name:<22}{c['fill']:>11,.0f}{none:>13.2f}x"
-              f"{c['fill req']:>8.2f}{c['second']:>12,.0f}{c['local']:>12,.0f}"
-              f"{c['second'] / c['local']:>7.2f}x{c['second req']:>8.2f}")
-    print("\nchecksums: a new loader's epoch on the filled directory (each piece checked at its "
-          "first open) vs the second epoch (pieces this loader wrote); the checks alone as a "
-          "share of the epoch's time")
-    print(f"{'case':<22}{'new loader':>12}{'epoch 2':>12}{'ratio':>8}{'checks s':>10}"
-          f"{'of epoch':>10}")
+        print(
+            f"{name:<22}{c['fill']:>11,.0f}{none:>13.2f}x"
+            f"{c['fill req']:>8.2f}{c['second']:>12,.0f}{c['local']:>12,.0f}"
+            f"{c['second'] / c['local']:>7.2f}x{c['second req']:>8.2f}"
+        )
+    print(
+        "\nchecksums: a new loader's epoch on the filled directory (each piece checked at its "
+        "first open) vs the second epoch (pieces this loader wrote); the checks alone as a "
+        "share of the epoch's time"
+    )
+    print(
+        f"{'case':<22}{'new loader':>12}{'epoch 2':>12}{'ratio':>8}{'checks s':>10}{'of epoch':>10}"
+    )
     for name, c in cached.items():
         epoch_s = args.rows / c["second"]
-        print(f"{name:<22}{c['fresh']:>12,.0f}{c['second']:>12,.0f}"
-              f"{c['fresh'] / c['second']:>7.2f}x{c['check s']:>10.4f}"
-              f"{100 * c['check s'] / epoch_s:>9.1f}%")
+        print(
+            f"{name:<22}{c['fresh']:>12,.0f}{c['second']:>12,.0f}"
+            f"{c['fresh'] / c['second']:>7.2f}x{c['check s']:>10.4f}"
+            f"{100 * c['check s'] / epoch_s:>9.1f}%"
+        )
     seq, blk = cached["sequential"], cached["block shuffle 1024x8"]
-    print(f"block / sequential, epoch 1 through the cache: {blk['fill'] / seq['fill']:.2f}x "
-          f"rows/s, {blk['fill req'] / max(seq['fill req'], 1e-9):.2f}x requests per 1,000 rows")
+    print(
+        f"block / sequential, epoch 1 through the cache: {blk['fill'] / seq['fill']:.2f}x "
+        f"rows/s, {blk['fill req'] / max(seq['fill req'], 1e-9):.2f}x requests per 1,000 rows"
+    )
     if not args.cache_only:
-        print(f"\ncache='memory', full shuffle epoch 2: {memory:,.0f} rows/s "
-              f"({memory_req:.2f} req/1k rows) vs raw to_batches on local disk {scan:,.0f} "
-              f"rows/s: {memory / scan:.2f}x")
+        print(
+            f"\ncache='memory', full shuffle epoch 2: {memory:,.0f} rows/s "
+            f"({memory_req:.2f} req/1k rows) vs raw to_batches on local disk {scan:,.0f} "
+            f"rows/s: {memory / scan:.2f}x"
+        )
 
-    print("\nno cache argument (the automatic cache, a directory under /dev/shm): epochs 1 and "
-          "2 vs the same order with cache=None (epoch 1) and vs raw to_batches on the store")
-    print(f"{'case':<22}{'epoch 1':>11}{'vs none':>9}{'req/1k':>8}{'epoch 2':>12}"
-          f"{'vs raw scan':>13}{'req/1k':>8}")
+    print(
+        "\nno cache argument (the automatic cache, a directory under /dev/shm): epochs 1 and "
+        "2 vs the same order with cache=None (epoch 1) and vs raw to_batches on the store"
+    )
+    print(
+        f"{'case':<22}{'epoch 1':>11}{'vs none':>9}{'req/1k':>8}{'epoch 2':>12}"
+        f"{'vs raw scan':>13}{'req/1k':>8}"
+    )
     for name, (first, first_req, second, second_req) in automatic.items():
         none = results[name]["loader"] if name in results else float("nan")
         raw = results["sequential"]["raw"] if results else float("nan")
-        print(f"{name:<22}{first:>11,.0f}{first / none:>8.2f}x{first_req:>8.2f}{second:>12,.0f}"
-              f"{second / raw:>12.2f}x{second_req:>8.2f}")
+        print(
+            f"{name:<22}{first:>11,.0f}{first / none:>8.2f}x{first_req:>8.2f}{second:>12,.0f}"
+            f"{second / raw:>12.2f}x{second_req:>8.2f}"
+        )
 
     if args.rss:
         print("\npeak RSS and the cache directory's largest size, cap below the data:")
@@ -398,8 +464,10 @@ def main() -> None:
             child.start()
             rss, largest = queue.get(timeout=600)
             child.join()
-            print(f"  {rows:>9,} rows: peak RSS {rss / 2**20:,.0f} MiB; cache at most "
-                  f"{largest / 2**20:,.1f} MiB of a {cap / 2**20:,.0f} MiB cap")
+            print(
+                f"  {rows:>9,} rows: peak RSS {rss / 2**20:,.0f} MiB; cache at most "
+                f"{largest / 2**20:,.1f} MiB of a {cap / 2**20:,.0f} MiB cap"
+            )
     scratch.cleanup()
     shm.cleanup()
 

@@ -68,48 +68,85 @@ CASES: dict[str, tuple[str, str, str | None]] = {
     "HF datasets, 2 workers": ("full shuffle", "the same, 2 fork workers", None),
     "SafeLanceDataset, 2 spawn workers": ("full shuffle", "get_safe_loader(shuffle=True)", None),
     "lancedb Permutation + DataLoader(0)": (
-        "full shuffle", "permutation_builder().shuffle(), map-style, batch_size=256", "lancedb"),
+        "full shuffle",
+        "permutation_builder().shuffle(), map-style, batch_size=256",
+        "lancedb",
+    ),
     "lancedb Permutation + DataLoader(2)": ("full shuffle", "the same, 2 spawn workers", "lancedb"),
     "lancedb StreamingDataset, 0 workers": (
-        "full shuffle", "StreamingDataLoader, rows collated to 256", "lancedb"),
+        "full shuffle",
+        "StreamingDataLoader, rows collated to 256",
+        "lancedb",
+    ),
     "lancedb StreamingDataset, 2 workers": (
-        "full shuffle", "the same, 2 splits, 2 spawn workers", "lancedb"),
+        "full shuffle",
+        "the same, 2 splits, 2 spawn workers",
+        "lancedb",
+    ),
     "litdata, 0 workers": (
-        "chunk shuffle", "optimize()d 64 MB chunks, StreamingDataLoader", "litdata"),
+        "chunk shuffle",
+        "optimize()d 64 MB chunks, StreamingDataLoader",
+        "litdata",
+    ),
     "litdata, 2 workers": ("chunk shuffle", "the same, 2 fork workers", "litdata"),
     "MosaicML Streaming, 0 workers": (
-        "py1e shuffle", "MDS 64 MB shards, StreamingDataLoader", "streaming"),
+        "py1e shuffle",
+        "MDS 64 MB shards, StreamingDataLoader",
+        "streaming",
+    ),
     "MosaicML Streaming, 2 workers": ("py1e shuffle", "the same, 2 fork workers", "streaming"),
     "lanceloader resume at 90%": ("resume", "load_state_dict, then the first batch", None),
     "HF datasets resume at 90%": (
-        "resume", "torchdata StatefulDataLoader.load_state_dict, 0 workers", "torchdata"),
+        "resume",
+        "torchdata StatefulDataLoader.load_state_dict, 0 workers",
+        "torchdata",
+    ),
     "lancedb Permutation resume at 90%": (
-        "resume", "with_skip(offset kept by the caller), DataLoader(0)", "lancedb"),
+        "resume",
+        "with_skip(offset kept by the caller), DataLoader(0)",
+        "lancedb",
+    ),
     "lancedb StreamingDataset resume at 90%": (
-        "resume", "StreamingDataset.load_state_dict, 0 workers", "lancedb"),
-    "litdata resume at 90%": ("resume", "StreamingDataLoader.load_state_dict, 0 workers", "litdata"),
+        "resume",
+        "StreamingDataset.load_state_dict, 0 workers",
+        "lancedb",
+    ),
+    "litdata resume at 90%": (
+        "resume",
+        "StreamingDataLoader.load_state_dict, 0 workers",
+        "litdata",
+    ),
     "MosaicML Streaming resume at 90%": (
-        "resume", "StreamingDataLoader.load_state_dict, 0 workers", "streaming"),
+        "resume",
+        "StreamingDataLoader.load_state_dict, 0 workers",
+        "streaming",
+    ),
 }
 # module -> (the peer, what a case of it imports, the distribution)
 PEERS = {
-    "lancedb": ("lancedb Permutation / StreamingDataset",
-                "import lancedb.permutation, lancedb.streaming", "lancedb"),
-    "torchdata": ("torchdata StatefulDataLoader", "import torchdata.stateful_dataloader",
-                  "torchdata"),
+    "lancedb": (
+        "lancedb Permutation / StreamingDataset",
+        "import lancedb.permutation, lancedb.streaming",
+        "lancedb",
+    ),
+    "torchdata": (
+        "torchdata StatefulDataLoader",
+        "import torchdata.stateful_dataloader",
+        "torchdata",
+    ),
     "litdata": ("litdata", "import litdata", "litdata"),
     "streaming": ("MosaicML Streaming", "import streaming", "mosaicml-streaming"),
 }
 # Peers the bench extra leaves out, and why (pyproject.toml, constraints.txt).
 LEFT_OUT = {
     "litdata": "litdata 0.2.76 requires torchvision, and PyPI's torchvision 0.28.0 (the release "
-               "for torch 2.13.0) is a CUDA build that fails to import beside the CPU torch "
-               "(`operator torchvision::nms does not exist`); installed, it also breaks "
-               "`import lightning.pytorch` and `import torchmetrics` in the dev environment",
+    "for torch 2.13.0) is a CUDA build that fails to import beside the CPU torch "
+    "(`operator torchvision::nms does not exist`); installed, it also breaks "
+    "`import lightning.pytorch` and `import torchmetrics` in the dev environment",
     "streaming": "mosaicml-streaming 0.13.0 requires numpy<2.2 and transformers<5 (so "
-                 "huggingface-hub<1): installing it downgrades the dev environment (numpy "
-                 "2.4.6 to 2.1.3, datasets 5.2.0 to 5.0.1, huggingface-hub 2.4.0 to 0.36.2), "
-                 "and `import streaming` imports torchvision (the same CUDA build)",
+    "huggingface-hub<1): installing it downgrades the dev environment (numpy "
+    "2.4.6 to 2.1.3, datasets 5.2.0 to 5.0.1, huggingface-hub 2.4.0 to 0.36.2), "
+    "and `import streaming` imports torchvision (the same CUDA build)",
 }
 # the data each peer reads in its own format (converted once from the Lance dataset)
 FORMATS = {"litdata": ".litdata", "streaming": ".mds"}
@@ -123,17 +160,25 @@ def write_data(root: Path, rows: int) -> tuple[str, str]:
     uri = root / f"peers-{rows}.lance"
     hf = root / f"peers-{rows}.hf"
     if not uri.exists():
+
         def batches():
             for lo in range(0, rows, 250_000):
                 n = min(250_000, rows - lo)
                 x = np.random.default_rng(lo).standard_normal((n, 64), dtype=np.float32)
-                yield pa.record_batch({
-                    "id": pa.array(np.arange(lo, lo + n)),
-                    "label": pa.array(np.arange(lo, lo + n) % 10),
-                    "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 64)})
+                yield pa.record_batch(
+                    {
+                        "id": pa.array(np.arange(lo, lo + n)),
+                        "label": pa.array(np.arange(lo, lo + n) % 10),
+                        "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 64),
+                    }
+                )
+
         schema = next(batches()).schema
-        lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), uri,
-                            max_rows_per_file=-(-rows // 8))
+        lance.write_dataset(
+            pa.RecordBatchReader.from_batches(schema, batches()),
+            uri,
+            max_rows_per_file=-(-rows // 8),
+        )
     if not hf.exists():
         import datasets
 
@@ -152,8 +197,9 @@ def _litdata_rows(task: tuple[str, int, int]):
     import lance
 
     uri, lo, hi = task
-    for b in lance.dataset(uri).to_batches(columns=COLUMNS, offset=lo, limit=hi - lo,
-                                           batch_size=8192):
+    for b in lance.dataset(uri).to_batches(
+        columns=COLUMNS, offset=lo, limit=hi - lo, batch_size=8192
+    ):
         ids, labels = b.column("id").to_numpy(), b.column("label").to_numpy()
         x = b.column("x").flatten().to_numpy().reshape(-1, 64)
         for i in range(b.num_rows):
@@ -177,8 +223,14 @@ def convert(module: str, uri: str, rows: int) -> float:
 
         step = -(-rows // 16)
         tasks = [(uri, lo, min(lo + step, rows)) for lo in range(0, rows, step)]
-        optimize(fn=_litdata_rows, inputs=tasks, output_dir=str(tmp), chunk_bytes="64MB",
-                 num_workers=2, verbose=False)
+        optimize(
+            fn=_litdata_rows,
+            inputs=tasks,
+            output_dir=str(tmp),
+            chunk_bytes="64MB",
+            num_workers=2,
+            verbose=False,
+        )
         written = len(StreamingDataset(str(tmp)))
     elif module == "streaming":
         import lance
@@ -217,8 +269,7 @@ def ensure_converted(module: str, uri: str, rows: int) -> dict[str, Any]:
 
 def import_error(module: str) -> str | None:
     """Why ``module``'s cases cannot run here (a fresh process tries the import), or None."""
-    proc = subprocess.run([sys.executable, "-c", PEERS[module][1]], capture_output=True,
-                          text=True)
+    proc = subprocess.run([sys.executable, "-c", PEERS[module][1]], capture_output=True, text=True)
     return None if proc.returncode == 0 else last_line(proc.stderr) or f"exit {proc.returncode}"
 
 
@@ -245,8 +296,11 @@ def _arrow_to_torch(batch: Any) -> dict[str, Any]:
         return batch.column(name).to_numpy(zero_copy_only=False, writable=True)
 
     x = batch.column("x").flatten().to_numpy(zero_copy_only=False, writable=True)
-    return {"id": torch.from_numpy(column("id")), "label": torch.from_numpy(column("label")),
-            "x": torch.from_numpy(x.reshape(-1, 64))}
+    return {
+        "id": torch.from_numpy(column("id")),
+        "label": torch.from_numpy(column("label")),
+        "x": torch.from_numpy(x.reshape(-1, 64)),
+    }
 
 
 def _arrow_to_torch_rows(batch: Any) -> list[dict[str, Any]]:
@@ -265,9 +319,13 @@ def _lancedb_table(uri: str) -> Any:
 
 # the modules a case imports before its clock starts (name prefix -> modules)
 IMPORTS = {
-    "raw": ["lance"], "LanceDataset": ["lance.torch.data"], "SafeLanceDataset": ["lance.torch.data"],
-    "lanceloader": ["lanceloader"], "HF datasets": ["datasets", "torchdata.stateful_dataloader"],
-    "lancedb": ["lancedb.permutation", "lancedb.streaming"], "litdata": ["litdata"],
+    "raw": ["lance"],
+    "LanceDataset": ["lance.torch.data"],
+    "SafeLanceDataset": ["lance.torch.data"],
+    "lanceloader": ["lanceloader"],
+    "HF datasets": ["datasets", "torchdata.stateful_dataloader"],
+    "lancedb": ["lancedb.permutation", "lancedb.streaming"],
+    "litdata": ["litdata"],
     "MosaicML": ["streaming", "streaming.base.util"],
 }
 
@@ -288,10 +346,12 @@ def run_case(name: str, uri: str, hf: str, seconds: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     if name == "raw Lance scan":
         import lance
+
         batches = (b for b in lance.dataset(uri).to_batches(batch_size=BATCH, columns=COLUMNS))
         count = lambda b: b.num_rows  # noqa: E731
     elif name.startswith("lanceloader") and "resume" not in name:
         import lanceloader as ll
+
         kw: dict[str, Any] = {"num_workers": 2, "output": "torch", "columns": COLUMNS}
         if "block" in name:
             kw.update(shuffle=True, shuffle_block_size=1024)
@@ -302,27 +362,36 @@ def run_case(name: str, uri: str, hf: str, seconds: float) -> dict[str, Any]:
         batches = iter(ll.Loader(uri, batch_size=BATCH, **kw))
     elif name == "lanceloader resume at 90%":
         import lanceloader as ll
-        loader = ll.Loader(uri, batch_size=BATCH, shuffle=True, num_workers=2, output="torch",
-                           columns=COLUMNS)
+
+        loader = ll.Loader(
+            uri, batch_size=BATCH, shuffle=True, num_workers=2, output="torch", columns=COLUMNS
+        )
         state = dict(loader.state_dict(), sample=int(0.9 * loader.plan().num_samples))
         t0 = time.perf_counter()
         loader.load_state_dict(state)
         batches = iter(loader)
     elif name.startswith("LanceDataset"):
         from lance.torch.data import LanceDataset
+
         ds = LanceDataset(uri, batch_size=BATCH, columns=COLUMNS)
-        batches = iter(ds) if "direct" in name else iter(
-            torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0))
+        batches = (
+            iter(ds)
+            if "direct" in name
+            else iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0))
+        )
     elif name == "HF datasets resume at 90%":
         # torchdata's StatefulDataLoader: its own state after one batch, with the counts of the
         # 90% position (the state it holds there), loaded into a fresh loader.
         import datasets
         from torchdata.stateful_dataloader import StatefulDataLoader
+
         ds = datasets.load_from_disk(hf).with_format("torch")
 
         def stateful() -> Any:
-            return StatefulDataLoader(ds, batch_size=BATCH, shuffle=True,
-                                      generator=torch.Generator().manual_seed(0))
+            return StatefulDataLoader(
+                ds, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0)
+            )
+
         loader = stateful()
         it = iter(loader)
         next(it)
@@ -338,11 +407,14 @@ def run_case(name: str, uri: str, hf: str, seconds: float) -> dict[str, Any]:
         batches = iter(loader)
     elif name.startswith("HF datasets"):
         import datasets
+
         ds = datasets.load_from_disk(hf).with_format("torch")
-        batches = iter(torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True,
-                                                   num_workers=workers))
+        batches = iter(
+            torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers)
+        )
     elif name.startswith("SafeLanceDataset"):
         from lance.torch.data import SafeLanceDataset, get_safe_loader
+
         ds = SafeLanceDataset(uri)
         loader = get_safe_loader(ds, batch_size=BATCH, num_workers=2, shuffle=True)
         batches = iter(loader)
@@ -350,6 +422,7 @@ def run_case(name: str, uri: str, hf: str, seconds: float) -> dict[str, Any]:
         # The shuffle is the permutation's (one row at a time); the DataLoader reads it in order
         # through __getitems__. Forked workers segfault once lancedb ran here: spawn.
         from lancedb.permutation import Permutation, permutation_builder
+
         table = _lancedb_table(uri)
         order = permutation_builder(table).shuffle(seed=0).execute()
         perm = Permutation.from_tables(table, order).select_columns(COLUMNS)
@@ -359,29 +432,48 @@ def run_case(name: str, uri: str, hf: str, seconds: float) -> dict[str, Any]:
             sample = resume_at(len(perm))
             t0 = time.perf_counter()
             perm = perm.with_skip(sample)
-        batches = iter(torch.utils.data.DataLoader(
-            perm, batch_size=BATCH, shuffle=False, collate_fn=_as_is, num_workers=workers,
-            multiprocessing_context="spawn" if workers else None))
+        batches = iter(
+            torch.utils.data.DataLoader(
+                perm,
+                batch_size=BATCH,
+                shuffle=False,
+                collate_fn=_as_is,
+                num_workers=workers,
+                multiprocessing_context="spawn" if workers else None,
+            )
+        )
     elif name.startswith("lancedb StreamingDataset"):
         from lancedb.streaming import StreamingDataLoader, StreamingDataset
+
         table = _lancedb_table(uri)
-        ds = StreamingDataset(table, columns=COLUMNS, transform=_arrow_to_torch_rows,
-                              shuffle_seed=0, num_splits=max(workers, 1))
+        ds = StreamingDataset(
+            table,
+            columns=COLUMNS,
+            transform=_arrow_to_torch_rows,
+            shuffle_seed=0,
+            num_splits=max(workers, 1),
+        )
         if "resume" in name:
             state = ds.state_dict()
             sample = resume_at(table.count_rows())
-            state.update(samples_consumed_per_split=[sample],
-                         positions_consumed_per_split=[sample])
+            state.update(samples_consumed_per_split=[sample], positions_consumed_per_split=[sample])
             t0 = time.perf_counter()
             ds.load_state_dict(state)
-        batches = iter(StreamingDataLoader(
-            ds, batch_size=BATCH, num_workers=workers,
-            multiprocessing_context="spawn" if workers else None))
+        batches = iter(
+            StreamingDataLoader(
+                ds,
+                batch_size=BATCH,
+                num_workers=workers,
+                multiprocessing_context="spawn" if workers else None,
+            )
+        )
     elif name.startswith("litdata"):
         from litdata import StreamingDataLoader, StreamingDataset
+
         data = str(peer_data(uri, "litdata"))
-        loader = StreamingDataLoader(StreamingDataset(data, shuffle=True, seed=0),
-                                     batch_size=BATCH, num_workers=workers)
+        loader = StreamingDataLoader(
+            StreamingDataset(data, shuffle=True, seed=0), batch_size=BATCH, num_workers=workers
+        )
         if "resume" in name:
             it = iter(loader)
             next(it)
@@ -390,26 +482,31 @@ def run_case(name: str, uri: str, hf: str, seconds: float) -> dict[str, Any]:
             sample = resume_at(len(loader.dataset))
             state["num_samples_yielded"] = sample
             state["dataset"].update(num_samples_yielded=sample, sample_in_epoch=sample)
-            loader = StreamingDataLoader(StreamingDataset(data, shuffle=True, seed=0),
-                                         batch_size=BATCH, num_workers=workers)
+            loader = StreamingDataLoader(
+                StreamingDataset(data, shuffle=True, seed=0), batch_size=BATCH, num_workers=workers
+            )
             t0 = time.perf_counter()
             loader.load_state_dict(state)
         batches = iter(loader)
     elif name.startswith("MosaicML"):
         from streaming import StreamingDataLoader, StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
+
         clean_stale_shared_memory()
         data = str(peer_data(uri, "streaming"))
 
         def mosaic() -> Any:
             ds = StreamingDataset(local=data, shuffle=True, shuffle_seed=0, batch_size=BATCH)
             return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
+
         loader = mosaic()
         if "resume" in name:
             first_loader, it = loader, iter(loader)
             next(it)
-            state = dict(first_loader.state_dict(),
-                         sample_in_epoch=resume_at(first_loader.dataset.num_samples))
+            state = dict(
+                first_loader.state_dict(),
+                sample_in_epoch=resume_at(first_loader.dataset.num_samples),
+            )
             del it
             loader = mosaic()
             t0 = time.perf_counter()
@@ -426,16 +523,29 @@ def run_case(name: str, uri: str, hf: str, seconds: float) -> dict[str, Any]:
         if time.perf_counter() - start > seconds:
             break
     elapsed = time.perf_counter() - start
-    return {"rows_per_s": rows / elapsed if elapsed > 0 else 0.0, "first_batch_s": first,
-            "rows": rows}
+    return {
+        "rows_per_s": rows / elapsed if elapsed > 0 else 0.0,
+        "first_batch_s": first,
+        "rows": rows,
+    }
 
 
 def measure(name: str, uri: str, hf: str, seconds: float) -> dict[str, Any]:
     """``run_case`` in a fresh process, with the peak RSS of its process tree."""
     import psutil
 
-    cmd = [sys.executable, __file__, "--case", name, "--uri", uri, "--hf", hf,
-           "--seconds", str(seconds)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--case",
+        name,
+        "--uri",
+        uri,
+        "--hf",
+        hf,
+        "--seconds",
+        str(seconds),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
     parent = psutil.Process(proc.pid)
@@ -461,8 +571,10 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
         if not ok:
             rows[name] = {"error": results[0]["error"]}
             continue
-        rows[name] = {key: statistics.median(r[key] for r in ok)
-                      for key in ("rows_per_s", "first_batch_s", "peak_rss_mb")}
+        rows[name] = {
+            key: statistics.median(r[key] for r in ok)
+            for key in ("rows_per_s", "first_batch_s", "peak_rss_mb")
+        }
         rows[name]["runs"] = [round(r["rows_per_s"]) for r in ok]
     raw = rows.get("raw Lance scan", {}).get("rows_per_s") or 1.0
     for row in rows.values():
@@ -500,7 +612,8 @@ def render(result: dict[str, Any], page: Path, chart: Path) -> None:
         "",
         f"Machine: {machine['cpus']} cores, Python {machine['python']}, pylance "
         f"{machine['lance']}, torch {machine['torch']}, datasets {machine['datasets']}"
-        + (f", {versions}" if versions else "") + "; load average "
+        + (f", {versions}" if versions else "")
+        + "; load average "
         f"{machine['load_before'][0]:.1f} before, {machine['load_after'][0]:.1f} after.",
         "",
         "| case | order | rows/s | MB/s | vs raw Lance | first batch (s) | peak RSS (MB) |",
@@ -514,23 +627,28 @@ def render(result: dict[str, Any], page: Path, chart: Path) -> None:
             lines.append(f"| {name} ({what}) | {mode} | failed: {row['error'][:80]} | | | | |")
             continue
         if mode == "resume":
-            lines.append(f"| {name} ({what}) | {mode} | | | | {row['first_batch_s']:.3f} | "
-                         f"{row['peak_rss_mb']:,.0f} |")
+            lines.append(
+                f"| {name} ({what}) | {mode} | | | | {row['first_batch_s']:.3f} | "
+                f"{row['peak_rss_mb']:,.0f} |"
+            )
             continue
         lines.append(
             f"| {name} ({what}) | {mode} | {row['rows_per_s']:,.0f} | "
             f"{row['rows_per_s'] * ROW_BYTES / 1e6:,.0f} | {row['vs_raw']:.2f} | "
-            f"{row['first_batch_s']:.3f} | {row['peak_rss_mb']:,.0f} |")
+            f"{row['first_batch_s']:.3f} | {row['peak_rss_mb']:,.0f} |"
+        )
     for module, error in skipped.items():
         lines.append(f"| {PEERS[module][0]} | | {skip_reason(module, error)} | | | | |")
-    converted = [f"{'litdata' if module == 'litdata' else 'MosaicML (MDS)'} in "
-                 f"{done['seconds']:.0f} s" for module, done in conversions.items()
-                 if "seconds" in done]
+    converted = [
+        f"{'litdata' if module == 'litdata' else 'MosaicML (MDS)'} in {done['seconds']:.0f} s"
+        for module, done in conversions.items()
+        if "seconds" in done
+    ]
     lines += [
         "",
         "![rows/s per case](performance.png)",
         "",
-        "Process workers (`worker_type=\"process\"`) are for pure-Python transforms; with no "
+        'Process workers (`worker_type="process"`) are for pure-Python transforms; with no '
         "transform, as here, threads are faster: processes copy each batch through shared "
         "memory. The full-shuffle runs vary most on 2 shared cores (per-run rows/s are in "
         "`benchmarks/results/peers.json`).",
@@ -543,7 +661,8 @@ def render(result: dict[str, Any], page: Path, chart: Path) -> None:
         "tensors). Their 2-worker cases use spawn: a forked worker segfaults once lancedb ran in "
         "the parent. litdata and MosaicML Streaming read their own formats, converted once "
         "from the same rows (`optimize()` with 64 MB chunks; `MDSWriter` with 64 MB shards"
-        + (f"; here {', '.join(converted)}" if converted else "") + "; not counted). Their "
+        + (f"; here {', '.join(converted)}" if converted else "")
+        + "; not counted). Their "
         "shuffles are not row-level: litdata shuffles chunks and rows within a chunk, "
         "MosaicML's `py1e` shuffles shards and spreads their samples over blocks of 4M samples.",
         "",
@@ -563,9 +682,13 @@ def render(result: dict[str, Any], page: Path, chart: Path) -> None:
     ]
     left_out = [m for m in LEFT_OUT if m in skipped]
     if left_out:
-        lines += ["Left out of the `bench` extra (`pip install '.[bench]'`), so not measured "
-                  "here: " + "; ".join(f"{PEERS[m][0]}: {LEFT_OUT[m]}" for m in left_out)
-                  + ". `benchmarks/peers.py` measures them where they import.", ""]
+        lines += [
+            "Left out of the `bench` extra (`pip install '.[bench]'`), so not measured "
+            "here: "
+            + "; ".join(f"{PEERS[m][0]}: {LEFT_OUT[m]}" for m in left_out)
+            + ". `benchmarks/peers.py` measures them where they import.",
+            "",
+        ]
     lines += [
         "Reproduce: `make bench-peers` (about 15 minutes), which installs `.[dev,torch,bench]` "
         "and rewrites this page.",
@@ -576,18 +699,29 @@ def render(result: dict[str, Any], page: Path, chart: Path) -> None:
     page.write_text("\n".join(lines) + (f"\n{KEPT}{kept}" if kept else ""))
     from matplotlib.figure import Figure
 
-    names = [n for n, (mode, _, _) in CASES.items()
-             if mode != "resume" and "rows_per_s" in rows.get(n, {})]
+    names = [
+        n
+        for n, (mode, _, _) in CASES.items()
+        if mode != "resume" and "rows_per_s" in rows.get(n, {})
+    ]
     if not names:
         return
     fig = Figure(figsize=(9, 0.45 * len(names) + 1), layout="constrained")
     ax = fig.subplots()
-    colors = ["tab:blue" if n.startswith("lanceloader") else
-              "tab:grey" if n.startswith("raw") else "tab:orange" for n in names]
+    colors = [
+        "tab:blue"
+        if n.startswith("lanceloader")
+        else "tab:grey"
+        if n.startswith("raw")
+        else "tab:orange"
+        for n in names
+    ]
     ax.barh(names[::-1], [rows[n]["rows_per_s"] for n in names][::-1], color=colors[::-1])
     ax.set_xscale("log")
-    ax.set(xlabel="rows/s (log scale), batch 256, torch output",
-           title="lanceloader (blue), raw Lance (grey), peers (orange)")
+    ax.set(
+        xlabel="rows/s (log scale), batch 256, torch output",
+        title="lanceloader (blue), raw Lance (grey), peers (orange)",
+    )
     fig.savefig(chart, dpi=100)
 
 
@@ -605,8 +739,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--cases", help="only the cases whose name holds one of these "
-                        "comma-separated words (case-insensitive), e.g. 'lancedb,resume'")
+    parser.add_argument(
+        "--cases",
+        help="only the cases whose name holds one of these "
+        "comma-separated words (case-insensitive), e.g. 'lancedb,resume'",
+    )
     parser.add_argument("--data-dir", default=str(HERE / "data"))
     parser.add_argument("--out", default=str(HERE / "results" / "peers.json"))
     parser.add_argument("--page", default=str(ROOT / "docs" / "performance.md"))
@@ -648,10 +785,16 @@ def main() -> None:
     import datasets
     import lance
     import torch
-    machine = {"cpus": os.cpu_count(), "python": platform.python_version(),
-               "lance": lance.__version__, "torch": torch.__version__,
-               "datasets": datasets.__version__, "peers": peer_versions(),
-               "load_before": os.getloadavg()}
+
+    machine = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "lance": lance.__version__,
+        "torch": torch.__version__,
+        "datasets": datasets.__version__,
+        "peers": peer_versions(),
+        "load_before": os.getloadavg(),
+    }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for run in range(args.runs):
         for name in names:
@@ -659,8 +802,13 @@ def main() -> None:
             runs[name].append(result)
             print(f"run {run + 1}/{args.runs} {name}: {result}", file=sys.stderr, flush=True)
     machine["load_after"] = os.getloadavg()
-    result = {"machine": machine, "args": vars(args), "cases": summarise(runs),
-              "skipped": skipped, "conversions": conversions}
+    result = {
+        "machine": machine,
+        "args": vars(args),
+        "cases": summarise(runs),
+        "skipped": skipped,
+        "conversions": conversions,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     page = Path(args.page)

@@ -265,8 +265,9 @@ def copy_floor(single: str, parts: list[str], repeats: int) -> dict[str, Any]:
     n = len(task.samples)
     tables = [lance.dataset(p).to_table(limit=n // 3 + (k < n % 3)) for k, p in enumerate(parts)]
     # placed as a mix places a read of consecutive samples: by strides of the period's pattern
-    runs = locate(Interleave((1, 1, 1)), n, [n // 3 + (k < n % 3) for k in range(3)], [0] * 3,
-                  np.arange(n))
+    runs = locate(
+        Interleave((1, 1, 1)), n, [n // 3 + (k < n % 3) for k in range(3)], [0] * 3, np.arange(n)
+    )
     places = runs.places(3)
     strides = [runs.slots.strides(k) for k in range(3)]
     joined = np.empty(n, np.int64)
@@ -350,8 +351,14 @@ def mix_table(mix: dict[str, Any]) -> str:
     seq = mix["sequential"]
     if "single_copied" in seq:
         copied, mixed = seq["single_copied"], seq["mix"]
-        against = spread([a / b for a, b in zip(mixed["rows_per_s"]["runs"],
-                                                copied["rows_per_s"]["runs"], strict=True)])
+        against = spread(
+            [
+                a / b
+                for a, b in zip(
+                    mixed["rows_per_s"]["runs"], copied["rows_per_s"]["runs"], strict=True
+                )
+            ]
+        )
         lines.append("")
         lines.append(
             "End-to-end copy floor (sequential, 2 thread workers, same rounds): one source "

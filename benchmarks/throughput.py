@@ -277,7 +277,8 @@ def raw_sequential(ds: lance.LanceDataset, batch_size: int) -> float:
         rows += batch.num_rows
     rate = rows / (time.perf_counter() - start)
     SCAN_FAULTS.setdefault(batch_size, []).append(
-        resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+        resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    )
     return rate
 
 
@@ -285,9 +286,11 @@ def faults_note(faults: list[int], rows: int) -> str:
     """The raw scans' minor page faults, and how many ran in the fast mode, for a case's
     note."""
     fast = sum(f <= FAST_SCAN_FAULTS * rows / 1e6 for f in faults)
-    return (f"raw scan page faults {statistics.median(faults) / 1000:,.0f}k "
-            f"({min(faults) / 1000:,.0f}k-{max(faults) / 1000:,.0f}k), "
-            f"{fast} of {len(faults)} scans in the fast mode")
+    return (
+        f"raw scan page faults {statistics.median(faults) / 1000:,.0f}k "
+        f"({min(faults) / 1000:,.0f}k-{max(faults) / 1000:,.0f}k), "
+        f"{fast} of {len(faults)} scans in the fast mode"
+    )
 
 
 def raw_take(ds: lance.LanceDataset, ids: np.ndarray, chunk: int) -> float:
@@ -501,8 +504,9 @@ def raw_sequential_cpu(ds: lance.LanceDataset, batch_size: int) -> tuple[float, 
     return rate, (time.process_time() - cpu_start) * 1e6 / ds.count_rows()
 
 
-def case_auto_cache(uri: str, ds: lance.LanceDataset, args: argparse.Namespace,
-                    cache: str | None = None) -> Case:
+def case_auto_cache(
+    uri: str, ds: lance.LanceDataset, args: argparse.Namespace, cache: str | None = None
+) -> Case:
     """The default loader's full shuffle (or with ``cache=cache``), second epoch, vs
     ``to_batches(8192)``; the CPU seconds per million rows of both sides are in ``extra``."""
     import multiprocessing
@@ -532,21 +536,33 @@ def case_auto_cache(uri: str, ds: lance.LanceDataset, args: argparse.Namespace,
     rss = max(r[3] for r in runs)
     loader_cpu = [r[5] for r in runs]
     cpu_ratio = statistics.median(raw_cpu) / statistics.median(loader_cpu)
-    name = ("default full shuffle, epoch 2" if cache is None else
-            f"cache={cache!r} full shuffle, epoch 2")
+    name = (
+        "default full shuffle, epoch 2"
+        if cache is None
+        else f"cache={cache!r} full shuffle, epoch 2"
+    )
     return Case(
         name=f"{name} vs to_batches(8192)",
         loader_rows_per_s=[p[0] for p in pairs],
         raw_rows_per_s=[p[1] for p in pairs],
         target=TARGET_AUTO_SECOND_EPOCH if cache is None else None,
-        note=(f"epoch 1 {_rate(first)}/s; CPU s per 1M rows {statistics.median(loader_cpu):.2f} "
-              f"vs raw {statistics.median(raw_cpu):.2f} ({cpu_ratio:.2f}x); "
-              + (f"/dev/shm {shm / 2**20:,.0f} MiB; " if cache is None else "")
-              + f"peak RSS {rss:,.0f} MiB; " + faults_note(faults, ds.count_rows())),
-        extra={"epoch_1_rows_per_s": [r[0] for r in runs], "shm_bytes": shm,
-               "raw_page_faults": faults,
-               "peak_rss_mib": rss, "cache": runs[-1][4], "loader_cpu_s_per_mrow": loader_cpu,
-               "raw_cpu_s_per_mrow": raw_cpu, "cpu_ratio_of_medians": cpu_ratio},
+        note=(
+            f"epoch 1 {_rate(first)}/s; CPU s per 1M rows {statistics.median(loader_cpu):.2f} "
+            f"vs raw {statistics.median(raw_cpu):.2f} ({cpu_ratio:.2f}x); "
+            + (f"/dev/shm {shm / 2**20:,.0f} MiB; " if cache is None else "")
+            + f"peak RSS {rss:,.0f} MiB; "
+            + faults_note(faults, ds.count_rows())
+        ),
+        extra={
+            "epoch_1_rows_per_s": [r[0] for r in runs],
+            "shm_bytes": shm,
+            "raw_page_faults": faults,
+            "peak_rss_mib": rss,
+            "cache": runs[-1][4],
+            "loader_cpu_s_per_mrow": loader_cpu,
+            "raw_cpu_s_per_mrow": raw_cpu,
+            "cpu_ratio_of_medians": cpu_ratio,
+        },
     )
 
 
@@ -591,8 +607,10 @@ def print_table(cases: list[Case], first: list[FirstBatch]) -> None:
         target = f">= {c.target:g}x" if c.target is not None else "-"
         result = {True: "PASS", False: "FAIL", None: "info"}[c.passed]
         pairs = [a / b for a, b in zip(c.loader_rows_per_s, c.raw_rows_per_s, strict=True)]
-        print(f"| {c.name} | {c.loader_median:,.0f} | {c.raw_median:,.0f} | {c.ratio:.2f}x "
-              f"({min(pairs):.2f}-{max(pairs):.2f}) | {target} | {result} | {c.note} |")
+        print(
+            f"| {c.name} | {c.loader_median:,.0f} | {c.raw_median:,.0f} | {c.ratio:.2f}x "
+            f"({min(pairs):.2f}-{max(pairs):.2f}) | {target} | {result} | {c.note} |"
+        )
     print()
     print(f"{'time to first batch (median)':<36} {'loader':>9} {'raw ref':>9}")
     for f in first:
@@ -636,11 +654,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--json", type=Path, default=HERE / "results" / "throughput.json", help="JSON output"
     )
     p.add_argument("--strict", action="store_true", help="exit 1 if any target is missed")
-    p.add_argument("--fast-scan", action="store_true",
-                   help="first free a loader epoch's batches at once: raw scans then run in "
-                        "their fast mode in most runs (see 'Two speeds of the raw scan')")
-    p.add_argument("--auto-only", action="store_true",
-                   help="only the default loader's full shuffle (automatic cache) case")
+    p.add_argument(
+        "--fast-scan",
+        action="store_true",
+        help="first free a loader epoch's batches at once: raw scans then run in "
+        "their fast mode in most runs (see 'Two speeds of the raw scan')",
+    )
+    p.add_argument(
+        "--auto-only",
+        action="store_true",
+        help="only the default loader's full shuffle (automatic cache) case",
+    )
     args = p.parse_args(argv)
     for name in ("rows", "fragments", "repeats", "shuffle_rows"):
         if getattr(args, name) < 1:
@@ -669,8 +693,10 @@ def main(argv: list[str] | None = None) -> int:
         print_table([auto, memory], [])
         print(f"\ncache: {auto.extra['cache']}")
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        print(f"load average {info['load_average_at_start'][0]:.1f} at the start, "
-              f"{load:.1f} at the end")
+        print(
+            f"load average {info['load_average_at_start'][0]:.1f} at the start, "
+            f"{load:.1f} at the end"
+        )
         write_json(args.json, {"machine": info, "cases": [auto.to_json(), memory.to_json()]})
         return 1 if args.strict and auto.passed is False else 0
     print("sequential ...", flush=True)

@@ -105,31 +105,68 @@ def make_cases(uri: str) -> dict[str, Callable[[], DataLoader]]:
     ) -> Callable[[], DataLoader]:
         def build() -> DataLoader:
             ds = MapDataset(uri, read_ahead=read_ahead)
-            sampler = BatchSampler(ds, batch_size=BATCH_SIZE, shuffle=True, seed=SEED,
-                                   shuffle_block_size=shuffle_block_size,
-                                   shuffle_window=WINDOW if shuffle_block_size > 1 else None)
-            return DataLoader(ds, batch_sampler=sampler, collate_fn=collate_fn,
-                              num_workers=WORKERS, persistent_workers=True,
-                              multiprocessing_context=spawn, timeout=120)
+            sampler = BatchSampler(
+                ds,
+                batch_size=BATCH_SIZE,
+                shuffle=True,
+                seed=SEED,
+                shuffle_block_size=shuffle_block_size,
+                shuffle_window=WINDOW if shuffle_block_size > 1 else None,
+            )
+            return DataLoader(
+                ds,
+                batch_sampler=sampler,
+                collate_fn=collate_fn,
+                num_workers=WORKERS,
+                persistent_workers=True,
+                multiprocessing_context=spawn,
+                timeout=120,
+            )
+
         return build
 
     def lance_full() -> DataLoader:
-        return get_safe_loader(SafeLanceDataset(uri), batch_size=BATCH_SIZE, num_workers=WORKERS,
-                               shuffle=True, timeout=120)
+        return get_safe_loader(
+            SafeLanceDataset(uri),
+            batch_size=BATCH_SIZE,
+            num_workers=WORKERS,
+            shuffle=True,
+            timeout=120,
+        )
 
     def lance_block() -> DataLoader:
         ds = SafeLanceDataset(uri)
-        sampler = BatchSampler(len(ds), batch_size=BATCH_SIZE, shuffle=True, seed=SEED,
-                               shuffle_block_size=BLOCK_SIZE, shuffle_window=WINDOW)
-        return get_safe_loader(ds, batch_size=1, batch_sampler=sampler, num_workers=WORKERS,
-                               timeout=120)
+        sampler = BatchSampler(
+            len(ds),
+            batch_size=BATCH_SIZE,
+            shuffle=True,
+            seed=SEED,
+            shuffle_block_size=BLOCK_SIZE,
+            shuffle_window=WINDOW,
+        )
+        return get_safe_loader(
+            ds, batch_size=1, batch_sampler=sampler, num_workers=WORKERS, timeout=120
+        )
 
     def iterable_block() -> DataLoader:
-        ds = IterableDataset(uri, BATCH_SIZE, shuffle=True, seed=SEED,
-                             shuffle_block_size=BLOCK_SIZE, shuffle_window=WINDOW, output="torch",
-                             num_workers=1)
-        return DataLoader(ds, batch_size=None, num_workers=WORKERS, persistent_workers=True,
-                          multiprocessing_context=spawn, timeout=120)
+        ds = IterableDataset(
+            uri,
+            BATCH_SIZE,
+            shuffle=True,
+            seed=SEED,
+            shuffle_block_size=BLOCK_SIZE,
+            shuffle_window=WINDOW,
+            output="torch",
+            num_workers=1,
+        )
+        return DataLoader(
+            ds,
+            batch_size=None,
+            num_workers=WORKERS,
+            persistent_workers=True,
+            multiprocessing_context=spawn,
+            timeout=120,
+        )
 
     return {
         "lance SafeLanceDataset, full shuffle": lance_full,
@@ -150,7 +187,7 @@ def run(uri: str, seconds: float, repeats: int) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {name: [] for name in builders}
     names = list(builders)
     for round_ in range(repeats):
-        rotated = names[round_ % len(names):] + names[: round_ % len(names)]
+        rotated = names[round_ % len(names) :] + names[: round_ % len(names)]
         for name in rotated:
             if name not in loaders:
                 loaders[name] = builders[name]()
@@ -204,16 +241,30 @@ def main(argv: list[str] | None = None) -> int:
     for name, ratio in summary["ratios"].items():
         print(f"  {name:45s} {ratio:8.1f}x")
     block, full = (summary["ratios"][f"ours {m} / lance full"] for m in ("block", "full"))
-    print(f"target: MapDataset / lance >= {TARGET:.0f}x: block shuffle {block:.1f}x "
-          f"({'met' if block >= TARGET else 'not met'}), full shuffle {full:.1f}x")
+    print(
+        f"target: MapDataset / lance >= {TARGET:.0f}x: block shuffle {block:.1f}x "
+        f"({'met' if block >= TARGET else 'not met'}), full shuffle {full:.1f}x"
+    )
     report = {
-        "machine": {"cpu_count": os.cpu_count(), "load_average_at_start": load,
-                    "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "lance": lance.__version__,
-                    "lanceloader": lanceloader.__version__},
-        "config": {"dataset": uri, "rows": args.rows, "batch_size": BATCH_SIZE,
-                   "block_size": BLOCK_SIZE, "window": WINDOW, "workers": WORKERS,
-                   "seconds": args.seconds, "repeats": args.repeats},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "load_average_at_start": load,
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "lance": lance.__version__,
+            "lanceloader": lanceloader.__version__,
+        },
+        "config": {
+            "dataset": uri,
+            "rows": args.rows,
+            "batch_size": BATCH_SIZE,
+            "block_size": BLOCK_SIZE,
+            "window": WINDOW,
+            "workers": WORKERS,
+            "seconds": args.seconds,
+            "repeats": args.repeats,
+        },
         "runs_rows_per_s": results,
         **summary,
     }

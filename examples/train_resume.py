@@ -25,12 +25,20 @@ import torch.nn.functional as F
 import lanceloader as ll
 
 
-def save_checkpoint(path: Path, model: torch.nn.Module, optim: torch.optim.Optimizer,
-                    loader: ll.Loader, step: int) -> None:
+def save_checkpoint(
+    path: Path, model: torch.nn.Module, optim: torch.optim.Optimizer, loader: ll.Loader, step: int
+) -> None:
     """Model, optimiser and loader state in one file, replaced atomically."""
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optim": optim.state_dict(),
-                "loader": loader.state_dict(), "step": step}, tmp)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optim": optim.state_dict(),
+            "loader": loader.state_dict(),
+            "step": step,
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
@@ -56,8 +64,15 @@ def main(argv: list[str] | None = None) -> None:
     ddp = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
     # rank and world size come from torch.distributed; each rank reads its slice of each
     # global batch, so the global batch (and the training) is the same on 1 or N ranks.
-    loader = ll.Loader(args.data, batch_size=args.global_batch_size // world, columns=["x", "label"],
-                       shuffle=True, seed=0, drop_last=True, output="torch")
+    loader = ll.Loader(
+        args.data,
+        batch_size=args.global_batch_size // world,
+        columns=["x", "label"],
+        shuffle=True,
+        seed=0,
+        drop_last=True,
+        output="torch",
+    )
 
     ckpt = Path(args.ckpt) / "checkpoint.pt"
     step = 0

@@ -26,7 +26,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def small_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     """1,000 demo rows in 3 fragments (id == row offset)."""
-    return write_demo_dataset(tmp_path_factory.mktemp("small") / "small.lance", rows=1000, fragments=3)
+    return write_demo_dataset(
+        tmp_path_factory.mktemp("small") / "small.lance", rows=1000, fragments=3
+    )
 
 
 @pytest.fixture(scope="session")
@@ -93,14 +95,21 @@ class S3:
 
         self._process = subprocess.Popen(
             [sys.executable, str(Path(__file__).parent / "s3server.py")],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         port = self._process.stdout.readline().strip()
         if not port:
             raise RuntimeError("the S3 server did not start (is moto[server] installed?)")
         self.endpoint = f"http://127.0.0.1:{int(port)}"
-        self.storage_options = {"endpoint": self.endpoint, "allow_http": "true",
-                                "region": "us-east-1", "access_key_id": "AKIDLANCELOADERTEST",
-                                "secret_access_key": "lanceloader-test-SECRET-key"}
+        self.storage_options = {
+            "endpoint": self.endpoint,
+            "allow_http": "true",
+            "region": "us-east-1",
+            "access_key_id": "AKIDLANCELOADERTEST",
+            "secret_access_key": "lanceloader-test-SECRET-key",
+        }
         self._buckets = 0
 
     def bucket(self) -> str:
@@ -109,8 +118,9 @@ class S3:
 
         self._buckets += 1
         name = f"bucket{self._buckets}"
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"),
-                               timeout=30).read()
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.endpoint}/{name}", method="PUT"), timeout=30
+        ).read()
         return name
 
     def write(self, table: pa.Table, name: str = "data.lance", **kwargs) -> str:
@@ -124,8 +134,9 @@ class S3:
         import json
         import urllib.request
 
-        request = urllib.request.Request(f"{self.endpoint}/__requests__",
-                                         method="DELETE" if reset else "GET")
+        request = urllib.request.Request(
+            f"{self.endpoint}/__requests__", method="DELETE" if reset else "GET"
+        )
         return json.loads(urllib.request.urlopen(request, timeout=30).read())
 
     def stop(self) -> None:

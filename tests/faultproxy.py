@@ -30,19 +30,21 @@ from urllib.parse import parse_qsl, urlencode, urlparse
 
 CONTROL_PATH = "/__faults__"
 
-SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-             b"<Message>Please reduce your request rate.</Message></Error>")
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 
 
 @dataclass
 class Faults:
-    latency_s: float = 0.0          # added before each request is forwarded
-    bandwidth: float = 0.0          # bytes/s of response bodies; 0: unlimited
-    fail_every: int = 0             # every n-th request gets fail_status instead of an answer
+    latency_s: float = 0.0  # added before each request is forwarded
+    bandwidth: float = 0.0  # bytes/s of response bodies; 0: unlimited
+    fail_every: int = 0  # every n-th request gets fail_status instead of an answer
     fail_status: int = 503
-    reset_every: int = 0            # every n-th GET with a body is cut in the middle (RST)
-    stall_every: int = 0            # every n-th GET with a body stops in the middle, forever
-    down_until: float = 0.0         # time.monotonic() before which connections are refused
+    reset_every: int = 0  # every n-th GET with a body is cut in the middle (RST)
+    stall_every: int = 0  # every n-th GET with a body stops in the middle, forever
+    down_until: float = 0.0  # time.monotonic() before which connections are refused
 
 
 class FaultProxy:
@@ -64,8 +66,7 @@ class FaultProxy:
 
             def _forward(self) -> None:
                 if self.path.startswith(CONTROL_PATH):
-                    proxy.set(**{k: float(v) for k, v in
-                                 parse_qsl(urlparse(self.path).query)})
+                    proxy.set(**{k: float(v) for k, v in parse_qsl(urlparse(self.path).query)})
                     self.send_response(200)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
@@ -88,8 +89,7 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
-                upstream_conn = http.client.HTTPConnection(target.hostname, target.port,
-                                                           timeout=60)
+                upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
                     headers["Host"] = f"{target.hostname}:{target.port}"
@@ -100,12 +100,20 @@ class FaultProxy:
                     upstream_conn.close()
                 self.send_response(answer.status)
                 for key, value in answer.getheaders():
-                    if key.lower() not in ("content-length", "transfer-encoding", "connection",
-                                           "date", "server"):
+                    if key.lower() not in (
+                        "content-length",
+                        "transfer-encoding",
+                        "connection",
+                        "date",
+                        "server",
+                    ):
                         self.send_header(key, value)
                 # A HEAD answer has no body but the object's length.
-                length = (answer.getheader("Content-Length", "0") if self.command == "HEAD"
-                          else str(len(data)))
+                length = (
+                    answer.getheader("Content-Length", "0")
+                    if self.command == "HEAD"
+                    else str(len(data))
+                )
                 self.send_header("Content-Length", length)
                 self.end_headers()
                 if self.command == "HEAD" or not data:
@@ -130,13 +138,14 @@ class FaultProxy:
                     return
                 step = max(1024, int(bandwidth / 50))
                 for i in range(0, len(data), step):
-                    self.wfile.write(data[i:i + step])
-                    time.sleep(len(data[i:i + step]) / bandwidth)
+                    self.wfile.write(data[i : i + step])
+                    time.sleep(len(data[i : i + step]) / bandwidth)
 
             def _reset(self) -> None:
                 """Close with RST, as a crashed or restarted server's connection ends."""
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                           struct.pack("ii", 1, 0))
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
                 self.close_connection = True
                 self.connection.close()
 
@@ -145,8 +154,7 @@ class FaultProxy:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True,
-                         name="fault-proxy").start()
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="fault-proxy").start()
 
     def set(self, **faults: float) -> None:
         """Replace the faults (unnamed ones off); ``down_s`` refuses connections that long."""
@@ -169,9 +177,12 @@ class ProxyProcess:
     """A :class:`FaultProxy` in a process of its own, driven over HTTP."""
 
     def __init__(self, upstream: str) -> None:
-        self._process = subprocess.Popen([sys.executable, __file__, upstream],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True)
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, upstream],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.endpoint = f"http://127.0.0.1:{int(self._process.stdout.readline())}"
 
     def set(self, **faults: float) -> None:

@@ -14,18 +14,22 @@ import pyarrow as pa
 from mediagen import write_audio, write_video
 
 
-def video_dataset(folder: Path, frames: list[int], size: tuple[int, int] = (32, 48),
-                  gop: int = 5) -> str:
+def video_dataset(
+    folder: Path, frames: list[int], size: tuple[int, int] = (32, 48), gop: int = 5
+) -> str:
     """Videos of ``frames`` frames each, with a path column and the keyframe index, two to a
     fragment."""
     from lanceloader.media import video
 
-    datas = [write_video(folder / f"v{i}.mp4", n, 12, size, gop=gop).read_bytes()
-             for i, n in enumerate(frames)]
+    datas = [
+        write_video(folder / f"v{i}.mp4", n, 12, size, gop=gop).read_bytes()
+        for i, n in enumerate(frames)
+    ]
     rows = [video.index_values(video.probe_video(d), "video") for d in datas]
     index = pa.Table.from_pylist(rows, schema=pa.schema(video.index_fields("video")))
-    table = pa.table({"path": [f"v{i}.mp4" for i in range(len(datas))],
-                      "video": lance.blob.blob_array(datas)})
+    table = pa.table(
+        {"path": [f"v{i}.mp4" for i in range(len(datas))], "video": lance.blob.blob_array(datas)}
+    )
     for name in index.column_names:
         table = table.append_column(name, index.column(name))
     out = str(folder / "videos.lance")
@@ -37,13 +41,19 @@ def audio_dataset(folder: Path, seconds: list[float], rate: int = 8000) -> str:
     """WAV files of ``seconds`` each, mono, with a name column."""
     for i, s in enumerate(seconds):
         write_audio(folder / f"a{i}.wav", s, rate, 1)
-    table = pa.table({"name": [f"a{i}" for i in range(len(seconds))],
-                      "audio": lance.blob.blob_array(
-                          [(folder / f"a{i}.wav").read_bytes() for i in range(len(seconds))])})
+    table = pa.table(
+        {
+            "name": [f"a{i}" for i in range(len(seconds))],
+            "audio": lance.blob.blob_array(
+                [(folder / f"a{i}.wav").read_bytes() for i in range(len(seconds))]
+            ),
+        }
+    )
     out = str(folder / "audio.lance")
     shutil.rmtree(out, ignore_errors=True)
     lance.write_dataset(table, out, data_storage_version="2.2")
     return out
+
 
 def image_folder(root: Path, per_class: int = 3, broken: tuple[str, ...] = ()) -> Path:
     """root/<class>/<i>.jpg (and .png) for classes 'cat', 'dog'; ``broken`` files are garbage."""

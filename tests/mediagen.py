@@ -173,11 +173,7 @@ def audio_samples(seconds: float, sample_rate: int, channels: int) -> np.ndarray
 
 
 def write_audio(
-    path: str | os.PathLike,
-    seconds: float,
-    sample_rate: int,
-    channels: int,
-    fmt: str | None = None,
+    path: str | os.PathLike, seconds: float, sample_rate: int, channels: int, fmt: str | None = None
 ) -> np.ndarray:
     """Write ``seconds`` of tones (:func:`audio_samples`) as ``fmt``: ``"wav"`` (PCM 16-bit) or
     ``"flac"`` through soundfile, ``"mp3"`` or ``"opus"`` (Ogg; sample rates 8, 12, 16, 24 or

@@ -26,8 +26,9 @@ def counting(app):
                 if environ["REQUEST_METHOD"] == "DELETE":
                     counts.clear()
                 body = json.dumps(dict(counts)).encode()
-            start_response("200 OK", [("Content-Type", "application/json"),
-                                      ("Content-Length", str(len(body)))])
+            start_response(
+                "200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            )
             return [body]
         with lock:
             counts[environ["REQUEST_METHOD"]] += 1

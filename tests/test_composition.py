@@ -48,11 +48,16 @@ MAX_TOKENS = 28  # a document holds 0 .. MAX_TOKENS tokens
 MARK = 10**8  # what a marking transform adds to x (rows) or to every token (packed rows)
 PAD = -1
 SPLITS = {"a": 0.7, "b": 0.3}
-FILTERS = {None: lambda v: np.ones(len(v), bool), "v < 7": lambda v: v < 7,
-           "v % 3 <> 1": lambda v: v % 3 != 1}
-ORDERS = {"sequential": {},
-          "block": {"shuffle": True, "shuffle_block_size": 4, "shuffle_window": 2},
-          "full": {"shuffle": True}}
+FILTERS = {
+    None: lambda v: np.ones(len(v), bool),
+    "v < 7": lambda v: v < 7,
+    "v % 3 <> 1": lambda v: v % 3 != 1,
+}
+ORDERS = {
+    "sequential": {},
+    "block": {"shuffle": True, "shuffle_block_size": 4, "shuffle_window": 2},
+    "full": {"shuffle": True},
+}
 MAX_SOURCE_EPOCHS = 4  # of a mix source's own epochs compared with the source read alone
 Record = tuple[tuple[str, Any], ...]  # one delivered row: (column, value) pairs, sorted
 
@@ -84,19 +89,27 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Data:
         ids = (k + 1) * 1000 + np.arange(rows)
         v = rng.integers(0, 10, rows)
         lengths = rng.integers(0, MAX_TOKENS + 1, rows)
-        tokens = pa.array([list(range(i * TOKEN, i * TOKEN + n))
-                           for i, n in zip(ids.tolist(), lengths.tolist(), strict=True)],
-                          pa.list_(pa.int64()))
+        tokens = pa.array(
+            [
+                list(range(i * TOKEN, i * TOKEN + n))
+                for i, n in zip(ids.tolist(), lengths.tolist(), strict=True)
+            ],
+            pa.list_(pa.int64()),
+        )
         uri = str(root / f"d{k}.lance")
-        lance.write_dataset(pa.table({"id": ids, "v": v, "x": ids, "tokens": tokens}), uri,
-                            max_rows_per_file=-(-rows // 3))
+        lance.write_dataset(
+            pa.table({"id": ids, "v": v, "x": ids, "tokens": tokens}),
+            uri,
+            max_rows_per_file=-(-rows // 3),
+        )
         out.uris.append(uri)
         out.ids.append(ids)
         out.v.append(v)
         out.tokens.update(zip(ids.tolist(), lengths.tolist(), strict=True))
         for name in SPLITS:
-            split = ll.Loader(uri, batch_size=1000, columns=["id"], splits=SPLITS, split=name,
-                              num_workers=1)
+            split = ll.Loader(
+                uri, batch_size=1000, columns=["id"], splits=SPLITS, split=name, num_workers=1
+            )
             out.splits[name] |= {i for b in split for i in b["id"].tolist()}
     return out
 
@@ -134,8 +147,11 @@ def mark_row(row: dict[str, Any]) -> dict[str, Any]:
         return {**row, "x": row["x"] + MARK}
     seg = np.asarray(row["segment_ids"], np.int32)
     tokens = np.asarray(row["tokens"], np.int64)
-    return {"tokens": np.where(seg > 0, tokens + MARK, tokens), "segment_ids": seg,
-            "position_ids": np.asarray(row["position_ids"], np.int32)}
+    return {
+        "tokens": np.where(seg > 0, tokens + MARK, tokens),
+        "segment_ids": seg,
+        "position_ids": np.asarray(row["position_ids"], np.int32),
+    }
 
 
 def add_rs(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -197,10 +213,16 @@ class Comp:
 
 
 SOURCES = st.builds(
-    Src, data=st.integers(0, 2), filter=st.sampled_from(list(FILTERS)), split=st.booleans(),
-    order=st.sampled_from(list(ORDERS)), seed=st.integers(0, 3),
-    mark=st.sampled_from([None, "arrow", "rows"]), draw=st.booleans(),
-    cache=st.sampled_from([None, "dir", "memory"]))
+    Src,
+    data=st.integers(0, 2),
+    filter=st.sampled_from(list(FILTERS)),
+    split=st.booleans(),
+    order=st.sampled_from(list(ORDERS)),
+    seed=st.integers(0, 3),
+    mark=st.sampled_from([None, "arrow", "rows"]),
+    draw=st.booleans(),
+    cache=st.sampled_from([None, "dir", "memory"]),
+)
 
 
 @st.composite
@@ -209,27 +231,40 @@ def compositions(draw: st.DrawFn) -> Comp:
     n = draw(st.integers(1, 3)) if mix else 1
     world = draw(st.integers(1, 3))
     return Comp(
-        sources=tuple(draw(SOURCES) for _ in range(n)), mix=mix,
-        pack=draw(st.sampled_from([None, None, (8, "split"), (16, "split"), (16, "drop"),
-                                   (32, "split")])),
+        sources=tuple(draw(SOURCES) for _ in range(n)),
+        mix=mix,
+        pack=draw(
+            st.sampled_from([None, None, (8, "split"), (16, "split"), (16, "drop"), (32, "split")])
+        ),
         weights=tuple(draw(st.integers(1, 3)) for _ in range(n)),
         epoch=draw(st.sampled_from(["first_exhausted", "first_exhausted", "all_exhausted", 45])),
-        run=draw(st.sampled_from([1, 1, 2, 3])), outer_mark=draw(st.booleans()),
-        outer_draw=draw(st.booleans()), draw_first=draw(st.booleans()),
-        seed=draw(st.integers(0, 3)), workers=draw(st.integers(1, 2)), worker_type="thread",
-        world=world, rank=draw(st.integers(0, world - 1)), drop_last=draw(st.booleans()),
-        batches=draw(st.integers(3, 6)), cut=draw(st.integers(1, 8)),
-        world_after=draw(st.integers(1, 3)))
+        run=draw(st.sampled_from([1, 1, 2, 3])),
+        outer_mark=draw(st.booleans()),
+        outer_draw=draw(st.booleans()),
+        draw_first=draw(st.booleans()),
+        seed=draw(st.integers(0, 3)),
+        workers=draw(st.integers(1, 2)),
+        worker_type="thread",
+        world=world,
+        rank=draw(st.integers(0, world - 1)),
+        drop_last=draw(st.booleans()),
+        batches=draw(st.integers(3, 6)),
+        cut=draw(st.integers(1, 8)),
+        world_after=draw(st.integers(1, 3)),
+    )
 
 
 def _source_options(data: Data, comp: Comp, s: Src) -> dict[str, Any]:
-    options: dict[str, Any] = {"columns": ["tokens"] if comp.pack else ["id", "x"],
-                               "filter": s.filter, "seed": s.seed, **ORDERS[s.order]}
+    options: dict[str, Any] = {
+        "columns": ["tokens"] if comp.pack else ["id", "x"],
+        "filter": s.filter,
+        "seed": s.seed,
+        **ORDERS[s.order],
+    }
     if s.split:
         options.update(splits=SPLITS, split="a")
     if comp.pack:
-        options["pack"] = ll.pack("tokens", comp.pack[0], long_documents=comp.pack[1],
-                                  pad_id=PAD)
+        options["pack"] = ll.pack("tokens", comp.pack[0], long_documents=comp.pack[1], pad_id=PAD)
     if s.cache:
         options["cache"] = "memory" if s.cache == "memory" else data.cache
     return options
@@ -255,24 +290,49 @@ def _outer_transform(comp: Comp) -> list[Any]:
     return out
 
 
-def build(data: Data, comp: Comp, batch_size: int, rank: int = 0, world: int = 1,
-          workers: int | None = None, worker_type: str | None = None,
-          drop_last: bool | None = None) -> ll.Loader:
-    outer = {"batch_size": batch_size, "rank": rank, "world_size": world,
-             "num_workers": workers or comp.workers, "worker_type": worker_type or comp.worker_type,
-             "drop_last": comp.drop_last if drop_last is None else drop_last}
+def build(
+    data: Data,
+    comp: Comp,
+    batch_size: int,
+    rank: int = 0,
+    world: int = 1,
+    workers: int | None = None,
+    worker_type: str | None = None,
+    drop_last: bool | None = None,
+) -> ll.Loader:
+    outer = {
+        "batch_size": batch_size,
+        "rank": rank,
+        "world_size": world,
+        "num_workers": workers or comp.workers,
+        "worker_type": worker_type or comp.worker_type,
+        "drop_last": comp.drop_last if drop_last is None else drop_last,
+    }
     if not comp.mix:
         s = comp.sources[0]
         transform = _source_transform(s, False) + _outer_transform(comp)
-        return ll.Loader(data.uris[s.data], transform=transform or None,
-                         **_source_options(data, comp, s), **outer)
+        return ll.Loader(
+            data.uris[s.data],
+            transform=transform or None,
+            **_source_options(data, comp, s),
+            **outer,
+        )
     needs_rs = any(s.draw for s in comp.sources)
-    sources = {f"s{k}": ll.Loader(data.uris[s.data],
-                                  transform=_source_transform(s, needs_rs) or None,
-                                  **_source_options(data, comp, s))
-               for k, s in enumerate(comp.sources)}
-    mix = ll.Mix(sources, weights={f"s{k}": w for k, w in enumerate(comp.weights)},
-                 samples_per_epoch=comp.epoch, source_column="src", run_length=comp.run)
+    sources = {
+        f"s{k}": ll.Loader(
+            data.uris[s.data],
+            transform=_source_transform(s, needs_rs) or None,
+            **_source_options(data, comp, s),
+        )
+        for k, s in enumerate(comp.sources)
+    }
+    mix = ll.Mix(
+        sources,
+        weights={f"s{k}": w for k, w in enumerate(comp.weights)},
+        samples_per_epoch=comp.epoch,
+        source_column="src",
+        run_length=comp.run,
+    )
     return ll.Loader(mix, transform=_outer_transform(comp) or None, seed=comp.seed, **outer)
 
 
@@ -313,15 +373,16 @@ def assert_stream(got: list[Record], expected: list[Record], where: str) -> None
     for i, (a, b) in enumerate(zip(got, expected, strict=False)):
         if a != b:
             a, b = dict(a), dict(b)
-            diff = {c: (a.get(c), b.get(c)) for c in sorted(set(a) | set(b))
-                    if a.get(c) != b.get(c)}
-            raise AssertionError(f"{where}: sample {i} of {len(expected)} differs (got, expected) "
-                                 f"in {diff}")
+            diff = {
+                c: (a.get(c), b.get(c)) for c in sorted(set(a) | set(b)) if a.get(c) != b.get(c)
+            }
+            raise AssertionError(
+                f"{where}: sample {i} of {len(expected)} differs (got, expected) in {diff}"
+            )
     raise AssertionError(f"{where}: {len(got)} samples, expected {len(expected)}")
 
 
-def global_batches(n: int, start: int, batch: int, world: int, drop_last: bool
-                   ) -> list[list[int]]:
+def global_batches(n: int, start: int, batch: int, world: int, drop_last: bool) -> list[list[int]]:
     """The samples of each global batch of an epoch of ``n`` from ``start`` on, ranks
     concatenated in order (``ordering/plan.py``): a short last one is dropped (``drop_last``)
     or, if smaller than the world, padded by wrapping to the epoch's start."""
@@ -345,8 +406,11 @@ def expected_ids(data: Data, s: Src) -> list[int]:
 def expected_documents(data: Data, comp: Comp, s: Src) -> dict[int, list[int]]:
     assert comp.pack is not None
     seq_len, long = comp.pack
-    return {i: list(range(i * TOKEN, i * TOKEN + data.tokens[i])) for i in expected_ids(data, s)
-            if data.tokens[i] and not (long == "drop" and data.tokens[i] > seq_len)}
+    return {
+        i: list(range(i * TOKEN, i * TOKEN + data.tokens[i]))
+        for i in expected_ids(data, s)
+        if data.tokens[i] and not (long == "drop" and data.tokens[i] > seq_len)
+    }
 
 
 @dataclass
@@ -401,8 +465,9 @@ def interpret(comp: Comp, record: Record) -> Row:
     return Row(k, key, pieces, rs if s.draw else None, row.get("ro"))
 
 
-def check_tokens(rows: list[Row], documents: dict[int, list[int]], complete: bool,
-                 where: str) -> None:
+def check_tokens(
+    rows: list[Row], documents: dict[int, list[int]], complete: bool, where: str
+) -> None:
     """Packed rows hold each token of ``documents`` at most once (exactly once: ``complete``)."""
     got: dict[int, list[int]] = {}
     for row in rows:
@@ -428,13 +493,17 @@ def source_alone(data: Data, comp: Comp, k: int, epochs: int) -> list[list[Recor
     """``epochs`` epochs of mix source ``k``'s Loader read on its own."""
     s = comp.sources[k]
     transform = _source_transform(s, any(t.draw for t in comp.sources))
-    loader = ll.Loader(data.uris[s.data], batch_size=64, num_workers=1,
-                       transform=transform or None, **_source_options(data, comp, s))
+    loader = ll.Loader(
+        data.uris[s.data],
+        batch_size=64,
+        num_workers=1,
+        transform=transform or None,
+        **_source_options(data, comp, s),
+    )
     return epochs_of(loader, epochs)
 
 
-def check_epochs(data: Data, comp: Comp, ref: list[list[Record]], source_rows: list[int]
-                 ) -> None:
+def check_epochs(data: Data, comp: Comp, ref: list[list[Record]], source_rows: list[int]) -> None:
     """1 and 4: the uninterrupted stream's epochs hold the documented rows and draws."""
     epochs = [[interpret(comp, r) for r in epoch] for epoch in ref]
     n = len(epochs[0])
@@ -446,8 +515,9 @@ def check_epochs(data: Data, comp: Comp, ref: list[list[Record]], source_rows: l
                 check_tokens(rows, expected_documents(data, comp, s), True, f"epoch {e}")
                 assert len({r.key for r in rows}) == n == source_rows[0]
             else:
-                assert Counter(r.key for r in rows) == Counter(expected_ids(data, s)), \
+                assert Counter(r.key for r in rows) == Counter(expected_ids(data, s)), (
                     f"epoch {e}: not every kept row exactly once"
+                )
     else:
         if isinstance(comp.epoch, int):
             assert n == comp.epoch
@@ -459,22 +529,29 @@ def check_epochs(data: Data, comp: Comp, ref: list[list[Record]], source_rows: l
                 share = np.cumsum(src == k) - np.arange(1, n + 1) * float(Fraction(w, total))
                 assert np.all(np.abs(share) < comp.run), f"epoch {e}: source {k}'s share drifts"
             if comp.epoch == "first_exhausted":
-                assert all(c <= r for c, r in zip(counts, source_rows, strict=True)), \
+                assert all(c <= r for c, r in zip(counts, source_rows, strict=True)), (
                     f"epoch {e}: a source repeats within the epoch ({counts} of {source_rows})"
-                assert any(c == r for c, r in zip(counts, source_rows, strict=True)), \
+                )
+                assert any(c == r for c, r in zip(counts, source_rows, strict=True)), (
                     f"epoch {e}: ends before any source is exhausted ({counts} of {source_rows})"
+                )
             if comp.epoch == "all_exhausted":
-                assert all(c >= r for c, r in zip(counts, source_rows, strict=True)), \
+                assert all(c >= r for c, r in zip(counts, source_rows, strict=True)), (
                     f"epoch {e}: ends before every source is exhausted"
+                )
         for k, s in enumerate(comp.sources):  # each source's stream: its epochs, one by one
             stream = [r for rows in epochs for r in rows if r.source == k]
             for lo in range(0, len(stream), source_rows[k]):
-                chunk = stream[lo:lo + source_rows[k]]
+                chunk = stream[lo : lo + source_rows[k]]
                 where = f"source {k}, its samples {lo}..{lo + len(chunk)}"
                 assert len({r.key for r in chunk}) == len(chunk), f"{where}: a row repeats"
                 if comp.pack:
-                    check_tokens(chunk, expected_documents(data, comp, s),
-                                 len(chunk) == source_rows[k], where)
+                    check_tokens(
+                        chunk,
+                        expected_documents(data, comp, s),
+                        len(chunk) == source_rows[k],
+                        where,
+                    )
                 else:
                     assert {r.key for r in chunk} <= set(expected_ids(data, s)), where
                     if len(chunk) == source_rows[k]:
@@ -483,23 +560,30 @@ def check_epochs(data: Data, comp: Comp, ref: list[list[Record]], source_rows: l
             # random map in a source draws by the source's seed, epoch and sample.
             limit = MAX_SOURCE_EPOCHS * source_rows[k]
             own = [r for r in ref_rows(ref) if dict(r)["src"] == k][:limit]
-            alone = [r for e in source_alone(data, comp, k, -(-len(own) // source_rows[k]))
-                     for r in e]
-            assert_stream([source_columns(r) for r in own], alone[:len(own)],
-                          f"source {k} in the mix vs read alone")
+            alone = [
+                r for e in source_alone(data, comp, k, -(-len(own) // source_rows[k])) for r in e
+            ]
+            assert_stream(
+                [source_columns(r) for r in own],
+                alone[: len(own)],
+                f"source {k} in the mix vs read alone",
+            )
     # 4: draws belong to the sample: new each epoch; a mixed stream's samples never share one.
     draws = [("ro", [[r.ro for r in rows] for rows in epochs])] if comp.outer_draw else []
     if not comp.mix and comp.sources[0].draw:
         draws.append(("rs", [[r.rs for r in rows] for rows in epochs]))
     for name, per_epoch in draws:
         assert all(len(set(d)) == n for d in per_epoch), f"{name}: two samples drew the same"
-        assert all(a != b for a, b in zip(*per_epoch, strict=True)), \
+        assert all(a != b for a, b in zip(*per_epoch, strict=True)), (
             f"{name}: a sample drew the same in two epochs"
+        )
     if comp.mix:  # a source's samples in two mix epochs: distinct (source epoch, sample)
         mixed = [(r.source, r.rs) for rows in epochs for r in rows if r.rs is not None]
         repeated = [d for d, c in Counter(mixed).items() if c > 1]
-        assert not repeated, (f"random_map in a mix source: {len(repeated)} draws shared by "
-                              f"different samples of one source's stream (of {len(mixed)})")
+        assert not repeated, (
+            f"random_map in a mix source: {len(repeated)} draws shared by "
+            f"different samples of one source's stream (of {len(mixed)})"
+        )
 
 
 def check_stats_identities(loader: ll.Loader, comp: Comp) -> None:
@@ -528,8 +612,10 @@ def check_composition(data: Data, comp: Comp, conformance: bool = True) -> None:
     if comp.pack and not comp.mix:
         source_rows = [probe.packing.num_rows]
     elif comp.pack:
-        source_rows = [ll.Loader(data.uris[s.data], **_source_options(data, comp, s)
-                                 ).packing.num_rows for s in comp.sources]
+        source_rows = [
+            ll.Loader(data.uris[s.data], **_source_options(data, comp, s)).packing.num_rows
+            for s in comp.sources
+        ]
     else:
         source_rows = [len(expected_ids(data, s)) for s in comp.sources]
     world = comp.world
@@ -551,8 +637,10 @@ def check_composition(data: Data, comp: Comp, conformance: bool = True) -> None:
 
     # 3: N ranks, a state after `cut` steps, M ranks: the rest of the stream, then an epoch.
     other = 3 - comp.workers  # and another number of workers than the reference's
-    ranks = [build(data, comp, batch, r, world, workers=other, worker_type="thread")
-             for r in range(world)]
+    ranks = [
+        build(data, comp, batch, r, world, workers=other, worker_type="thread")
+        for r in range(world)
+    ]
     plan = global_batches(n, 0, batch, world, comp.drop_last)
     assert [len(r) for r in ranks] == [len(plan)] * world, "batches per rank"
     cut = min(comp.cut, len(plan))
@@ -561,17 +649,21 @@ def check_composition(data: Data, comp: Comp, conformance: bool = True) -> None:
     assert all(s == states[0] for s in states), "ranks in lock-step give different states"
     for r in ranks:
         r.close()
-    assert_stream(first, [ref[0][i] for b in plan[:cut] for i in b],
-                  f"the first {cut} steps of {world} ranks")
+    assert_stream(
+        first, [ref[0][i] for b in plan[:cut] for i in b], f"the first {cut} steps of {world} ranks"
+    )
     start = n if cut == len(plan) else cut * batch * world
     after = comp.world_after
-    resumed = [build(data, comp, batch, r, after, workers=other, worker_type="thread")
-               for r in range(after)]
+    resumed = [
+        build(data, comp, batch, r, after, workers=other, worker_type="thread")
+        for r in range(after)
+    ]
     for r in resumed:
         r.load_state_dict(states[0])
     rest, following = lockstep(resumed), lockstep(resumed)
-    expected = [ref[0][i] for b in global_batches(n, start, batch, after, comp.drop_last)
-                for i in b]
+    expected = [
+        ref[0][i] for b in global_batches(n, start, batch, after, comp.drop_last) for i in b
+    ]
     assert_stream(rest, expected, f"the rest of the epoch on {after} ranks after {world} ranks")
     expected = [ref[1][i] for b in global_batches(n, 0, batch, after, comp.drop_last) for i in b]
     assert_stream(following, expected, f"the next epoch on {after} ranks")
@@ -580,34 +672,73 @@ def check_composition(data: Data, comp: Comp, conformance: bool = True) -> None:
     if conformance:
         length = len(plan)
         assert_checkpoint_conformance(
-            lambda: build(data, comp, batch, comp.rank, world), records, epochs=2,
-            breaks=(1, 2) if length >= 3 else (1,))
+            lambda: build(data, comp, batch, comp.rank, world),
+            records,
+            epochs=2,
+            breaks=(1, 2) if length >= 3 else (1,),
+        )
 
 
 # No shrinking: an example costs about a second, and shrinking a failure found late in the checks
 # ran into Hypothesis's 5-minute limit. The first examples drawn are the simplest; to shrink a
 # failure locally, add Phase.shrink.
-@settings(max_examples=30, deadline=None, derandomize=True,
-          phases=(Phase.explicit, Phase.generate),
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(comp=compositions())
 def test_compositions_deliver_resume_and_draw_exactly(data: Data, comp: Comp) -> None:
     check_composition(data, comp)
 
 
 PROCESS = Comp(
-    sources=(Src(0, "v < 7", True, "full", 1, "rows", True, "dir"),
-             Src(2, None, False, "block", 2, "arrow", False, None)),
-    mix=True, pack=(16, "split"), weights=(1, 2), epoch="first_exhausted", run=2,
-    outer_mark=True, outer_draw=True, draw_first=False, seed=3, workers=2,
-    worker_type="process", world=2, rank=1, drop_last=False, batches=3, cut=2, world_after=3)
+    sources=(
+        Src(0, "v < 7", True, "full", 1, "rows", True, "dir"),
+        Src(2, None, False, "block", 2, "arrow", False, None),
+    ),
+    mix=True,
+    pack=(16, "split"),
+    weights=(1, 2),
+    epoch="first_exhausted",
+    run=2,
+    outer_mark=True,
+    outer_draw=True,
+    draw_first=False,
+    seed=3,
+    workers=2,
+    worker_type="process",
+    world=2,
+    rank=1,
+    drop_last=False,
+    batches=3,
+    cut=2,
+    world_after=3,
+)
 
 
-@pytest.mark.parametrize(("comp", "conformance"), [
-    (PROCESS, False),
-    (replace(PROCESS, sources=(Src(1, "v % 3 <> 1", True, "block", 0, "arrow", True, "dir"),),
-             mix=False, pack=None, world=3, rank=2, drop_last=True, world_after=1), True),
-], ids=["packed-mix", "plain"])
+@pytest.mark.parametrize(
+    ("comp", "conformance"),
+    [
+        (PROCESS, False),
+        (
+            replace(
+                PROCESS,
+                sources=(Src(1, "v % 3 <> 1", True, "block", 0, "arrow", True, "dir"),),
+                mix=False,
+                pack=None,
+                world=3,
+                rank=2,
+                drop_last=True,
+                world_after=1,
+            ),
+            True,
+        ),
+    ],
+    ids=["packed-mix", "plain"],
+)
 def test_process_workers_compose(data: Data, comp: Comp, conformance: bool) -> None:
     """Process workers deliver what thread workers do (rows and draws; the reference stream is
     read by processes, the ranks by threads). Every restore of the conformance check starts the

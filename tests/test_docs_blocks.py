@@ -34,8 +34,7 @@ def test_blocks_are_found_with_their_lines() -> None:
 
 def test_guide_pages_have_no_prompts_to_strip() -> None:
     """Guide examples are plain blocks a reader can paste; ``>>>`` sessions are for docstrings."""
-    prompted = [p.name for p in DOCS.glob("*.md")
-                if re.search(r"^>>> ", p.read_text(), re.M)]
+    prompted = [p.name for p in DOCS.glob("*.md") if re.search(r"^>>> ", p.read_text(), re.M)]
     assert not prompted, f"write these pages' examples as <!-- test --> blocks: {prompted}"
 
 

@@ -53,7 +53,9 @@ def test_order_is_a_function_of_the_seed_only(small_uri: str) -> None:
     assert a == b != c
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     mode=st.sampled_from(sorted(MODES)),
     workers=st.integers(1, 4),
@@ -64,8 +66,14 @@ def test_results_never_depend_on_workers_prefetch_or_read_size(
     small_uri: str, mode: str, workers: int, prefetch: int, rows_per_read: int
 ) -> None:
     reference = [b["id"].tolist() for b in ll.Loader(small_uri, batch_size=48, **MODES[mode])]
-    loader = ll.Loader(small_uri, batch_size=48, num_workers=workers, prefetch=prefetch,
-                       rows_per_read=rows_per_read, **MODES[mode])
+    loader = ll.Loader(
+        small_uri,
+        batch_size=48,
+        num_workers=workers,
+        prefetch=prefetch,
+        rows_per_read=rows_per_read,
+        **MODES[mode],
+    )
     assert [b["id"].tolist() for b in loader] == reference
 
 
@@ -78,26 +86,38 @@ def test_filter_columns_and_batches(small_uri: str) -> None:
     assert got == [i for i in range(1000) if i % 10 < 5]
 
 
-@pytest.mark.parametrize("drop_last, sizes", [(False, [300, 300, 300, 100]), (True, [300, 300, 300])])
+@pytest.mark.parametrize(
+    "drop_last, sizes", [(False, [300, 300, 300, 100]), (True, [300, 300, 300])]
+)
 def test_drop_last(small_uri: str, drop_last: bool, sizes: list[int]) -> None:
     loader = ll.Loader(small_uri, batch_size=300, drop_last=drop_last)
     assert [len(b["id"]) for b in loader] == sizes and len(loader) == len(sizes)
 
 
 def test_ranks_split_every_global_batch(small_uri: str) -> None:
-    per_rank = [ids_of(ll.Loader(small_uri, batch_size=50, rank=r, world_size=3, shuffle=True))
-                for r in range(3)]
+    per_rank = [
+        ids_of(ll.Loader(small_uri, batch_size=50, rank=r, world_size=3, shuffle=True))
+        for r in range(3)
+    ]
     flat = [i for ids in per_rank for i in ids]
-    assert sorted(flat) == list(range(1000))  # 1000 = 6 full global batches of 150 + 100 evenly split
-    assert len({len(ll.Loader(small_uri, batch_size=50, rank=r, world_size=3)) for r in range(3)}) == 1
+    assert sorted(flat) == list(
+        range(1000)
+    )  # 1000 = 6 full global batches of 150 + 100 evenly split
+    assert (
+        len({len(ll.Loader(small_uri, batch_size=50, rank=r, world_size=3)) for r in range(3)}) == 1
+    )
 
 
 def test_output_formats(small_uri: str) -> None:
-    torch_batch = next(iter(ll.Loader(small_uri, batch_size=8, output="torch", columns=["id", "x"])))
+    torch_batch = next(
+        iter(ll.Loader(small_uri, batch_size=8, output="torch", columns=["id", "x"]))
+    )
     assert isinstance(torch_batch["x"], torch.Tensor) and torch_batch["x"].shape == (8, 64)
     arrow_batch = next(iter(ll.Loader(small_uri, batch_size=8, output="arrow")))
     assert isinstance(arrow_batch, pa.RecordBatch) and arrow_batch.num_rows == 8
-    py_batch = next(iter(ll.Loader(small_uri, batch_size=2, output="python", columns=["id", "text"])))
+    py_batch = next(
+        iter(ll.Loader(small_uri, batch_size=2, output="python", columns=["id", "text"]))
+    )
     assert py_batch["id"] == [0, 1] and isinstance(py_batch["text"][0], str)
 
 
@@ -134,8 +154,9 @@ def test_early_break_leaves_no_thread_behind(small_uri: str) -> None:
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
 def test_a_second_live_iterator_is_an_error_and_the_first_goes_on(small_uri, worker_type) -> None:
-    loader = ll.Loader(small_uri, batch_size=100, columns=["id"], num_workers=2,
-                       worker_type=worker_type)
+    loader = ll.Loader(
+        small_uri, batch_size=100, columns=["id"], num_workers=2, worker_type=worker_type
+    )
     expected = ids_of(ll.Loader(small_uri, batch_size=100, columns=["id"]))
     first = iter(loader)
     got = ids_of([next(first)])
@@ -148,8 +169,11 @@ def test_a_second_live_iterator_is_an_error_and_the_first_goes_on(small_uri, wor
         lambda: loader.load_state_dict(loader.state_dict()),
     ]
     for misuse in misuses:
-        with pytest.raises(ll.LoaderInUseError, match=r"delivering epoch 0, 1 of 10 batches.*"
-                                                      r"peek\(\).*close\(\).*second Loader"):
+        with pytest.raises(
+            ll.LoaderInUseError,
+            match=r"delivering epoch 0, 1 of 10 batches.*"
+            r"peek\(\).*close\(\).*second Loader",
+        ):
             misuse()
     got += ids_of(first)  # the first iterator was never disturbed
     assert got == expected and loader.epoch == 1
@@ -172,7 +196,8 @@ def test_zip_and_nested_loops_inside_a_loop_raise(small_uri: str) -> None:
 
 
 def test_broken_closed_or_collected_iterators_leave_the_cursor_where_they_stopped(
-        small_uri: str) -> None:
+    small_uri: str,
+) -> None:
     loader = ll.Loader(small_uri, batch_size=100, columns=["id"], shuffle=True, seed=1)
     expected = ids_of(ll.Loader(small_uri, batch_size=100, columns=["id"], shuffle=True, seed=1))
     got = ids_of([next(iter(loader))])  # logged a sample the wrong way: it is consumed
@@ -264,7 +289,9 @@ def _same(a, b) -> bool:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("output", ["numpy", "torch"])
-def test_converting_whole_reads_equals_converting_each_batch(small_uri: str, mode: str, output: str) -> None:
+def test_converting_whole_reads_equals_converting_each_batch(
+    small_uri: str, mode: str, output: str
+) -> None:
     # Without a transform, each read is converted once and sliced; an identity transform forces
     # per-batch conversion. Both must deliver the same arrays.
     def per_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -289,8 +316,7 @@ def test_reads_of_large_rows_stay_under_the_byte_cap(tmp_path) -> None:
 
     blobs = [bytes([i % 256]) * 100_000 for i in range(600)]
     uri = str(tmp_path / "blobs.lance")
-    lance.write_dataset(pa.table({"id": np.arange(600), "blob": pa.array(blobs, pa.binary())}),
-                        uri)
+    lance.write_dataset(pa.table({"id": np.arange(600), "blob": pa.array(blobs, pa.binary())}), uri)
     loader = ll.Loader(uri, batch_size=16, num_workers=2)
     assert 95_000 < loader.source.bytes_per_row < 110_000
     rows_per_read = loader.batches_per_read * loader.batch_size
@@ -305,12 +331,16 @@ def test_reads_of_large_rows_stay_under_the_byte_cap(tmp_path) -> None:
 
 
 def _dropped_peek_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "lanceloader" and r.levelname == "WARNING" and "peek()" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "lanceloader" and r.levelname == "WARNING" and "peek()" in r.getMessage()
+    ]
 
 
 def test_next_of_a_fresh_iterator_then_a_loop_warns_once_with_the_batches_left(
-        small_uri: str, caplog) -> None:
+    small_uri: str, caplog
+) -> None:
     loader = ll.Loader(small_uri, batch_size=100, columns=["id"])
     with caplog.at_level("WARNING", logger="lanceloader"):
         sample = next(iter(loader))  # to log a sample: consumes batch 0
@@ -324,8 +354,7 @@ def test_next_of_a_fresh_iterator_then_a_loop_warns_once_with_the_batches_left(
     assert len(_dropped_peek_warnings(caplog)) == 1
 
 
-def test_loops_that_break_and_resume_and_moved_cursors_stay_quiet(small_uri: str,
-                                                                  caplog) -> None:
+def test_loops_that_break_and_resume_and_moved_cursors_stay_quiet(small_uri: str, caplog) -> None:
     loader = ll.Loader(small_uri, batch_size=100, columns=["id"])
     with caplog.at_level("WARNING", logger="lanceloader"):
         for _ in loader:  # a loop that breaks after one batch, on purpose
@@ -386,9 +415,15 @@ def test_lightning_trains_two_whole_epochs_on_a_plain_loader(tmp_path) -> None:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     loader = ll.Loader(uri, batch_size=100, columns=["id", "x"], output="torch", shuffle=True)
-    L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False,
-              default_root_dir=str(tmp_path)).fit(Model(), train_dataloaders=loader)
+    L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    ).fit(Model(), train_dataloaders=loader)
     assert len(seen) == 1000 and sorted(seen[:500]) == sorted(seen[500:]) == list(range(500))
     assert seen[:500] != seen[500:]  # two epochs, two orders
 
@@ -404,8 +439,10 @@ def test_batches_sliced_in_one_pass_are_the_rows_batch_by_batch_slicing_gives() 
     result = TaskResult([], [], [], {})
     assert _slice_all(result, chunks, sizes, 8.0)
     offsets = np.cumsum([0, *sizes[:-1]])
-    by_batch = [_slice_rows(*(lambda c, b: (c, b, b + n))(*_slice_of(chunks, int(o), n)))
-                for o, n in zip(offsets, sizes, strict=True)]
+    by_batch = [
+        _slice_rows(*(lambda c, b: (c, b, b + n))(*_slice_of(chunks, int(o), n)))
+        for o, n in zip(offsets, sizes, strict=True)
+    ]
     assert [b["id"].tolist() for b in result.batches] == [b["id"].tolist() for b in by_batch]
     assert result.rows == sizes and result.nbytes == [128, 192, 240, 240]
     spanning = TaskResult([], [], [], {})
@@ -414,15 +451,17 @@ def test_batches_sliced_in_one_pass_are_the_rows_batch_by_batch_slicing_gives() 
 
 
 def test_torch_batches_sliced_from_tensors_made_once_per_chunk_equal_per_batch_tensors(
-        small_uri: str) -> None:
+    small_uri: str,
+) -> None:
     """With torch output, a read's chunks become tensors once and batches are slices of them:
     the same values, dtypes and shapes as converting batch by batch (a transform converts
     per batch), in order and in a full shuffle through the cache."""
     torch = pytest.importorskip("torch")
     for kw in ({}, {"shuffle": True, "cache": "memory"}):
         per_chunk = list(ll.Loader(small_uri, batch_size=48, output="torch", **kw))
-        per_batch = list(ll.Loader(small_uri, batch_size=48, output="torch",
-                                   transform=lambda b: b, **kw))
+        per_batch = list(
+            ll.Loader(small_uri, batch_size=48, output="torch", transform=lambda b: b, **kw)
+        )
         assert len(per_chunk) == len(per_batch)
         for a, b in zip(per_chunk, per_batch, strict=True):
             assert a.keys() == b.keys()
@@ -436,7 +475,8 @@ def test_torch_batches_sliced_from_tensors_made_once_per_chunk_equal_per_batch_t
 
 
 def test_a_column_torch_refuses_still_raises_with_its_fix_when_reads_slice_in_one_pass(
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     """A uint64 column with torch output: the one-pass conversion declines, and the batch by
     batch path raises the ConversionError naming the column and the cast that fixes it."""
     pytest.importorskip("torch")
@@ -444,6 +484,14 @@ def test_a_column_torch_refuses_still_raises_with_its_fix_when_reads_slice_in_on
     lance.write_dataset(pa.table({"id": pa.array(np.arange(100), pa.uint64())}), uri)
     with pytest.raises(ll.ConversionError, match=r"column 'id' is uint64.*casts=\{'id'"):
         next(iter(ll.Loader(uri, batch_size=10, output="torch", cache=None)))
-    batch = next(iter(ll.Loader(uri, batch_size=10, cache=None,
-                                output=ll.Conversion(output="torch", casts={"id": "int64"}))))
+    batch = next(
+        iter(
+            ll.Loader(
+                uri,
+                batch_size=10,
+                cache=None,
+                output=ll.Conversion(output="torch", casts={"id": "int64"}),
+            )
+        )
+    )
     assert batch["id"].tolist() == list(range(10))

@@ -23,8 +23,9 @@ def images_uri(tmp_path) -> str:
         Image.new("RGB", (4, 4), (i, 0, 0)).save(buf, format="PNG")
         data.append(buf.getvalue())
     uri = str(tmp_path / "images.lance")
-    lance.write_dataset(pa.table({"image": pa.array(data, pa.binary()),
-                                  "label": np.arange(8)}), uri)
+    lance.write_dataset(
+        pa.table({"image": pa.array(data, pa.binary()), "label": np.arange(8)}), uri
+    )
     return uri
 
 
@@ -33,12 +34,19 @@ def test_encoded_bytes_to_tensors_point_at_decode_images(images_uri) -> None:
     with pytest.raises(ll.ConversionError, match=r"transform=ll\.decode_images\('image'\)"):
         ll.Loader(images_uri, batch_size=4, output="torch")
     # The fixes it names work: decode, leave the column out, or ask for the bytes on purpose.
-    decoded = next(iter(ll.Loader(images_uri, batch_size=4, output="torch",
-                                  transform=ll.decode_images("image", layout="CHW"))))
+    decoded = next(
+        iter(
+            ll.Loader(
+                images_uri,
+                batch_size=4,
+                output="torch",
+                transform=ll.decode_images("image", layout="CHW"),
+            )
+        )
+    )
     assert tuple(decoded["image"].shape) == (4, 3, 4, 4)
     assert next(iter(ll.Loader(images_uri, batch_size=4, columns=["label"], output="torch")))
-    raw = next(iter(ll.Loader(images_uri, batch_size=4,
-                              output=ll.Conversion(output="torch"))))
+    raw = next(iter(ll.Loader(images_uri, batch_size=4, output=ll.Conversion(output="torch"))))
     assert isinstance(raw["image"][0], bytes)
 
 

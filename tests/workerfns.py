@@ -104,7 +104,7 @@ def crop_flip(row, rng, size=6):
     image = row["image"]
     y = int(rng.integers(0, image.shape[1] - size + 1))
     x = int(rng.integers(0, image.shape[2] - size + 1))
-    image = image[:, y:y + size, x:x + size]
+    image = image[:, y : y + size, x : x + size]
     if rng.random() < 0.5:
         image = image[:, :, ::-1]
     return {**row, "image": np.ascontiguousarray(image)}

@@ -46,8 +46,10 @@ def check_bool(name: str, value: object) -> None:
 def check_optional_str(name: str, value: object, example: str) -> None:
     """``value`` must be None or a string; ``example`` shows a valid one."""
     if value is not None and not isinstance(value, str):
-        raise TypeError(f"{name} must be a string such as {example}, or None; got the "
-                        f"{type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be a string such as {example}, or None; got the "
+            f"{type(value).__name__} {value!r}"
+        )
 
 
 def check_storage_options(value: object) -> None:
@@ -56,12 +58,16 @@ def check_storage_options(value: object) -> None:
     if value is None:
         return
     if not isinstance(value, Mapping):
-        raise TypeError(f"storage_options must be a dict of str to str such as {example}, or "
-                        f"None; got the {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"storage_options must be a dict of str to str such as {example}, or "
+            f"None; got the {type(value).__name__} {value!r}"
+        )
     bad = {k: v for k, v in value.items() if not isinstance(k, str) or not isinstance(v, str)}
     if bad:
-        raise TypeError(f"storage_options must map str to str (write numbers and booleans as "
-                        f"strings, e.g. {{'allow_http': 'true'}}); these entries are not: {bad!r}")
+        raise TypeError(
+            f"storage_options must map str to str (write numbers and booleans as "
+            f"strings, e.g. {{'allow_http': 'true'}}); these entries are not: {bad!r}"
+        )
 
 
 def check_seconds(name: str, value: object) -> None:
@@ -69,17 +75,21 @@ def check_seconds(name: str, value: object) -> None:
     if value is None:
         return
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number of seconds or None (no limit), got the "
-                        f"{type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be a number of seconds or None (no limit), got the "
+            f"{type(value).__name__} {value!r}"
+        )
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be > 0 seconds (or None for no limit), got {value}")
     if value > MAX_SECONDS:
-        raise ValueError(f"{name}={value:g} s is more than {MAX_SECONDS:g} s (11 days); pass "
-                         "None for no limit")
+        raise ValueError(
+            f"{name}={value:g} s is more than {MAX_SECONDS:g} s (11 days); pass None for no limit"
+        )
 
 
-def check_numbers(*, batch_size: int, shuffle_block_size: int, seed: int,
-                  **optional: int | None) -> None:
+def check_numbers(
+    *, batch_size: int, shuffle_block_size: int, seed: int, **optional: int | None
+) -> None:
     """The integer options of a ``Loader`` or sampler: ``batch_size`` and ``shuffle_block_size``
     >= 1, ``seed`` any int, and each of ``optional`` either None (its default) or >= 1."""
     check_int("batch_size", batch_size, minimum=1)

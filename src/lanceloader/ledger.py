@@ -65,12 +65,7 @@ import pyarrow as pa
 from lanceloader.ordering.order import Order
 from lanceloader.pipeline import RowsSettings
 from lanceloader.rows.protocol import RowSource
-from lanceloader.state.format import (
-    StateMismatchError,
-    check_keys,
-    fingerprint,
-    order_settings,
-)
+from lanceloader.state.format import StateMismatchError, check_keys, fingerprint, order_settings
 from lanceloader.state.history import History
 
 _ids = pa.list_(pa.uint64())
@@ -279,10 +274,6 @@ def refuse_weight_changes(latest: dict[str, Any], resumed_from: Sequence[dict[st
                 "interleave: this loader's answers the steps from that resume on; for the steps "
                 "before it, make a ledger of the loader with the old weights"
             )
-
-
-
-
 
 
 def table_of(columns: dict[str, Any], n: int) -> pa.Table:

@@ -31,12 +31,7 @@ from lanceloader.batch.output import Conversion
 from lanceloader.batch.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError
 from lanceloader.distributed import resolve_rank_world
 from lanceloader.engine.stats import Recorder, Stats
-from lanceloader.engine.stream import (
-    DEFAULT_STALL_TIMEOUT,
-    EpochIterator,
-    LiveIterator,
-    Reading,
-)
+from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, EpochIterator, LiveIterator, Reading
 from lanceloader.engine.work import Transform
 from lanceloader.ordering.plan import Plan
 from lanceloader.ordering.report import MixingReport, mixing_report
@@ -133,36 +128,70 @@ class Loader:
     """
 
     def __init__(
-        self, dataset: str | os.PathLike[str] | lance.LanceDataset | Any, batch_size: int = 256,
-        *, columns: list[str] | None = None, filter: str | None = None,
-        version: int | str | None = None, storage_options: dict[str, str] | None = None,
-        splits: dict[str, float] | None = None, split: str | None = None,
-        split_key: str | None = None, cache: str | os.PathLike[str] | None = "auto",
-        cache_size: int | None = None, pack: Packing | None = None,
-        clips: VideoClips | AudioClips | None = None, blobs: dict[str, str] | None = None,
+        self,
+        dataset: str | os.PathLike[str] | lance.LanceDataset | Any,
+        batch_size: int = 256,
+        *,
+        columns: list[str] | None = None,
+        filter: str | None = None,
+        version: int | str | None = None,
+        storage_options: dict[str, str] | None = None,
+        splits: dict[str, float] | None = None,
+        split: str | None = None,
+        split_key: str | None = None,
+        cache: str | os.PathLike[str] | None = "auto",
+        cache_size: int | None = None,
+        pack: Packing | None = None,
+        clips: VideoClips | AudioClips | None = None,
+        blobs: dict[str, str] | None = None,
         shuffle: bool = False,
-        shuffle_block_size: int = 1, shuffle_window: int | None = None, seed: int = 0,
-        drop_last: bool = False, transform: Transform | list[Transform] | None = None,
-        on_error: OnError = "raise", max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
-        output: str | Conversion = "numpy", fill_nulls: Mapping[str, Any] | None = None,
-        pin_memory: bool = False, device: Any = None,
-        device_prefetch: int | None = None, device_prefetch_bytes: int | None = None,
-        num_workers: int | None = None, worker_type: str = "thread", prefetch: int | None = None,
-        rank: int | None = None, world_size: int | None = None,
-        rows_per_read: int | None = None, log_every: int | None = None,
+        shuffle_block_size: int = 1,
+        shuffle_window: int | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+        transform: Transform | list[Transform] | None = None,
+        on_error: OnError = "raise",
+        max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
+        output: str | Conversion = "numpy",
+        fill_nulls: Mapping[str, Any] | None = None,
+        pin_memory: bool = False,
+        device: Any = None,
+        device_prefetch: int | None = None,
+        device_prefetch_bytes: int | None = None,
+        num_workers: int | None = None,
+        worker_type: str = "thread",
+        prefetch: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        rows_per_read: int | None = None,
+        log_every: int | None = None,
         stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
     ) -> None:
         rank, world_size = resolve_rank_world(rank, world_size)
         self._pipeline = Pipeline.assemble(
             dataset,
-            RowsSettings(columns, filter, version, storage_options, splits, split, split_key,
-                         cache, cache_size, pack, clips, blobs),
+            RowsSettings(
+                columns,
+                filter,
+                version,
+                storage_options,
+                splits,
+                split,
+                split_key,
+                cache,
+                cache_size,
+                pack,
+                clips,
+                blobs,
+            ),
             OrderSettings(shuffle, shuffle_block_size, shuffle_window, seed),
             Batching(batch_size, drop_last, rank, world_size),
             Steps(transform, on_error, max_skip_fraction),
-            Output.of(output, pin_memory, device, device_prefetch, device_prefetch_bytes,
-                      fill_nulls),
-            Workers(num_workers, worker_type, prefetch, rows_per_read, log_every, stall_timeout))
+            Output.of(
+                output, pin_memory, device, device_prefetch, device_prefetch_bytes, fill_nulls
+            ),
+            Workers(num_workers, worker_type, prefetch, rows_per_read, log_every, stall_timeout),
+        )
         self.recorder = Recorder()
         self._cursor = Cursor(self._pipeline.spec())
         self._live = LiveIterator()  # held weakly; the cursor outlives it
@@ -180,23 +209,27 @@ class Loader:
     batches_per_read = property(lambda self: self._pipeline.batches_per_read)
     log_every = property(lambda self: self._pipeline.workers.log_every)
     stall_timeout = property(lambda self: self._pipeline.workers.stall_timeout)
-    prefetch = property(lambda self: self.reading(self.num_workers).reads_in_flight
-                        * self.batches_per_read)
+    prefetch = property(
+        lambda self: self.reading(self.num_workers).reads_in_flight * self.batches_per_read
+    )
     worker_type = property(lambda self: self._pipeline.workers.worker_type)
     stream_spec = property(
         lambda self: self._cursor.spec,
         doc="What this loader's stream is (rows, order, batching, dataset): what a state of it "
-            "records, and what an adapter's own cursor (``state.Cursor``) is made from.")
+        "records, and what an adapter's own cursor (``state.Cursor``) is made from.",
+    )
     sample = property(
         lambda self: self._cursor.sample,
         doc="The global sample of the current epoch the next batch starts at (0: at an epoch's "
-            "start).")
+        "start).",
+    )
 
     def ordered_source(self, name: str) -> OrderedSource:
         """This loader's rows, order and transform as a source of a :class:`~lanceloader.Mix`
         (its batch size, workers and output are the mix's loader's business)."""
-        return OrderedSource(name, self.source, self.order, self.transform,
-                             self._pipeline.steps.on_error)
+        return OrderedSource(
+            name, self.source, self.order, self.transform, self._pipeline.steps.on_error
+        )
 
     @property
     def packing(self) -> PackPlan | None:
@@ -239,8 +272,12 @@ class Loader:
         stepped more than once, ``set_epoch`` and ``load_state_dict`` stay quiet.
         """
         self._live.check_idle("iter()", self, self._cursor)
-        return self._live.start(EpochIterator(self.reading(self.num_workers), self._cursor,
-                                              self.recorder, self.log_every), self._cursor)
+        return self._live.start(
+            EpochIterator(
+                self.reading(self.num_workers), self._cursor, self.recorder, self.log_every
+            ),
+            self._cursor,
+        )
 
     def peek(self) -> Any:
         """The next batch the loader will deliver, made as it will be (transform, output,
@@ -266,11 +303,14 @@ class Loader:
         """How well the current epoch's order mixes the dataset, and how many reads it costs,
         from the order alone (no I/O): see :mod:`lanceloader.ordering.report`."""
         if "mix" in self.source.settings():
-            raise ValueError("a mix has no order of its own to report on: its sources' orders "
-                             "are interleaved; call mixing_report() on each source's Loader")
+            raise ValueError(
+                "a mix has no order of its own to report on: its sources' orders "
+                "are interleaved; call mixing_report() on each source's Loader"
+            )
         c = self._cursor
-        return mixing_report(self.order, self.plan(c.sample), c.epoch, self.batches_per_read,
-                             batches, places)
+        return mixing_report(
+            self.order, self.plan(c.sample), c.epoch, self.batches_per_read, batches, places
+        )
 
     # --- checkpoints ----------------------------------------------------------------------
 
@@ -308,8 +348,10 @@ class Loader:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Loader({self.source!r}, batch_size={self.batch_size}, order={self.order}, "
-                f"rank={self.rank}/{self.world_size}, output={self.output!r})")
+        return (
+            f"Loader({self.source!r}, batch_size={self.batch_size}, order={self.order}, "
+            f"rank={self.rank}/{self.world_size}, output={self.output!r})"
+        )
 
     def reading(self, workers: int) -> Reading:
         """How this loader's streams read with ``workers`` workers (see ``pipeline.py``)."""
@@ -322,10 +364,13 @@ class Loader:
         ``epoch=None`` sums every iteration, ``-1`` is the last one, ``0`` the first.
         ``print(loader.stats())`` shows a table and the verdict."""
         facts = self.source.facts
-        stats = self.recorder.snapshot(workers=self.num_workers,
-                                       shuffle_random=self._pipeline.random_reads, epoch=epoch,
-                                       worker_type=self._pipeline.workers.worker_type,
-                                       cache=facts.cache_choice)
+        stats = self.recorder.snapshot(
+            workers=self.num_workers,
+            shuffle_random=self._pipeline.random_reads,
+            epoch=epoch,
+            worker_type=self._pipeline.workers.worker_type,
+            cache=facts.cache_choice,
+        )
         if facts.padding_fraction is None:
             return stats
         return dataclasses.replace(stats, padding_fraction=facts.padding_fraction)
@@ -341,4 +386,3 @@ class Loader:
         finally:
             self.close()
             self.recorder.write_trace(path)
-

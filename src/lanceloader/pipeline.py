@@ -79,8 +79,9 @@ class RowsSettings:
     blobs: dict[str, str] | None = None  # blob columns: "bytes" (default), "file", "descriptor"
 
     @classmethod
-    def of_state(cls, state: Mapping[str, Any], storage_options: dict[str, str] | None = None
-                 ) -> RowsSettings:
+    def of_state(
+        cls, state: Mapping[str, Any], storage_options: dict[str, str] | None = None
+    ) -> RowsSettings:
         """What a state's rows were read with (its version, filter, split, packing or clips),
         to read them again without a cache (a ledger from a state)."""
         order = state["order"]
@@ -88,10 +89,18 @@ class RowsSettings:
         columns = [pack["column"]] if pack else list(state["columns"])
         if clips:  # the state's columns are the clips': the dataset's, and clip_start
             columns = [c for c in columns if c != "clip_start"]
-        return cls(columns, order["filter"], state["version"], storage_options,
-                   order["splits"], order["split"], order["split_key"], cache=None,
-                   pack=Packing(**pack) if pack else None,
-                   clips=clips_of(clips) if clips else None)
+        return cls(
+            columns,
+            order["filter"],
+            state["version"],
+            storage_options,
+            order["splits"],
+            order["split"],
+            order["split_key"],
+            cache=None,
+            pack=Packing(**pack) if pack else None,
+            clips=clips_of(clips) if clips else None,
+        )
 
     def build(self, dataset: Any, seed: int = 0, random_order: bool = True) -> RowSource:
         """The rows of ``dataset`` (a URI or ``lance.LanceDataset``): Lance rows, packed or
@@ -101,10 +110,15 @@ class RowsSettings:
         if self.pack is not None and not isinstance(self.pack, Packing):
             raise TypeError(f"pack must come from ll.pack(column, seq_len), got {self.pack!r}")
         if self.pack is not None and self.clips is not None:
-            raise ValueError("pack= and clips= both give the samples (packed token rows, or "
-                             "media clips); a Loader takes one of them")
-        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                    if f.name not in ("pack", "clips")}
+            raise ValueError(
+                "pack= and clips= both give the samples (packed token rows, or "
+                "media clips); a Loader takes one of them"
+            )
+        settings = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("pack", "clips")
+        }
         settings["random_order"] = random_order
         if self.clips is not None:
             return clip_source(dataset, self.clips, seed, **settings)
@@ -120,8 +134,9 @@ class OrderSettings:
     seed: int = 0
 
     def build(self, num_rows: int) -> Order:
-        return Order.from_options(num_rows, self.shuffle, self.shuffle_block_size,
-                                  self.shuffle_window, self.seed)
+        return Order.from_options(
+            num_rows, self.shuffle, self.shuffle_block_size, self.shuffle_window, self.seed
+        )
 
 
 @dataclass(frozen=True)
@@ -152,13 +167,20 @@ class Output:
     explicit: bool = False  # given as a Conversion (which keeps bytes as lists for tensors)
 
     @classmethod
-    def of(cls, output: str | Conversion, pin_memory: bool = False, device: Any = None,
-           device_prefetch: int | None = None, device_prefetch_bytes: int | None = None,
-           fill_nulls: Mapping[str, Any] | None = None) -> Output:
+    def of(
+        cls,
+        output: str | Conversion,
+        pin_memory: bool = False,
+        device: Any = None,
+        device_prefetch: int | None = None,
+        device_prefetch_bytes: int | None = None,
+        fill_nulls: Mapping[str, Any] | None = None,
+    ) -> Output:
         check_bool("pin_memory", pin_memory)
         conversion = check_output(with_fill_nulls(output, fill_nulls))
-        placement = check_placement(conversion.output, pin_memory, device, device_prefetch,
-                                    device_prefetch_bytes)
+        placement = check_placement(
+            conversion.output, pin_memory, device, device_prefetch, device_prefetch_bytes
+        )
         return cls(conversion, placement, isinstance(output, Conversion))
 
     def in_worker(self, worker_type: str) -> Conversion:
@@ -193,9 +215,16 @@ class Pipeline:
     batches_per_read: int
 
     @classmethod
-    def assemble(cls, dataset: Any, rows: RowsSettings, order: OrderSettings,
-                 batching: Batching, steps: Steps, output: Output, workers: Workers
-                 ) -> Pipeline:
+    def assemble(
+        cls,
+        dataset: Any,
+        rows: RowsSettings,
+        order: OrderSettings,
+        batching: Batching,
+        steps: Steps,
+        output: Output,
+        workers: Workers,
+    ) -> Pipeline:
         check_settings(order, batching, workers, output)
         steps = dataclasses.replace(steps, transform=as_transform(steps.transform))
         check_on_error(steps.on_error, steps.max_skip_fraction)
@@ -210,10 +239,12 @@ class Pipeline:
         the_order = order.build(source.num_rows)
         hints = source.hints
         if workers.worker_type == "process" and source.facts.cache_per_process:
-            raise ValueError("cache='memory' keeps pieces in one process's memory, and each "
-                             "process worker would fill a copy of its own: with "
-                             "worker_type='process' give a directory, e.g. "
-                             "cache='/dev/shm/lance-cache' (in RAM, shared by the workers)")
+            raise ValueError(
+                "cache='memory' keeps pieces in one process's memory, and each "
+                "process worker would fill a copy of its own: with "
+                "worker_type='process' give a directory, e.g. "
+                "cache='/dev/shm/lance-cache' (in RAM, shared by the workers)"
+            )
         if steps.transform is None:
             schema = source.schema_table().schema
             check_schema(schema, output.conversion)
@@ -226,15 +257,29 @@ class Pipeline:
         shuffled = the_order.random_reads or hints.random_reads
         random = shuffled and not hints.cached
         reads_wait = hints.waits_on_storage and not random and steps.transform is None
-        per_read = (max(1, workers.rows_per_read // batching.batch_size) if workers.rows_per_read
-                    else batches_per_read(random, batching.batch_size,
-                                          steps.transform is not None, source.bytes_per_row,
-                                          hints.read_parts, store_ranges(source, the_order),
-                                          shuffled and hints.gathers))
-        pipeline = cls(source, the_order, batching, steps, output, workers,
-                       workers.num_workers or default_workers(usable_cores(),
-                                                              workers.worker_type, reads_wait),
-                       per_read)
+        per_read = (
+            max(1, workers.rows_per_read // batching.batch_size)
+            if workers.rows_per_read
+            else batches_per_read(
+                random,
+                batching.batch_size,
+                steps.transform is not None,
+                source.bytes_per_row,
+                hints.read_parts,
+                store_ranges(source, the_order),
+                shuffled and hints.gathers,
+            )
+        )
+        pipeline = cls(
+            source,
+            the_order,
+            batching,
+            steps,
+            output,
+            workers,
+            workers.num_workers or default_workers(usable_cores(), workers.worker_type, reads_wait),
+            per_read,
+        )
         if workers.worker_type == "process":
             check_picklable(pipeline.work(), f"transform {transform_name(steps.transform)}")
             start_forkserver()
@@ -250,13 +295,21 @@ class Pipeline:
         """What a state of this pipeline's stream records besides the position."""
         src, b, name = self.source, self.batching, self.source.dataset_name
         return StreamSpec(
-            num_rows=src.num_rows, order=order_settings(src, self.order),
-            batch_size=b.batch_size, world_size=b.world_size, rank=b.rank,
-            drop_last=b.drop_last, uri=name.uri, version=name.version, dataset=name.identity,
-            columns=tuple(src.columns))
+            num_rows=src.num_rows,
+            order=order_settings(src, self.order),
+            batch_size=b.batch_size,
+            world_size=b.world_size,
+            rank=b.rank,
+            drop_last=b.drop_last,
+            uri=name.uri,
+            version=name.version,
+            dataset=name.identity,
+            columns=tuple(src.columns),
+        )
 
-    def resumed(self, state: Any, allow_changes: tuple[str, ...]
-                ) -> tuple[Pipeline, dict[str, Any], tuple[str, ...]]:
+    def resumed(
+        self, state: Any, allow_changes: tuple[str, ...]
+    ) -> tuple[Pipeline, dict[str, Any], tuple[str, ...]]:
         """The pipeline that continues ``state``, the state in its terms and the changes left to
         check (``RowSource.resumed``: a mix whose weights changed continues with offsets, in an
         order of the new rows' length). Pure: nothing here changes."""
@@ -266,10 +319,21 @@ class Pipeline:
         if source is self.source:
             return self, state, allow
         pipeline = dataclasses.replace(
-            self, source=source, order=dataclasses.replace(self.order, num_rows=source.num_rows))
+            self, source=source, order=dataclasses.replace(self.order, num_rows=source.num_rows)
+        )
         spec = pipeline.spec()
-        return pipeline, {**state, "order": dict(spec.order), "fingerprint": spec.fingerprint,
-                          "dataset": spec.dataset, "uri": spec.uri, "sample": sample}, allow
+        return (
+            pipeline,
+            {
+                **state,
+                "order": dict(spec.order),
+                "fingerprint": spec.fingerprint,
+                "dataset": spec.dataset,
+                "uri": spec.uri,
+                "sample": sample,
+            },
+            allow,
+        )
 
     def batch(self, epoch: int, plan: Plan, index: int) -> Any:
         """Batch ``index`` of ``plan`` in ``epoch``, made in this process as the training loop
@@ -280,11 +344,13 @@ class Pipeline:
 
     def work(self, final: bool = False) -> BatchWork:
         """What a worker does with a task; ``final``: in this process, to the final output."""
-        conversion = self.output.conversion if final else \
-            self.output.in_worker(self.workers.worker_type)
+        conversion = (
+            self.output.conversion if final else self.output.in_worker(self.workers.worker_type)
+        )
         s = self.steps
-        return BatchWork(self.source, self.order, s.transform, conversion, False, s.on_error,
-                         s.max_skip_fraction)
+        return BatchWork(
+            self.source, self.order, s.transform, conversion, False, s.on_error, s.max_skip_fraction
+        )
 
     def reading(self, workers: int, recorder: Recorder | None = None) -> Reading:
         """How streams read with ``workers`` workers: ``prefetch`` batches (the given one, or
@@ -292,8 +358,9 @@ class Pipeline:
         device, each stream gets a device queue (its stats go to ``recorder``): thread workers
         stage and register their batches in it, the consumer takes them on arrival."""
         transform = self.steps.transform is not None
-        prefetch = self.workers.prefetch or default_prefetch(workers, self.batches_per_read,
-                                                             transform)
+        prefetch = self.workers.prefetch or default_prefetch(
+            workers, self.batches_per_read, transform
+        )
         work: BatchWork = self.work()
         finish = self.output.conversion if work.conversion != self.output.conversion else None
         placement = self.output.placement
@@ -304,48 +371,75 @@ class Pipeline:
             if self.workers.worker_type == "thread":
                 work = placement.work(work, queue)
         return Reading(
-            work, workers, self.batches_per_read,
-            reads_in_flight(prefetch, self.batches_per_read, workers), self.workers.worker_type,
-            finish=finish, placement=arrive, stall_timeout=self.workers.stall_timeout)
+            work,
+            workers,
+            self.batches_per_read,
+            reads_in_flight(prefetch, self.batches_per_read, workers),
+            self.workers.worker_type,
+            finish=finish,
+            placement=arrive,
+            stall_timeout=self.workers.stall_timeout,
+        )
 
 
-def check_settings(order: OrderSettings, batching: Batching, workers: Workers,
-                   output: Output) -> None:
+def check_settings(
+    order: OrderSettings, batching: Batching, workers: Workers, output: Output
+) -> None:
     """The settings' own checks (each names the argument and what it takes)."""
     check_bool("shuffle", order.shuffle)
     check_bool("drop_last", batching.drop_last)
     check_seconds("stall_timeout", workers.stall_timeout)
-    check_numbers(batch_size=batching.batch_size, shuffle_block_size=order.shuffle_block_size,
-                  seed=order.seed, shuffle_window=order.shuffle_window,
-                  num_workers=workers.num_workers, prefetch=workers.prefetch,
-                  rows_per_read=workers.rows_per_read, log_every=workers.log_every)
+    check_numbers(
+        batch_size=batching.batch_size,
+        shuffle_block_size=order.shuffle_block_size,
+        seed=order.seed,
+        shuffle_window=order.shuffle_window,
+        num_workers=workers.num_workers,
+        prefetch=workers.prefetch,
+        rows_per_read=workers.rows_per_read,
+        log_every=workers.log_every,
+    )
     if workers.worker_type not in ("thread", "process"):
-        raise ValueError(f"worker_type must be 'thread' or 'process', got "
-                         f"{workers.worker_type!r}")
+        raise ValueError(f"worker_type must be 'thread' or 'process', got {workers.worker_type!r}")
 
 
 def refuse_rows_settings(rows: RowsSettings) -> None:
     """Rows given as rows have their columns, filter and cache already: say so for any given."""
-    given = [f.name for f in dataclasses.fields(rows)
-             if getattr(rows, f.name) is not None and getattr(rows, f.name) != f.default]
+    given = [
+        f.name
+        for f in dataclasses.fields(rows)
+        if getattr(rows, f.name) is not None and getattr(rows, f.name) != f.default
+    ]
     if given:
-        raise ValueError(f"Loader(rows) got {', '.join(given)}: rows given as an object of the "
-                         "rows protocol read what they read; give those settings to the rows")
+        raise ValueError(
+            f"Loader(rows) got {', '.join(given)}: rows given as an object of the "
+            "rows protocol read what they read; give those settings to the rows"
+        )
 
 
 def refuse_mix_settings(rows: RowsSettings, order: OrderSettings) -> None:
     """A mix takes what to read and its order from its sources: say so for any given here."""
-    given = [f.name for f in dataclasses.fields(rows)
-             if getattr(rows, f.name) is not None and getattr(rows, f.name) != f.default]
-    given += [name for name, value, default in (
-        ("shuffle", order.shuffle, False), ("shuffle_block_size", order.shuffle_block_size, 1),
-        ("shuffle_window", order.shuffle_window, None)) if value != default]
+    given = [
+        f.name
+        for f in dataclasses.fields(rows)
+        if getattr(rows, f.name) is not None and getattr(rows, f.name) != f.default
+    ]
+    given += [
+        name
+        for name, value, default in (
+            ("shuffle", order.shuffle, False),
+            ("shuffle_block_size", order.shuffle_block_size, 1),
+            ("shuffle_window", order.shuffle_window, None),
+        )
+        if value != default
+    ]
     if given:
         raise ValueError(
             f"Loader(Mix(...)) got {', '.join(given)}: a mix takes what to read and in which "
             "order from each source's own Loader (columns, filter, split, cache, pack, "
             "shuffle), and interleaves those orders in exact proportions; set them on the "
-            "source Loaders")
+            "source Loaders"
+        )
 
 
 def hint_process_workers(workers: int) -> None:
@@ -357,4 +451,7 @@ def hint_process_workers(workers: int) -> None:
         warnings.warn(
             f"num_workers={workers} process workers on {cores} cores: the processes take turns "
             f"on the cores (4 on 2 cores ran 2.3x slower than 2); pass num_workers={cores} or "
-            "fewer (this hint is shown once)", UserWarning, stacklevel=4)
+            "fewer (this hint is shown once)",
+            UserWarning,
+            stacklevel=4,
+        )

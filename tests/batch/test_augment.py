@@ -27,16 +27,19 @@ def _draws(loader, epochs=1) -> dict[tuple[int, int], float]:
 
 
 def _loader(uri, **kw) -> ll.Loader:
-    return ll.Loader(uri, columns=["id"], shuffle=True, seed=7,
-                     transform=ll.random_map(workerfns.draw), **kw)
+    return ll.Loader(
+        uri, columns=["id"], shuffle=True, seed=7, transform=ll.random_map(workerfns.draw), **kw
+    )
 
 
 def test_draws_belong_to_the_sample(small_uri) -> None:
     base = _draws(_loader(small_uri, batch_size=32, num_workers=1), epochs=2)
     assert len(base) == 2000
     assert _draws(_loader(small_uri, batch_size=7, num_workers=3), epochs=2) == base
-    assert _draws(_loader(small_uri, batch_size=32, num_workers=2, worker_type="process"),
-                  epochs=2) == base
+    assert (
+        _draws(_loader(small_uri, batch_size=32, num_workers=2, worker_type="process"), epochs=2)
+        == base
+    )
     first = [base[(0, i)] for i in range(1000)]
     second = [base[(1, i)] for i in range(1000)]
     assert first != second  # a new epoch draws anew (the same row is another sample there)
@@ -45,11 +48,12 @@ def test_draws_belong_to_the_sample(small_uri) -> None:
 
 @settings(max_examples=8, deadline=None)
 @given(cut=st.integers(1, 20), before=st.integers(1, 3), after=st.integers(1, 3))
-def test_a_resumed_run_draws_what_the_uninterrupted_run_drew(small_uri, cut, before,
-                                                             after) -> None:
+def test_a_resumed_run_draws_what_the_uninterrupted_run_drew(small_uri, cut, before, after) -> None:
     base = _draws(_loader(small_uri, batch_size=16, num_workers=1))
-    ranks = [_loader(small_uri, batch_size=16, num_workers=1, rank=r, world_size=before)
-             for r in range(before)]
+    ranks = [
+        _loader(small_uri, batch_size=16, num_workers=1, rank=r, world_size=before)
+        for r in range(before)
+    ]
     its = [iter(r) for r in ranks]
     seen = {}
     for _ in range(cut):
@@ -68,10 +72,16 @@ def test_a_resumed_run_draws_what_the_uninterrupted_run_drew(small_uri, cut, bef
 
 def test_skipped_rows_keep_the_others_draws(small_uri) -> None:
     base = _draws(_loader(small_uri, batch_size=32))
-    loader = ll.Loader(small_uri, columns=["id"], shuffle=True, seed=7, batch_size=32,
-                       on_error="skip", max_skip_fraction=1.0,
-                       transform=[ll.map_rows(workerfns.fail_on_odd_id),
-                                                   ll.random_map(workerfns.draw)])
+    loader = ll.Loader(
+        small_uri,
+        columns=["id"],
+        shuffle=True,
+        seed=7,
+        batch_size=32,
+        on_error="skip",
+        max_skip_fraction=1.0,
+        transform=[ll.map_rows(workerfns.fail_on_odd_id), ll.random_map(workerfns.draw)],
+    )
     got = _draws(loader)
     assert got and all(i % 2 == 0 for _, i in got)
     assert got == {k: v for k, v in base.items() if k in got}
@@ -82,8 +92,9 @@ def test_random_map_after_a_row_changing_transform_is_refused(small_uri) -> None
         return batch.slice(0, batch.num_rows // 2)
 
     halve.changes_rows = True
-    loader = ll.Loader(small_uri, columns=["id"], batch_size=8,
-                       transform=[halve, ll.random_map(workerfns.draw)])
+    loader = ll.Loader(
+        small_uri, columns=["id"], batch_size=8, transform=[halve, ll.random_map(workerfns.draw)]
+    )
     with pytest.raises(ValueError, match="put random transforms before it"):
         next(iter(loader))
 
@@ -97,13 +108,15 @@ def test_vision_recipe_crops_and_flips_chw_images(tmp_path) -> None:
         Image.fromarray(pixels).save(buf, format="PNG")
         rows.append(buf.getvalue())
     uri = str(tmp_path / "images.lance")
-    lance.write_dataset(pa.table({"image": pa.array(rows, pa.binary()),
-                                  "label": np.arange(24) % 3}), uri)
+    lance.write_dataset(
+        pa.table({"image": pa.array(rows, pa.binary()), "label": np.arange(24) % 3}), uri
+    )
     transform = [ll.decode_images("image", layout="CHW"), ll.random_map(workerfns.crop_flip)]
     outs = []
     for kw in ({"num_workers": 1}, {"num_workers": 2, "worker_type": "process"}):
-        loader = ll.Loader(uri, batch_size=8, shuffle=True, transform=transform, output="torch",
-                           **kw)
+        loader = ll.Loader(
+            uri, batch_size=8, shuffle=True, transform=transform, output="torch", **kw
+        )
         outs.append([b["image"] for b in loader])
     assert tuple(outs[0][0].shape) == (8, 3, 6, 6)
     assert all((a == b).all() for a, b in zip(*outs, strict=True))

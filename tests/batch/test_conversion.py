@@ -422,8 +422,10 @@ def bfloat16_dataset(directory: str) -> lance.LanceDataset:
 def run_isolated(check: str, *args: str) -> None:
     """Run ``check(*args)``, a function of this module, in a fresh Python process."""
     here = str(Path(__file__).resolve().parent)
-    code = (f"import sys; sys.path[:0] = [{here!r}, {str(TESTS)!r}]; import test_conversion; "
-            f"test_conversion.{check}(*sys.argv[1:])")
+    code = (
+        f"import sys; sys.path[:0] = [{here!r}, {str(TESTS)!r}]; import test_conversion; "
+        f"test_conversion.{check}(*sys.argv[1:])"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300
     )

@@ -18,8 +18,18 @@ def fail_on_sevens(row: dict) -> dict:
 
 
 def test_skip_policy_drops_bad_rows_counts_them_and_keeps_batch_counts(small_uri: str) -> None:
-    loaders = [ll.Loader(small_uri, batch_size=50, columns=["id"], rank=r, world_size=2,
-                         transform=ll.map_rows(fail_on_sevens), on_error="skip") for r in range(2)]
+    loaders = [
+        ll.Loader(
+            small_uri,
+            batch_size=50,
+            columns=["id"],
+            rank=r,
+            world_size=2,
+            transform=ll.map_rows(fail_on_sevens),
+            on_error="skip",
+        )
+        for r in range(2)
+    ]
     per_rank = [list(loader) for loader in loaders]
     assert len(per_rank[0]) == len(per_rank[1]) == len(loaders[0])
     ids = sorted(int(i) for batches in per_rank for b in batches for i in b["id"])
@@ -31,7 +41,9 @@ def test_skip_policy_drops_bad_rows_counts_them_and_keeps_batch_counts(small_uri
 
 
 def test_raise_policy_names_the_batch_and_the_row(small_uri: str) -> None:
-    loader = ll.Loader(small_uri, batch_size=50, columns=["id"], transform=ll.map_rows(fail_on_sevens))
+    loader = ll.Loader(
+        small_uri, batch_size=50, columns=["id"], transform=ll.map_rows(fail_on_sevens)
+    )
     with pytest.raises(ValueError, match="corrupt row 0") as info:
         list(loader)
     notes = "\n".join(info.value.__notes__)
@@ -42,8 +54,14 @@ def test_skip_budget_stops_a_broken_pipeline(small_uri: str) -> None:
     def always_fails(row: dict) -> dict:
         raise KeyError("broken")
 
-    loader = ll.Loader(small_uri, batch_size=50, columns=["id"], transform=ll.map_rows(always_fails),
-                       on_error="skip", max_skip_fraction=0.2)
+    loader = ll.Loader(
+        small_uri,
+        batch_size=50,
+        columns=["id"],
+        transform=ll.map_rows(always_fails),
+        on_error="skip",
+        max_skip_fraction=0.2,
+    )
     with pytest.raises(ll.TooManyRowErrors, match="over the skip budget"):
         list(loader)
 
@@ -57,8 +75,15 @@ def test_a_list_of_transforms_is_applied_in_order(small_uri: str) -> None:
 
 def test_conversion_options_reach_the_workers(tmp_path) -> None:
     uri = str(tmp_path / "nulls.lance")
-    lance.write_dataset(pa.table({"score": pa.array([1.0, None, 3.0, None]),
-                                  "tags": pa.array([[1], [2, 3], [], [4, 5, 6]])}), uri)
+    lance.write_dataset(
+        pa.table(
+            {
+                "score": pa.array([1.0, None, 3.0, None]),
+                "tags": pa.array([[1], [2, 3], [], [4, 5, 6]]),
+            }
+        ),
+        uri,
+    )
     conv = ll.Conversion(output="numpy", fill_nulls={"score": -1.0}, pad_value=-9)
     batch = next(iter(ll.Loader(uri, batch_size=4, output=conv)))
     assert batch["score"].tolist() == [1.0, -1.0, 3.0, -1.0]
@@ -73,7 +98,9 @@ def test_pin_memory_without_cuda_warns_once_and_still_delivers(small_uri: str) -
         loader = ll.Loader(small_uri, batch_size=10, columns=["x"], output="torch", pin_memory=True)
     batch = next(iter(loader))
     assert isinstance(batch["x"], torch.Tensor) and not batch["x"].is_pinned()
-    cpu = next(iter(ll.Loader(small_uri, batch_size=10, columns=["x"], output="torch", device="cpu")))
+    cpu = next(
+        iter(ll.Loader(small_uri, batch_size=10, columns=["x"], output="torch", device="cpu"))
+    )
     assert cpu["x"].device.type == "cpu"
     np.testing.assert_array_equal(cpu["x"].numpy(), batch["x"].numpy())
 

@@ -37,14 +37,20 @@ BATCH_BYTES = 8 * (64 * 4 + 8)  # 8 rows of x (64 float32) and id (int64)
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return write_demo_dataset(tmp_path_factory.mktemp("device") / "d.lance", rows=320,
-                              fragments=2)
+    return write_demo_dataset(tmp_path_factory.mktemp("device") / "d.lance", rows=320, fragments=2)
 
 
 def loader(uri: str, **kwargs) -> ll.Loader:
     """8-row batches of id and x as torch, two read batches per task (a transform)."""
-    settings = {"columns": ["id", "x"], "output": "torch", "shuffle": True, "seed": 3,
-                "transform": lambda b: b, "num_workers": 2, **kwargs}
+    settings = {
+        "columns": ["id", "x"],
+        "output": "torch",
+        "shuffle": True,
+        "seed": 3,
+        "transform": lambda b: b,
+        "num_workers": 2,
+        **kwargs,
+    }
     return ll.Loader(uri, 8, **settings)
 
 
@@ -106,8 +112,12 @@ def test_slots_dropped_by_their_task_leave_the_queue() -> None:
 
 def test_order_is_the_loaders_with_and_without_the_stage(uri: str) -> None:
     expected = [b["id"].tolist() for b in loader(uri)]
-    for kwargs in ({"device_prefetch": 3}, {"device_prefetch": 0}, {"num_workers": 1},
-                   {"transform": None, "device_prefetch": 1}):
+    for kwargs in (
+        {"device_prefetch": 3},
+        {"device_prefetch": 0},
+        {"num_workers": 1},
+        {"transform": None, "device_prefetch": 1},
+    ):
         staged = loader(uri, device="cpu", **kwargs)
         assert [b["id"].tolist() for b in slowly(staged, 0.001)] == expected, kwargs
         assert staged.stats().copy_batches == len(expected)
@@ -125,8 +135,13 @@ def test_the_device_holds_at_most_device_prefetch_batches_ahead(uri: str) -> Non
 
 
 def test_the_device_holds_at_most_device_prefetch_bytes_ahead(uri: str) -> None:
-    staged = loader(uri, device="cpu", device_prefetch=8, prefetch=16,
-                    device_prefetch_bytes=int(2.5 * BATCH_BYTES))
+    staged = loader(
+        uri,
+        device="cpu",
+        device_prefetch=8,
+        prefetch=16,
+        device_prefetch_bytes=int(2.5 * BATCH_BYTES),
+    )
     slowly(staged, 0.005)
     s = staged.stats()
     assert (s.device_ahead_max, s.device_ahead_bytes_max) == (2, 2 * BATCH_BYTES)
@@ -196,9 +211,18 @@ def test_resume_is_unaffected_by_the_stage(uri: str) -> None:
 def test_checkpoint_conformance_with_the_stage(tmp_path) -> None:
     small = write_demo_dataset(tmp_path / "s.lance", rows=40)
     assert_checkpoint_conformance(
-        lambda: ll.Loader(small, 8, columns=["id"], output="torch", device="cpu",
-                          device_prefetch=2, shuffle=True, num_workers=2),
-        value=lambda b: b["id"].tolist())
+        lambda: ll.Loader(
+            small,
+            8,
+            columns=["id"],
+            output="torch",
+            device="cpu",
+            device_prefetch=2,
+            shuffle=True,
+            num_workers=2,
+        ),
+        value=lambda b: b["id"].tolist(),
+    )
 
 
 def test_stats_report_the_copies(uri: str) -> None:
@@ -206,8 +230,16 @@ def test_stats_report_the_copies(uri: str) -> None:
     n = len(list(staged))
     s = staged.stats()
     d = s.to_dict()
-    for key in ("copy_batches", "copy_bytes", "copy_s", "copy_exposed_s", "copies_late",
-                "device_ahead_max", "device_ahead_bytes_max", "copy_hidden"):
+    for key in (
+        "copy_batches",
+        "copy_bytes",
+        "copy_s",
+        "copy_exposed_s",
+        "copies_late",
+        "device_ahead_max",
+        "device_ahead_bytes_max",
+        "copy_hidden",
+    ):
         assert key in d
     assert (s.copy_batches, s.copy_bytes) == (n, n * BATCH_BYTES)
     assert s.copy_hidden is None  # CPU copies are not timed
@@ -224,13 +256,16 @@ def test_peek_places_the_batch(uri: str) -> None:
     assert staged.peek()["id"].tolist() == next(iter(staged))["id"].tolist()
 
 
-@pytest.mark.parametrize(("kwargs", "error", "match"), [
-    ({"device_prefetch": 2}, ValueError, "needs device="),
-    ({"device": "cpu", "device_prefetch": -1}, ValueError, "device_prefetch must be >= 0"),
-    ({"device": "cpu", "device_prefetch_bytes": 1.5}, TypeError, "must be an int"),
-    ({"device": "cpu", "output": "numpy"}, ValueError, "need output='torch'"),
-    ({"device": "cpu", "output": "jax"}, TypeError, "jax.Device"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"device_prefetch": 2}, ValueError, "needs device="),
+        ({"device": "cpu", "device_prefetch": -1}, ValueError, "device_prefetch must be >= 0"),
+        ({"device": "cpu", "device_prefetch_bytes": 1.5}, TypeError, "must be an int"),
+        ({"device": "cpu", "output": "numpy"}, ValueError, "need output='torch'"),
+        ({"device": "cpu", "output": "jax"}, TypeError, "jax.Device"),
+    ],
+)
 def test_bad_placement_arguments_are_refused(uri: str, kwargs, error, match) -> None:
     with pytest.raises(error, match=match):
         ll.Loader(uri, 8, columns=["id"], **{"output": "torch", **kwargs})
@@ -274,8 +309,7 @@ def png(pixels: np.ndarray) -> bytes:
 def picture(h: int, w: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([128 + 100 * np.sin(x / (9 + 4 * c) + y / (13 + 3 * c)) for c in range(3)],
-                    -1)
+    base = np.stack([128 + 100 * np.sin(x / (9 + 4 * c) + y / (13 + 3 * c)) for c in range(3)], -1)
     return np.clip(base + rng.normal(0, 8, base.shape), 0, 255).astype(np.uint8)
 
 
@@ -310,8 +344,9 @@ def test_only_rgb_and_grey_jpegs_go_to_the_gpu_decoder() -> None:
 
     assert _gpu_decodable(encoded("RGB", format="JPEG"))
     assert _gpu_decodable(encoded("L", format="JPEG"))
-    assert _gpu_decodable(encoded("RGB", format="JPEG", progressive=True,
-                                  exif=b"Exif\x00\x00" + bytes(3000)))
+    assert _gpu_decodable(
+        encoded("RGB", format="JPEG", progressive=True, exif=b"Exif\x00\x00" + bytes(3000))
+    )
     assert not _gpu_decodable(encoded("CMYK", format="JPEG"))  # the CPU converts CMYK right
     assert not _gpu_decodable(encoded("RGB", format="PNG"))
     assert not _gpu_decodable(np.frombuffer(b"\xff\xd8\xffcorrupt", np.uint8))
@@ -349,18 +384,24 @@ def test_the_device_path_falls_back_to_the_cpu_and_reports_corrupt_rows() -> Non
     with pytest.raises(Exception, match="row 3"):  # raise: names the row, like the CPU path
         on_device(batch)
     other = pa.record_batch({"image": pa.array([jpeg(pics[0]), jpeg(picture(30, 30))])})
-    assert apply_transform(dataclasses.replace(decode_images(), device="cpu"), other,
-                           "skip").skipped == 1  # no size: another size is a row error
+    assert (
+        apply_transform(dataclasses.replace(decode_images(), device="cpu"), other, "skip").skipped
+        == 1
+    )  # no size: another size is a row error
 
 
 def test_the_device_path_refuses_process_workers(uri: str, tmp_path) -> None:
     pics = [jpeg(picture(20, 20, i)) for i in range(4)]
-    images = lance.write_dataset(pa.table({"image": pa.array(pics, pa.binary())}),
-                                 str(tmp_path / "img.lance")).uri
+    images = lance.write_dataset(
+        pa.table({"image": pa.array(pics, pa.binary())}), str(tmp_path / "img.lance")
+    ).uri
     transform = dataclasses.replace(decode_images(size=8), device="cpu")
     with pytest.raises(RuntimeError, match="runs in thread workers"):
-        list(ll.Loader(images, 2, transform=transform, output="torch", worker_type="process",
-                       num_workers=1))
+        list(
+            ll.Loader(
+                images, 2, transform=transform, output="torch", worker_type="process", num_workers=1
+            )
+        )
     batches = list(ll.Loader(images, 2, transform=transform, output="torch"))
     assert [tuple(b["image"].shape) for b in batches] == [(2, 8, 8, 3)] * 2
 
@@ -374,8 +415,13 @@ def test_the_device_arithmetic_matches_the_cpu_path(backend: str) -> None:
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     for h, w in ((375, 500), (256, 256), (600, 420), (224, 224), (150, 200)):
         data = jpeg(picture(h, w, h))
-        cpu = decode_images(size=224, backend=backend, layout="CHW")(
-            pa.record_batch({"image": [data]})).column("image").to_numpy_ndarray()
+        cpu = (
+            decode_images(size=224, backend=backend, layout="CHW")(
+                pa.record_batch({"image": [data]})
+            )
+            .column("image")
+            .to_numpy_ndarray()
+        )
         full = torch.from_numpy(_decode_pil(data, None, "RGB")).permute(2, 0, 1)
         dev = finish_images([full], (224, 224), "uint8", None, None, "CHW", 3).numpy()
         diff = np.abs(cpu.astype(float) - dev).mean()
@@ -444,8 +490,9 @@ def test_gpu_decode_matches_the_cpu_path_and_falls_back(tmp_path) -> None:
     assert (per_image <= DEVICE_TOLERANCE).all(), per_image
     again = apply_transform(decode_images(size=224, layout="CHW", device="cuda"), batch, "skip")
     assert torch.equal(again.batch["image"], images)  # deterministic
-    uri = lance.write_dataset(pa.table({"image": pa.array(rows[:4] * 4, pa.binary())}),
-                              str(tmp_path / "i.lance")).uri
+    uri = lance.write_dataset(
+        pa.table({"image": pa.array(rows[:4] * 4, pa.binary())}), str(tmp_path / "i.lance")
+    ).uri
     transform = decode_images(size=64, dtype="float32", layout="CHW", device="cuda")
     made = ll.Loader(uri, 4, transform=transform, output="torch", device="cuda")
     first = [b["image"].cpu() for b in made]

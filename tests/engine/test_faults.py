@@ -35,8 +35,9 @@ GONE_BOUND_S = 5.0  # nothing is left this long after the training process is SI
 
 
 def shm_files(owner: int) -> list[str]:
-    return sorted(p.name for p in SHM_DIR.glob(f"lanceloader-*-{owner}-*")
-                  if owner_of(p.name) == owner)
+    return sorted(
+        p.name for p in SHM_DIR.glob(f"lanceloader-*-{owner}-*") if owner_of(p.name) == owner
+    )
 
 
 def fd_count() -> int:
@@ -86,15 +87,23 @@ def pool_pids(loader: ll.Loader) -> list[int]:
 
 def busy_loader(uri: str, worker_type: str, workers: int) -> ll.Loader:
     """Every worker busy (for 20 s) right after the first batch."""
-    return ll.Loader(uri, batch_size=10, columns=["id"], transform=workerfns.slow_after_first,
-                     num_workers=workers, worker_type=worker_type, prefetch=2 * workers)
+    return ll.Loader(
+        uri,
+        batch_size=10,
+        columns=["id"],
+        transform=workerfns.slow_after_first,
+        num_workers=workers,
+        worker_type=worker_type,
+        prefetch=2 * workers,
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4])
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
 @pytest.mark.parametrize("how", ["break", "error", "ctrl-c"])
-def test_stop_returns_at_once_whatever_the_workers_do(small_uri: str, how: str,
-                                                      worker_type: str, workers: int) -> None:
+def test_stop_returns_at_once_whatever_the_workers_do(
+    small_uri: str, how: str, worker_type: str, workers: int
+) -> None:
     workerfns.gate.clear()
     loader = busy_loader(small_uri, worker_type, workers)
     leaks = Leaks()
@@ -148,11 +157,19 @@ def test_stop_returns_at_once_whatever_the_workers_do(small_uri: str, how: str,
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
-def test_a_stuck_transform_raises_stall_error_with_its_stack(small_uri: str,
-                                                             worker_type: str) -> None:
+def test_a_stuck_transform_raises_stall_error_with_its_stack(
+    small_uri: str, worker_type: str
+) -> None:
     workerfns.gate.clear()
-    loader = ll.Loader(small_uri, batch_size=10, columns=["id"], transform=workerfns.stuck,
-                       num_workers=2, worker_type=worker_type, stall_timeout=1.0)
+    loader = ll.Loader(
+        small_uri,
+        batch_size=10,
+        columns=["id"],
+        transform=workerfns.stuck,
+        num_workers=2,
+        worker_type=worker_type,
+        stall_timeout=1.0,
+    )
     leaks = Leaks()
     it = iter(loader)
     pids = pool_pids(loader)
@@ -164,8 +181,9 @@ def test_a_stuck_transform_raises_stall_error_with_its_stack(small_uri: str,
     assert isinstance(error, TimeoutError)
     message = str(error)
     assert "batch 0 of epoch 0" in message and "stage 'transform'" in message
-    assert ("worker thread lanceloader-worker-" if worker_type == "thread" else
-            "worker process 0 (pid") in message
+    assert (
+        "worker thread lanceloader-worker-" if worker_type == "thread" else "worker process 0 (pid"
+    ) in message
     assert "in stuck" in message
     assert "in stuck" in error.stack and error.stage == "transform" and error.batch == 0
     assert not it.live
@@ -173,9 +191,16 @@ def test_a_stuck_transform_raises_stall_error_with_its_stack(small_uri: str,
 
 
 def test_a_stopped_worker_process_raises_stall_error(small_uri: str) -> None:
-    loader = ll.Loader(small_uri, batch_size=10, columns=["id"], num_workers=1,
-                       worker_type="process", prefetch=1, rows_per_read=10,
-                       stall_timeout=1.0)
+    loader = ll.Loader(
+        small_uri,
+        batch_size=10,
+        columns=["id"],
+        num_workers=1,
+        worker_type="process",
+        prefetch=1,
+        rows_per_read=10,
+        stall_timeout=1.0,
+    )
     leaks = Leaks()
     it = iter(loader)
     next(it)
@@ -277,8 +302,12 @@ def descendants(pid: int) -> set[int]:
 
 
 def kill_trainer_and_check(script: str, *args: str) -> dict:
-    trainer = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = trainer.stdout.readline()
         assert line, trainer.stderr.read()[-3000:]
@@ -290,10 +319,11 @@ def kill_trainer_and_check(script: str, *args: str) -> dict:
         left_before = shm_files(info["pid"])
         trainer.kill()  # SIGKILL: no finally, no atexit, no finalizer runs in the trainer
         killed = time.monotonic()
-        gone = wait_until(lambda: not any(alive(p) for p in processes)
-                          and not shm_files(info["pid"]), GONE_BOUND_S)
-        assert gone, {"alive": [p for p in processes if alive(p)],
-                      "files": shm_files(info["pid"])}
+        gone = wait_until(
+            lambda: not any(alive(p) for p in processes) and not shm_files(info["pid"]),
+            GONE_BOUND_S,
+        )
+        assert gone, {"alive": [p for p in processes if alive(p)], "files": shm_files(info["pid"])}
         info["took"], info["files_before"] = time.monotonic() - killed, left_before
         return info
     finally:
@@ -302,17 +332,20 @@ def kill_trainer_and_check(script: str, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("state", ["busy", "files-in-flight"])
-def test_nothing_outlives_a_killed_trainer_with_process_workers(medium_uri: str,
-                                                                state: str) -> None:
+def test_nothing_outlives_a_killed_trainer_with_process_workers(
+    medium_uri: str, state: str
+) -> None:
     info = kill_trainer_and_check(OWN_POOL_TRAINER.format(tests=TESTS), medium_uri, state)
     if state == "files-in-flight":
         assert info["files_before"], "the test needs batches in flight, as files"
 
 
-@pytest.mark.parametrize("dataset, context", [("iterable", "forkserver"),
-                                              ("map", "forkserver"), ("map", "fork")])
+@pytest.mark.parametrize(
+    "dataset, context", [("iterable", "forkserver"), ("map", "forkserver"), ("map", "fork")]
+)
 def test_nothing_outlives_a_killed_trainer_with_dataloader_workers(
-        medium_uri: str, dataset: str, context: str) -> None:
+    medium_uri: str, dataset: str, context: str
+) -> None:
     """The forkserver recipe, and ``fork``: there the workers are tainted and read through
     clean reader processes of their own, which must go too."""
     pytest.importorskip("torch")
@@ -323,8 +356,12 @@ def test_nothing_outlives_a_killed_trainer_with_dataloader_workers(
 
 
 def test_the_next_pool_removes_files_a_killed_trainer_left(small_uri: str) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pid = int(dead.stdout)
     orphan = SHM_DIR / shm_name("pool", pid, "abcd1234", pid, 0)
     live = SHM_DIR / shm_name("pool", os.getppid(), "abcd1234", 1, 0)  # a live owner's file
@@ -368,22 +405,34 @@ def damage(uri: str, how: str) -> str:
 def text_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     """2,000 rows of text in 2 fragments: the middle of a data file is string data."""
     uri = str(tmp_path_factory.mktemp("text") / "text.lance")
-    table = pa.table({"id": pa.array(range(2000), pa.int64()),
-                      "text": [f"row {i} " + "lorem ipsum " * (i % 20) for i in range(2000)]})
+    table = pa.table(
+        {
+            "id": pa.array(range(2000), pa.int64()),
+            "text": [f"row {i} " + "lorem ipsum " * (i % 20) for i in range(2000)],
+        }
+    )
     lance.write_dataset(table, uri, max_rows_per_file=1000)
     return uri
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
-@pytest.mark.parametrize("how", ["truncated", "zero-length", "overwritten-middle",
-                                 "overwritten-footer"])
-def test_a_damaged_data_file_raises_read_error_naming_where(text_uri: str, tmp_path: Path,
-                                                            how: str, worker_type: str) -> None:
+@pytest.mark.parametrize(
+    "how", ["truncated", "zero-length", "overwritten-middle", "overwritten-footer"]
+)
+def test_a_damaged_data_file_raises_read_error_naming_where(
+    text_uri: str, tmp_path: Path, how: str, worker_type: str
+) -> None:
     uri = str(tmp_path / "damaged.lance")
     shutil.copytree(text_uri, uri)
     damage(uri, how)
-    loader = ll.Loader(uri, batch_size=100, columns=["text"], num_workers=2,
-                       worker_type=worker_type, rows_per_read=500)
+    loader = ll.Loader(
+        uri,
+        batch_size=100,
+        columns=["text"],
+        num_workers=2,
+        worker_type=worker_type,
+        rows_per_read=500,
+    )
     leaks = Leaks()
     with pytest.raises(ll.ReadError) as info:
         for _ in loader:
@@ -393,15 +442,19 @@ def test_a_damaged_data_file_raises_read_error_naming_where(text_uri: str, tmp_p
     assert isinstance(error, OSError) and isinstance(error, Exception)
     assert repr(uri) in message and "(version 1)" in message
     assert "fragment 1 rows" in message and 1 in error.fragments  # (and 0, when read with it)
-    assert error.batches is not None and f"batch{'es' if len(error.batches) > 1 else ''} " \
-        f"{error.batches.start}" in message and error.epoch == 0
+    assert (
+        error.batches is not None
+        and f"batch{'es' if len(error.batches) > 1 else ''} {error.batches.start}" in message
+        and error.epoch == 0
+    )
     assert ".rs:" not in message  # no Rust source paths
     assert error.__cause__ is not None
     leaks.check(pids)
 
 
-def test_a_damaged_first_fragment_raises_read_error_at_construction(text_uri: str,
-                                                                     tmp_path: Path) -> None:
+def test_a_damaged_first_fragment_raises_read_error_at_construction(
+    text_uri: str, tmp_path: Path
+) -> None:
     uri = str(tmp_path / "damaged.lance")
     shutil.copytree(text_uri, uri)
     fragment = lance.dataset(uri).get_fragments()[0]
@@ -416,8 +469,11 @@ def test_a_read_across_fragments_names_only_the_damaged_one(tmp_path: Path) -> N
     fragment and its rows alone (Lance's error did not say which file failed), with the
     fragment's own error as the cause; a read of undamaged fragments still reads."""
     uri = str(tmp_path / "three.lance")
-    lance.write_dataset(pa.table({"id": np.arange(3000), "text": [f"row {i}" for i in range(3000)]}),
-                        uri, max_rows_per_file=1000)
+    lance.write_dataset(
+        pa.table({"id": np.arange(3000), "text": [f"row {i}" for i in range(3000)]}),
+        uri,
+        max_rows_per_file=1000,
+    )
     middle = lance.dataset(uri).get_fragments()[1]
     os.truncate(os.path.join(uri, "data", middle.metadata.files[0].path), 100)
     source = Source(uri, ["id", "text"])
@@ -433,15 +489,25 @@ def test_a_read_across_fragments_names_only_the_damaged_one(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
-@pytest.mark.parametrize("transform, expected", [
-    (workerfns.first_row_only, "returned 1 rows for a batch of 8"),
-    (workerfns.unequal_columns, "columns of unequal length: {'id': 8, 'label': 1}"),
-    (workerfns.returns_none, "returned None instead of a batch"),
-])
-def test_a_transform_that_breaks_the_batch_raises(small_uri: str, worker_type: str, transform,
-                                                  expected: str) -> None:
-    loader = ll.Loader(small_uri, batch_size=8, columns=["id", "label"], transform=transform,
-                       num_workers=2, worker_type=worker_type)
+@pytest.mark.parametrize(
+    "transform, expected",
+    [
+        (workerfns.first_row_only, "returned 1 rows for a batch of 8"),
+        (workerfns.unequal_columns, "columns of unequal length: {'id': 8, 'label': 1}"),
+        (workerfns.returns_none, "returned None instead of a batch"),
+    ],
+)
+def test_a_transform_that_breaks_the_batch_raises(
+    small_uri: str, worker_type: str, transform, expected: str
+) -> None:
+    loader = ll.Loader(
+        small_uri,
+        batch_size=8,
+        columns=["id", "label"],
+        transform=transform,
+        num_workers=2,
+        worker_type=worker_type,
+    )
     with pytest.raises(ll.TransformOutputError) as info:
         list(loader)
     assert expected in str(info.value) and transform.__name__ in str(info.value)
@@ -452,8 +518,9 @@ def test_a_transform_that_breaks_the_batch_raises(small_uri: str, worker_type: s
 
 def test_skipping_rows_keeps_counts_exact(small_uri: str) -> None:
     skip_odd = ll.map_rows(workerfns.fail_on_odd_id)
-    loader = ll.Loader(small_uri, batch_size=10, columns=["id"], transform=skip_odd,
-                       on_error="skip")
+    loader = ll.Loader(
+        small_uri, batch_size=10, columns=["id"], transform=skip_odd, on_error="skip"
+    )
     delivered = sum(len(b["id"]) for b in loader)
     stats = loader.stats()
     assert delivered == 500 and stats.rows == 500 and stats.rows_skipped == 500
@@ -488,8 +555,11 @@ BAD_LOADER_ARGUMENTS = [
 ]
 
 
-@pytest.mark.parametrize("argument, value, error, says", BAD_LOADER_ARGUMENTS,
-                         ids=[f"{a}={v!r}" for a, v, _, _ in BAD_LOADER_ARGUMENTS])
+@pytest.mark.parametrize(
+    "argument, value, error, says",
+    BAD_LOADER_ARGUMENTS,
+    ids=[f"{a}={v!r}" for a, v, _, _ in BAD_LOADER_ARGUMENTS],
+)
 def test_bad_argument_names_itself(small_uri: str, argument: str, value, error, says) -> None:
     with pytest.raises(error) as info:
         ll.Loader(small_uri, **{argument: value})
@@ -522,19 +592,29 @@ def test_what_is_not_a_lance_dataset_gets_told_how_to_convert(tmp_path: Path) ->
     pyarrow.csv.write_csv(table, tmp_path / "data.csv")
     (tmp_path / "notes.txt").write_text("hello")
     cases = [
-        (pd.DataFrame({"id": [1]}), TypeError, "got a pandas.DataFrame. Write it to Lance once "
-                                               "with lanceloader.convert(df, 'data.lance')"),
+        (
+            pd.DataFrame({"id": [1]}),
+            TypeError,
+            "got a pandas.DataFrame. Write it to Lance once "
+            "with lanceloader.convert(df, 'data.lance')",
+        ),
         (table, TypeError, "got a pyarrow.Table"),
         ({"id": [1]}, TypeError, "got a dict"),
-        (str(tmp_path / "data.parquet"), FileNotFoundError,
-         f"is a Parquet file, not a Lance dataset (a directory with _versions/). Convert it once:"
-         f" lanceloader.convert('{tmp_path}/data.parquet', '{tmp_path}/data.lance') (or on the "
-         f"command line: lanceloader convert {tmp_path}/data.parquet {tmp_path}/data.lance)"),
+        (
+            str(tmp_path / "data.parquet"),
+            FileNotFoundError,
+            f"is a Parquet file, not a Lance dataset (a directory with _versions/). Convert it once:"
+            f" lanceloader.convert('{tmp_path}/data.parquet', '{tmp_path}/data.lance') (or on the "
+            f"command line: lanceloader convert {tmp_path}/data.parquet {tmp_path}/data.lance)",
+        ),
         (str(tmp_path / "shards"), FileNotFoundError, "is a directory of Parquet files"),
         (str(tmp_path / "data.csv"), FileNotFoundError, "lanceloader.convert("),
         (str(tmp_path / "notes.txt"), FileNotFoundError, "is a file; a Lance dataset is a dir"),
-        (str(tmp_path / "missing.lance"), FileNotFoundError,
-         f"no Lance dataset at '{tmp_path}/missing.lance'"),
+        (
+            str(tmp_path / "missing.lance"),
+            FileNotFoundError,
+            f"no Lance dataset at '{tmp_path}/missing.lance'",
+        ),
     ]
     for dataset, error, says in cases:
         with pytest.raises(error) as info:
@@ -548,8 +628,9 @@ def test_what_is_not_a_lance_dataset_gets_told_how_to_convert(tmp_path: Path) ->
     assert len(list(ll.Loader(str(tmp_path / "shards.lance"), batch_size=2))) == 2
 
 
-def test_an_empty_selection_warns_and_gives_empty_epochs(small_uri: str, tmp_path: Path,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_an_empty_selection_warns_and_gives_empty_epochs(
+    small_uri: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level("WARNING", logger="lanceloader"):
         loader = ll.Loader(small_uri, filter="id < 0")
     assert "filter 'id < 0' matches none of its 1000 rows" in caplog.text
@@ -574,8 +655,13 @@ def test_review_cases_numpy_values_metadata_and_opt_out(small_uri: str) -> None:
 
     from lanceloader.batch.transforms import check_output_rows
 
-    loader = ll.Loader(small_uri, batch_size=100, shuffle=np.True_,
-                       version=np.int64(1), stall_timeout=np.float64(60))
+    loader = ll.Loader(
+        small_uri,
+        batch_size=100,
+        shuffle=np.True_,
+        version=np.int64(1),
+        stall_timeout=np.float64(60),
+    )
     assert len(loader) == 10 and loader.order.shuffle
     with pytest.raises(ValueError, match="pass None for no limit"):
         ll.Loader(small_uri, stall_timeout=1e9)
@@ -590,8 +676,9 @@ def test_review_cases_numpy_values_metadata_and_opt_out(small_uri: str) -> None:
     # torch re-raises a DataLoader worker's error as type(exc)(message); pickling keeps fields.
     assert str(ll.ReadError("formatted")) == "formatted"
     assert str(ll.StallError("formatted")) == "formatted"
-    stall = pickle.loads(pickle.dumps(ll.StallError("m", batch=3, epoch=1, stage="read",
-                                                    worker="w", stack="s")))
+    stall = pickle.loads(
+        pickle.dumps(ll.StallError("m", batch=3, epoch=1, stage="read", worker="w", stack="s"))
+    )
     assert (stall.batch, stall.stage, str(stall)) == (3, "read", "m")
     # a ReadError's kinds cross a process as themselves (a process worker's error)
     from lanceloader.rows.cache.files import CacheLockTimeout
@@ -605,12 +692,20 @@ def test_review_cases_numpy_values_metadata_and_opt_out(small_uri: str) -> None:
 
 
 def test_a_stuck_process_worker_with_a_big_task_queued_still_stalls_in_time(
-        medium_uri: str) -> None:
+    medium_uri: str,
+) -> None:
     """A queued task of a big read (10,000 positions: 80 KB) does not fit in the pipe while the
     worker is stuck on its first: the loop must not wait on that pipe (it used to, forever)."""
     workerfns.gate.clear()
-    loader = ll.Loader(medium_uri, batch_size=5000, columns=["id"], transform=workerfns.stuck,
-                       num_workers=1, worker_type="process", stall_timeout=1.0)
+    loader = ll.Loader(
+        medium_uri,
+        batch_size=5000,
+        columns=["id"],
+        transform=workerfns.stuck,
+        num_workers=1,
+        worker_type="process",
+        stall_timeout=1.0,
+    )
     leaks = Leaks()
     started = time.perf_counter()
     with pytest.raises(ll.StallError, match="stage 'transform'"):
@@ -644,6 +739,10 @@ def test_exiting_with_reads_in_flight_exits_cleanly(medium_uri: str, how: str) -
     process (exit 134, "FATAL: exception not rethrown"); the pools now finish their reads at
     exit, within a bound."""
     for batches in (3, 40, 120):
-        done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, medium_uri, how, str(batches)],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT, medium_uri, how, str(batches)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert (done.returncode, done.stdout.strip()) == (0, "done"), done.stderr[-2000:]

@@ -47,8 +47,10 @@ def test_results_come_in_order_with_arrays_from_shared_memory() -> None:
     assert shm_files() == set()
 
 
-@pytest.mark.parametrize("fn, status", [(workerfns.die_on, "was killed by SIGKILL"),
-                                        (workerfns.exit_on, "exited with status 123")])
+@pytest.mark.parametrize(
+    "fn, status",
+    [(workerfns.die_on, "was killed by SIGKILL"), (workerfns.exit_on, "exited with status 123")],
+)
 def test_a_dead_worker_is_reported_quickly_and_nothing_leaks(fn, status: str) -> None:
     before_fds = open_fds()
     pool = ProcessPool(fn, iter(range(20)), num_workers=2, depth=4)
@@ -84,8 +86,11 @@ def test_close_mid_way_stops_every_worker() -> None:
 
 def test_what_cannot_be_copied_is_named_before_start_and_lambdas_travel_by_value() -> None:
     lock = threading.Lock()
-    with pytest.raises(TypeError, match=r"cannot be sent to worker processes.*_thread.lock.*"
-                                        r"create it inside the transform"):
+    with pytest.raises(
+        TypeError,
+        match=r"cannot be sent to worker processes.*_thread.lock.*"
+        r"create it inside the transform",
+    ):
         check_picklable(lambda x: lock, "transform <lambda>")
     with ProcessPool(lambda x: {"value": np.full(3, x * 2)}, iter(range(4)), 2, 2) as pool:
         assert [r["value"].tolist() for r in pool] == [[0, 0, 0], [2, 2, 2], [4, 4, 4], [6, 6, 6]]
@@ -95,7 +100,8 @@ def start_pool_script(tmp_path, then: str) -> tuple[subprocess.Popen, list[int]]
     """Run a script that starts a 2-worker pool of slow tasks, prints its worker PIDs, then runs
     ``then`` (indented code); returns the process, in its own session, and the worker PIDs."""
     script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
         import workerfns
@@ -103,21 +109,27 @@ def start_pool_script(tmp_path, then: str) -> tuple[subprocess.Popen, list[int]]
         if __name__ == "__main__":
             pool = ProcessPool(workerfns.slow, iter(range(1000)), 2, 4)
             print("pids", *pool.pids, flush=True)
-    """) + textwrap.indent(textwrap.dedent(then), "    "))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    """)
+        + textwrap.indent(textwrap.dedent(then), "    ")
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     return proc, [int(p) for p in proc.stdout.readline().split()[1:]]
 
 
 def test_ctrl_c_gives_a_prompt_keyboard_interrupt_and_no_orphans(tmp_path) -> None:
-    proc, pids = start_pool_script(tmp_path, """
+    proc, pids = start_pool_script(
+        tmp_path,
+        """
         try:
             for _ in pool:
                 pass
         except KeyboardInterrupt:
             pool.close()
             print("interrupted", flush=True)
-    """)
+    """,
+    )
     time.sleep(0.5)
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C: the whole process group gets SIGINT

@@ -44,8 +44,6 @@ def cheap(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
-
-
 def test_rows_reconcile_after_a_full_epoch_and_after_a_break(small_uri: str) -> None:
     loader = ll.Loader(small_uri, batch_size=64, shuffle=True, num_workers=2)
     list(loader)
@@ -87,8 +85,9 @@ def test_verdict_slow_transform(small_uri: str) -> None:
 def test_verdict_never_advises_process_workers_when_they_are_set(small_uri: str) -> None:
     # the issue's misfire: a transform-bound run on worker_type="process" was told to use
     # worker_type="process"
-    loader = ll.Loader(small_uri, batch_size=50, transform=pure_python, num_workers=2,
-                       worker_type="process")
+    loader = ll.Loader(
+        small_uri, batch_size=50, transform=pure_python, num_workers=2, worker_type="process"
+    )
     list(loader)
     s = loader.stats()
     assert "worker_type='process'" not in s.bottleneck.suggestion, str(s)
@@ -114,12 +113,23 @@ def test_no_more_workers_when_the_workers_fill_the_cores(small_uri: str) -> None
 def test_a_stage_is_blamed_only_above_its_share_of_worker_time(small_uri: str) -> None:
     # the issue's misfire: a process-worker run blamed "decode/transform", which used 3% of the
     # workers' time
-    loader = ll.Loader(small_uri, batch_size=10, columns=["id"], transform=cheap,
-                       num_workers=2, worker_type="process")
+    loader = ll.Loader(
+        small_uri,
+        batch_size=10,
+        columns=["id"],
+        transform=cheap,
+        num_workers=2,
+        worker_type="process",
+    )
     list(loader)
     s = loader.stats()
-    stages = {"storage I/O": "read", "storage latency": "read", "cache reads": "read",
-              "decode/transform": "transform", "conversion": "convert"}
+    stages = {
+        "storage I/O": "read",
+        "storage latency": "read",
+        "cache reads": "read",
+        "decode/transform": "transform",
+        "conversion": "convert",
+    }
     # Which stage limits a live run depends on the machine's load (a busy machine stretches the
     # 3 ms sleep); the rule does not: a stage is named only above its share of worker time.
     if s.bottleneck.stage in stages:  # a stage named: it held the workers at least half the time
@@ -131,8 +141,9 @@ def test_a_stage_is_blamed_only_above_its_share_of_worker_time(small_uri: str) -
 
 def test_wait_percentiles_match_the_loops_own_clock(small_uri: str) -> None:
     # one worker, one batch per read, a 10 ms transform: the loop waits ~10 ms per batch
-    loader = ll.Loader(small_uri, batch_size=50, transform=sleepy, num_workers=1,
-                       rows_per_read=50, prefetch=1)
+    loader = ll.Loader(
+        small_uri, batch_size=50, transform=sleepy, num_workers=1, rows_per_read=50, prefetch=1
+    )
     began = time.perf_counter()
     waits, it = [], iter(loader)
     started = time.perf_counter() - began  # the first batch's wait includes starting (iter())
@@ -155,18 +166,45 @@ def test_the_issues_process_run_does_not_blame_a_transform_of_3_percent() -> Non
     # the issue's numbers: 2 process workers, the loop waited 95%, the transform used 3% of the
     # workers' time, reading 2%: the wait is the hand-off, not the transform
     c = new_counters()
-    c.update(batches=100, wall_s=2.0, wait_s=1.9, read_s=0.08, transform_s=0.12, convert_s=0.01,
-             depth_sum=400, depth_samples=100, first_wait_s=0.2)
+    c.update(
+        batches=100,
+        wall_s=2.0,
+        wait_s=1.9,
+        read_s=0.08,
+        transform_s=0.12,
+        convert_s=0.01,
+        depth_sum=400,
+        depth_samples=100,
+        first_wait_s=0.2,
+    )
     v = verdict(c, workers=2, shuffle_random=False, worker_type="process", cores=2)
     assert v.stage == "hand-off" and "worker_type='thread'" in v.suggestion, v
 
 
-def counters(waited: float, read: float, transform: float, convert: float, first: float,
-             busy: float | None, own: float | None) -> dict[str, float]:
+def counters(
+    waited: float,
+    read: float,
+    transform: float,
+    convert: float,
+    first: float,
+    busy: float | None,
+    own: float | None,
+) -> dict[str, float]:
     c = new_counters()
-    c.update(batches=20, wall_s=10.0, wait_s=10.0 * waited, read_s=read, transform_s=transform,
-             convert_s=convert, first_wait_s=10.0 * waited * first, depth_samples=10,
-             depth_sum=20, rows_read=1000, io_bytes=1 << 30, io_iops=10)
+    c.update(
+        batches=20,
+        wall_s=10.0,
+        wait_s=10.0 * waited,
+        read_s=read,
+        transform_s=transform,
+        convert_s=convert,
+        first_wait_s=10.0 * waited * first,
+        depth_samples=10,
+        depth_sum=20,
+        rows_read=1000,
+        io_bytes=1 << 30,
+        io_iops=10,
+    )
     if busy is not None:
         c.update(cores_busy_s=2 * 10.0 * busy, cores_all_s=2 * 10.0)
     if own is not None:
@@ -178,12 +216,21 @@ share = st.floats(0, 1)
 
 
 @settings(max_examples=300, deadline=None)
-@given(waited=share, read=st.floats(0, 20), transform=st.floats(0, 20), convert=st.floats(0, 20),
-       first=share, busy=st.none() | share, own=st.none() | st.floats(0, 2),
-       workers=st.integers(1, 4), worker_type=st.sampled_from([None, "thread", "process"]),
-       random=st.booleans())
-def test_verdict_rules_hold_for_any_counters(waited, read, transform, convert, first, busy, own,
-                                             workers, worker_type, random) -> None:
+@given(
+    waited=share,
+    read=st.floats(0, 20),
+    transform=st.floats(0, 20),
+    convert=st.floats(0, 20),
+    first=share,
+    busy=st.none() | share,
+    own=st.none() | st.floats(0, 2),
+    workers=st.integers(1, 4),
+    worker_type=st.sampled_from([None, "thread", "process"]),
+    random=st.booleans(),
+)
+def test_verdict_rules_hold_for_any_counters(
+    waited, read, transform, convert, first, busy, own, workers, worker_type, random
+) -> None:
     c = counters(waited, read, transform, convert, first, busy, own)
     v = verdict(c, workers, random, worker_type, cores=2)
     if worker_type == "process":  # never advises what is set
@@ -193,8 +240,13 @@ def test_verdict_rules_hold_for_any_counters(waited, read, transform, convert, f
     idle = (1 - busy >= IDLE_SHARE) if busy is not None else workers < 2
     if not idle:  # more workers only when cores are idle
         assert "num_workers" not in v.suggestion and "more workers" not in v.suggestion, v
-    stage = {"decode/transform": transform, "conversion": convert, "storage I/O": read,
-             "storage latency": read, "cache reads": read}.get(v.stage)
+    stage = {
+        "decode/transform": transform,
+        "conversion": convert,
+        "storage I/O": read,
+        "storage latency": read,
+        "cache reads": read,
+    }.get(v.stage)
     if stage is not None:  # a stage is blamed only above its share of the workers' time
         assert stage >= STAGE_SHARE * 10.0 * min(workers, 10), v
     if waited < 0.1:
@@ -248,7 +300,9 @@ def test_trace_has_a_lane_per_worker_and_one_for_the_loop(small_uri: str, tmp_pa
     lanes = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert "MainThread" in lanes and any(name.startswith("lanceloader-worker") for name in lanes)
     spans = [e for e in events if e["ph"] == "X"]
-    assert {"read", "transform", "convert", "wait for batch", "training step"} <= {e["name"] for e in spans}
+    assert {"read", "transform", "convert", "wait for batch", "training step"} <= {
+        e["name"] for e in spans
+    }
     assert sorted(e["args"]["batch"] for e in spans if e["name"] == "transform") == list(range(20))
     # after the block, tracing is off again
     list(loader)
@@ -273,8 +327,9 @@ def test_clip_decoding_is_booked_as_decode_not_storage_io(tmp_path) -> None:
     from media_datasets import video_dataset
 
     uri = video_dataset(tmp_path, [40, 36, 44, 30], size=(96, 128), gop=8)
-    loader = ll.Loader(uri, batch_size=4, shuffle=True, clips=ll.video_clips(frames=8),
-                       num_workers=2)
+    loader = ll.Loader(
+        uri, batch_size=4, shuffle=True, clips=ll.video_clips(frames=8), num_workers=2
+    )
     with loader.trace(tmp_path / "trace.json"):
         for _ in loader:
             time.sleep(0)
@@ -295,8 +350,14 @@ def test_clip_decoding_is_booked_as_decode_not_storage_io(tmp_path) -> None:
 def test_process_workers_start_up_is_in_the_first_wait_and_the_epoch_rate(medium_uri) -> None:
     """iter() starts the worker processes: that time is the first batch's wait and part of the
     epoch's wall time, so rows/s is what the loop measured from iter() to the last batch."""
-    loader = ll.Loader(medium_uri, batch_size=1000, columns=["id"], worker_type="process",
-                       num_workers=2, cache=None)
+    loader = ll.Loader(
+        medium_uri,
+        batch_size=1000,
+        columns=["id"],
+        worker_type="process",
+        num_workers=2,
+        cache=None,
+    )
     began = time.perf_counter()
     iterator = iter(loader)
     started = time.perf_counter() - began
@@ -306,7 +367,10 @@ def test_process_workers_start_up_is_in_the_first_wait_and_the_epoch_rate(medium
     assert stats.first_wait_s >= 0.95 * started - 0.001, (stats.first_wait_s, started)
     assert abs(stats.rows_per_s - rows / wall) <= 0.1 * rows / wall, (stats.rows_per_s, rows / wall)
     if stats.first_wait_s >= 0.5 * stats.wait_s and stats.bottleneck.stage not in (
-            "training loop", "storage I/O", "conversion"):
+        "training loop",
+        "storage I/O",
+        "conversion",
+    ):
         assert stats.bottleneck.stage == "startup"
 
 
@@ -319,11 +383,19 @@ def test_a_packed_mix_counts_rows_from_the_cache_in_its_own_rows(tmp_path) -> No
 
     docs = [list(range(d * 100, d * 100 + 1 + d % 7)) for d in range(400)]
     uri = str(tmp_path / "tokens.lance")
-    lance.write_dataset(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), uri,
-                        max_rows_per_file=100)
-    source = {name: ll.Loader(uri, columns=["input_ids"], cache=str(tmp_path / name),
-                              pack=ll.pack("input_ids", 64, pad_id=-1), shuffle=True)
-              for name in ("a", "b")}
+    lance.write_dataset(
+        pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), uri, max_rows_per_file=100
+    )
+    source = {
+        name: ll.Loader(
+            uri,
+            columns=["input_ids"],
+            cache=str(tmp_path / name),
+            pack=ll.pack("input_ids", 64, pad_id=-1),
+            shuffle=True,
+        )
+        for name in ("a", "b")
+    }
     loader = ll.Loader(ll.Mix(source), batch_size=8)
     for _ in range(3):
         assert sum(len(b["input_ids"]) for b in loader) > 0

@@ -37,8 +37,14 @@ def make_train_loop(data: str, fail_marker: str | None):
         optim = torch.optim.SGD(model.parameters(), lr=0.1)
         ddp = ray.train.torch.prepare_model(model)
         # rank and world size are detected from Ray Train (and torch.distributed, which agrees).
-        loader = ll.Loader(data, batch_size=32, columns=["x", "label"], shuffle=True,
-                           drop_last=True, output="torch")
+        loader = ll.Loader(
+            data,
+            batch_size=32,
+            columns=["x", "label"],
+            shuffle=True,
+            drop_last=True,
+            output="torch",
+        )
         assert (loader.rank, loader.world_size) == (ray.train.get_context().get_world_rank(), 2)
         step = 0
         checkpoint = ray.train.get_checkpoint()
@@ -64,8 +70,14 @@ def make_train_loop(data: str, fail_marker: str | None):
                 with tempfile.TemporaryDirectory() as d:
                     ckpt = None
                     if ray.train.get_context().get_world_rank() == 0:
-                        torch.save({"model": model.state_dict(), "optim": optim.state_dict(),
-                                    "step": step}, os.path.join(d, "model.pt"))
+                        torch.save(
+                            {
+                                "model": model.state_dict(),
+                                "optim": optim.state_dict(),
+                                "step": step,
+                            },
+                            os.path.join(d, "model.pt"),
+                        )
                         Path(d, "loader.json").write_text(json.dumps(loader.state_dict()))
                         ckpt = ray.train.Checkpoint.from_directory(d)
                     ray.train.report({"step": step}, checkpoint=ckpt)
@@ -84,8 +96,11 @@ def fit(data: str, tmp: Path, name: str, fail_marker: str | None) -> dict:
         make_train_loop(data, fail_marker),
         train_loop_config={"out": out},
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(name=name, storage_path=str(tmp / "ray_results"),
-                             failure_config=FailureConfig(max_failures=1)),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(tmp / "ray_results"),
+            failure_config=FailureConfig(max_failures=1),
+        ),
     )
     trainer.fit()
     return torch.load(out)
@@ -100,8 +115,19 @@ def uninterrupted(data: str) -> dict:
         torch.manual_seed(0)
         model = torch.nn.Linear(64, 10)
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
-    ranks = [ll.Loader(data, batch_size=32, columns=["x", "label"], shuffle=True, drop_last=True,
-                       output="torch", rank=r, world_size=2) for r in range(2)]
+    ranks = [
+        ll.Loader(
+            data,
+            batch_size=32,
+            columns=["x", "label"],
+            shuffle=True,
+            drop_last=True,
+            output="torch",
+            rank=r,
+            world_size=2,
+        )
+        for r in range(2)
+    ]
     step = 0
     for _ in range(2):
         for batches in zip(*ranks, strict=True):
@@ -142,7 +168,8 @@ def test_the_guides_ray_train_script_runs_as_it_is(tmp_path) -> None:
     assert script, "the Ray Train script is no longer on the page"
     path = tmp_path / "ray_train_script.py"
     path.write_text(script.group(1))
-    done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "'step': " in done.stdout

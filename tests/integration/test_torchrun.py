@@ -38,11 +38,27 @@ def finished_then_aborted(done: subprocess.CompletedProcess[str], nproc: int) ->
 
 
 def run(nproc: int, data: str, ckpt: Path, out: Path | None = None, kill_at: int = -1) -> int:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(EXAMPLE), "--data", data, "--ckpt", str(ckpt), "--kill-at-step", str(kill_at)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(EXAMPLE),
+        "--data",
+        data,
+        "--ckpt",
+        str(ckpt),
+        "--kill-at-step",
+        str(kill_at),
+    ]
     if out is not None:
         cmd += ["--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}  # a crash prints every thread's stack
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",
+    }  # a crash prints every thread's stack
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     if done.returncode and kill_at < 0:  # an unexpected failure: show what torchrun said
         print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")
@@ -109,10 +125,19 @@ def test_two_ranks_scan_a_filter_plan_once_through_the_cache(tmp_path: Path) -> 
     data = write_demo_dataset(tmp_path / "data.lance", rows=4000, fragments=2)
     script = tmp_path / "plan.py"
     script.write_text(PLAN_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), data, str(tmp_path / "cache")]
-    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=240)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        data,
+        str(tmp_path / "cache"),
+    ]
+    done = subprocess.run(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240
+    )
     # the ranks share one stdout pipe: a line may land in the middle of the other's
     lines = sorted(re.findall(r"rank \d+: cache \w+, alone \w+, rows \d+", done.stdout))
     if len(lines) < 2:

@@ -14,8 +14,9 @@ tf = pytest.importorskip("tensorflow")
 
 def test_keras_fit_trains_on_the_loader_epoch_after_epoch(small_uri: str) -> None:
     def make() -> ll.Loader:
-        return ll.Loader(small_uri, batch_size=100, columns=["x", "label"], shuffle=True, seed=4,
-                         output="numpy")
+        return ll.Loader(
+            small_uri, batch_size=100, columns=["x", "label"], shuffle=True, seed=4, output="numpy"
+        )
 
     expected = [b["label"].tolist() for b in make()]
     loader = make()
@@ -25,10 +26,12 @@ def test_keras_fit_trains_on_the_loader_epoch_after_epoch(small_uri: str) -> Non
 
     inputs = tf.keras.Input(shape=(64,), name="x")
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(10)(inputs))
-    model.compile(optimizer="sgd",
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(ds.map(lambda b: (b["x"], b["label"])), epochs=2, verbose=0,
-                        shuffle=False)  # the loader shuffles
+    model.compile(
+        optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    history = model.fit(
+        ds.map(lambda b: (b["x"], b["label"])), epochs=2, verbose=0, shuffle=False
+    )  # the loader shuffles
     assert len(history.history["loss"]) == 2 and loader.epoch == 3  # each Keras epoch is ours
     assert loader.stats(epoch=2).rows == 1000
 
@@ -38,12 +41,17 @@ def test_keras_fit_trains_on_the_loader_epoch_after_epoch(small_uri: str) -> Non
 
 def test_signature_follows_the_batches(tmp_path) -> None:
     uri = str(tmp_path / "mixed.lance")
-    lance.write_dataset(pa.table({
-        "tokens": pa.array([[1, 2, 3], [4], [5, 6]]),
-        "text": pa.array(["a", "b", "c"]),
-        "pos": pa.array([{"x": 1.0, "y": 2.0}] * 3),
-        "words": pa.array([["a"], [], ["b", "c"]]),
-    }), uri)
+    lance.write_dataset(
+        pa.table(
+            {
+                "tokens": pa.array([[1, 2, 3], [4], [5, 6]]),
+                "text": pa.array(["a", "b", "c"]),
+                "pos": pa.array([{"x": 1.0, "y": 2.0}] * 3),
+                "words": pa.array([["a"], [], ["b", "c"]]),
+            }
+        ),
+        uri,
+    )
     loader = ll.Loader(uri, batch_size=2, columns=["tokens", "text", "pos"], output="numpy")
     ds = ll.as_tf_dataset(loader)
     spec = ds.element_spec
@@ -64,8 +72,7 @@ def test_transformed_columns_may_change_shape_between_batches(small_uri: str) ->
     def square(batch):  # a column as wide as the batch is long: the last batch is narrower
         return {"v": np.zeros((batch.num_rows, batch.num_rows), np.float32)}
 
-    loader = ll.Loader(small_uri, batch_size=400, columns=["id"], transform=square,
-                       output="numpy")
+    loader = ll.Loader(small_uri, batch_size=400, columns=["id"], transform=square, output="numpy")
     ds = ll.as_tf_dataset(loader)
     assert ds.element_spec["v"].shape.as_list() == [None, None]
     assert [tuple(b["v"].shape) for b in ds] == [(400, 400), (400, 400), (200, 200)]
@@ -74,14 +81,16 @@ def test_transformed_columns_may_change_shape_between_batches(small_uri: str) ->
 
 
 def test_peek_is_the_next_first_batch_and_starts_nothing(small_uri: str) -> None:
-    loader = ll.Loader(small_uri, batch_size=64, columns=["id", "x"], shuffle=True, seed=1,
-                       output="tf")
+    loader = ll.Loader(
+        small_uri, batch_size=64, columns=["id", "x"], shuffle=True, seed=1, output="tf"
+    )
     first = loader.peek()
     assert isinstance(first["x"], tf.Tensor) and loader.epoch == 0
     assert np.array_equal(first["id"].numpy(), next(iter(loader))["id"].numpy())
     state = loader.state_dict()
-    resumed = ll.Loader(small_uri, batch_size=64, columns=["id", "x"], shuffle=True, seed=1,
-                        output="numpy")
+    resumed = ll.Loader(
+        small_uri, batch_size=64, columns=["id", "x"], shuffle=True, seed=1, output="numpy"
+    )
     resumed.load_state_dict(state)
     assert np.array_equal(resumed.peek()["id"], next(iter(resumed))["id"])  # mid-epoch too
     empty = ll.Loader(small_uri, batch_size=64, filter="id < 0")

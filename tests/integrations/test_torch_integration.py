@@ -60,8 +60,17 @@ def loader_batches(uri: str, epoch: int = 0, **kwargs) -> list[list[int]]:
     return batch_ids(loader)
 
 
-def reference(n: int, batch: int, world: int, rank: int, drop_last: bool, mode: str,
-              seed: int = 0, epoch: int = 0, start: int = 0) -> list[list[int]]:
+def reference(
+    n: int,
+    batch: int,
+    world: int,
+    rank: int,
+    drop_last: bool,
+    mode: str,
+    seed: int = 0,
+    epoch: int = 0,
+    start: int = 0,
+) -> list[list[int]]:
     """The spec: Order.positions of Plan.batch_samples."""
     kw = MODES[mode]
     block = kw.get("shuffle_block_size", 1)
@@ -156,10 +165,14 @@ def test_map_dataset_transform_lists_and_skipped_rows(small_uri: str) -> None:
     ids = [b["id"].tolist() for b in DataLoader(ds, batch_sampler=sampler, collate_fn=collate)]
     assert len(ids) == 100 and all(len(b) == 9 for b in ids)
     assert sorted(i for b in ids for i in b) == [i for i in range(1, 1001) if i % 10]
-    lenient = MapDataset(small_uri, columns=["id"], transform=[add, inverse], on_error="skip",
-                         max_skip_fraction=1.0)  # a batch of one row may lose it
-    with pytest.raises(IndexError, match=r"row 9 was skipped: its transform failed and "
-                       r"on_error='skip'"):
+    lenient = MapDataset(
+        small_uri, columns=["id"], transform=[add, inverse], on_error="skip", max_skip_fraction=1.0
+    )  # a batch of one row may lose it
+    with pytest.raises(
+        IndexError,
+        match=r"row 9 was skipped: its transform failed and "
+        r"on_error='skip'",
+    ):
         lenient[9]
     strict = MapDataset(small_uri, columns=["id"], transform=[add, inverse])
     with pytest.raises(ZeroDivisionError):
@@ -221,7 +234,11 @@ def test_dataloader_workers(small_uri: str, forkserver, context: str, collate_fn
     ds = MapDataset(small_uri, columns=["id", "x", "text"])
     sampler = BatchSampler(ds, batch_size=100, shuffle=True, shuffle_block_size=8, seed=2)
     loader = DataLoader(
-        ds, batch_sampler=sampler, collate_fn=collate_fn, num_workers=2, timeout=TIMEOUT,
+        ds,
+        batch_sampler=sampler,
+        collate_fn=collate_fn,
+        num_workers=2,
+        timeout=TIMEOUT,
         multiprocessing_context=forkserver if context == "forkserver" else context,
     )
     outputs = list(loader)
@@ -239,10 +256,14 @@ def leftover_batch_files() -> list[str]:
 
 def test_shared_batch_round_trip_keeps_every_value() -> None:
     batch = {
-        "i": torch.arange(5), "b": torch.ones(5, 2, dtype=torch.bfloat16),
-        "n": np.arange(5, dtype=np.uint16), "s": ["a", "b", "c", "d", "e"],
-        "empty": torch.zeros(0, 3), "nested": {"f": torch.full((5,), 0.5), "o": np.array(["x"])},
-        "grad": torch.zeros(2, requires_grad=True), "view": torch.arange(10)[::2],
+        "i": torch.arange(5),
+        "b": torch.ones(5, 2, dtype=torch.bfloat16),
+        "n": np.arange(5, dtype=np.uint16),
+        "s": ["a", "b", "c", "d", "e"],
+        "empty": torch.zeros(0, 3),
+        "nested": {"f": torch.full((5,), 0.5), "o": np.array(["x"])},
+        "grad": torch.zeros(2, requires_grad=True),
+        "view": torch.arange(10)[::2],
     }
     rebuild, args = SharedBatch(batch).__reduce__()
     assert len(leftover_batch_files()) == 1  # one file per batch, whatever the columns
@@ -257,8 +278,18 @@ def test_shared_batch_round_trip_keeps_every_value() -> None:
     assert pack_for_transfer(batch) is batch  # not in a DataLoader worker: nothing to do
 
 
-DTYPES = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16,
-          torch.bfloat16, torch.float32, torch.float64, torch.bool]
+DTYPES = [
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+]
 
 
 @st.composite
@@ -333,8 +364,9 @@ def test_shared_batch_is_written_as_default_convert_leaves_it() -> None:
 
 def test_iterable_batches_cross_from_workers_as_files(small_uri, forkserver) -> None:
     ds = IterableDataset(small_uri, 100, columns=["id", "x"], output="numpy", num_workers=1)
-    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=forkserver,
-                        timeout=TIMEOUT)
+    loader = DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context=forkserver, timeout=TIMEOUT
+    )
     before = collation.batches_received
     batches = list(loader)
     assert collation.batches_received - before == len(batches) == 10  # all came as files
@@ -346,8 +378,15 @@ def test_iterable_batches_cross_from_workers_as_files(small_uri, forkserver) -> 
 def test_batches_cross_from_workers_as_files_and_none_is_left(small_uri, forkserver) -> None:
     ds = MapDataset(small_uri, columns=["id", "x", "text"])
     sampler = BatchSampler(ds, batch_size=50, shuffle=True, seed=3)
-    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=2,
-                        timeout=TIMEOUT, multiprocessing_context=forkserver, prefetch_factor=4)
+    loader = DataLoader(
+        ds,
+        batch_sampler=sampler,
+        collate_fn=collate,
+        num_workers=2,
+        timeout=TIMEOUT,
+        multiprocessing_context=forkserver,
+        prefetch_factor=4,
+    )
     before = collation.batches_received
     it = iter(loader)
     first = [next(it) for _ in range(3)]
@@ -453,8 +492,7 @@ def test_training_process_deletes_its_workers_leftovers_at_exit() -> None:
         print(os.getpid())
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     pid = int(done.stdout.split()[-1])
     assert not (SHM_DIR / shm_name("batch", pid, 999, "abc", 0)).exists()
@@ -466,14 +504,16 @@ def test_training_process_deletes_its_workers_leftovers_at_exit() -> None:
 def test_killed_dataloader_worker_leaves_no_batch_files(small_uri: str, tmp_path) -> None:
     script = tmp_path / "killed_worker.py"
     script.write_text(KILLED_WORKER_SCRIPT)
-    done = subprocess.run([sys.executable, str(script), small_uri], capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(script), small_uri], capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     # torch reports the death from its SIGCHLD handler or from its next queue poll, whichever
     # comes first: "is killed by signal: Killed." or "exited unexpectedly".
-    assert out["in_flight"] > 0 and re.search(r"killed by signal|exited unexpectedly",
-                                                out["error"]), out["error"]
+    assert out["in_flight"] > 0 and re.search(
+        r"killed by signal|exited unexpectedly", out["error"]
+    ), out["error"]
     left = [p.name for p in SHM_DIR.glob(f"lanceloader-batch-{out['pid']}-*")]
     # What was sent was taken (and deleted) by the training process; the surviving worker
     # deleted its own at exit, and the training process, at its exit, the killed worker's.
@@ -485,14 +525,25 @@ def test_killed_dataloader_worker_leaves_no_batch_files(small_uri: str, tmp_path
 
 @FAST
 @given(
-    n=st.integers(0, 300), batch=st.integers(1, 40), world=st.integers(1, 4),
-    drop_last=st.booleans(), mode=st.sampled_from(sorted(MODES)), seed=st.integers(0, 3),
+    n=st.integers(0, 300),
+    batch=st.integers(1, 40),
+    world=st.integers(1, 4),
+    drop_last=st.booleans(),
+    mode=st.sampled_from(sorted(MODES)),
+    seed=st.integers(0, 3),
 )
 def test_batch_sampler_is_order_of_plan_on_every_rank(n, batch, world, drop_last, mode, seed):
     per_rank = []
     for rank in range(world):
-        s = BatchSampler(n, batch_size=batch, rank=rank, world_size=world, drop_last=drop_last,
-                         seed=seed, **MODES[mode])
+        s = BatchSampler(
+            n,
+            batch_size=batch,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+            seed=seed,
+            **MODES[mode],
+        )
         got = list(s)
         assert got == reference(n, batch, world, rank, drop_last, mode, seed)
         assert len(got) == len(s) == len(reference(n, batch, world, 0, drop_last, mode, seed))
@@ -503,11 +554,17 @@ def test_batch_sampler_is_order_of_plan_on_every_rank(n, batch, world, drop_last
 
 
 @FAST
-@given(n=st.integers(0, 300), world=st.integers(1, 4), drop_last=st.booleans(),
-       mode=st.sampled_from(sorted(MODES)))
+@given(
+    n=st.integers(0, 300),
+    world=st.integers(1, 4),
+    drop_last=st.booleans(),
+    mode=st.sampled_from(sorted(MODES)),
+)
 def test_sampler_is_distributed_sampler_slicing_of_our_order(n, world, drop_last, mode):
-    lists = [list(Sampler(n, rank=r, world_size=world, drop_last=drop_last, **MODES[mode]))
-             for r in range(world)]
+    lists = [
+        list(Sampler(n, rank=r, world_size=world, drop_last=drop_last, **MODES[mode]))
+        for r in range(world)
+    ]
     assert len({len(x) for x in lists}) <= 1
     for r, got in enumerate(lists):
         assert got == [b[0] for b in reference(n, 1, world, r, drop_last, mode)]
@@ -544,8 +601,14 @@ def test_epochs_advance_per_iteration_and_unstarted_iterators_do_not_count() -> 
 
 
 @FAST
-@given(n=st.integers(1, 300), batch=st.integers(1, 30), world=st.integers(1, 3),
-       new_world=st.integers(1, 3), mode=st.sampled_from(sorted(MODES)), data=st.data())
+@given(
+    n=st.integers(1, 300),
+    batch=st.integers(1, 30),
+    world=st.integers(1, 3),
+    new_world=st.integers(1, 3),
+    mode=st.sampled_from(sorted(MODES)),
+    data=st.data(),
+)
 def test_sampler_resume_exact_and_elastic(n, batch, world, new_world, mode, data) -> None:
     def make(rank: int, w: int) -> BatchSampler:
         return BatchSampler(n, batch_size=batch, rank=rank, world_size=w, seed=1, **MODES[mode])
@@ -564,7 +627,7 @@ def test_sampler_resume_exact_and_elastic(n, batch, world, new_world, mode, data
     assert list(resumed) == list(iters[0])  # the exact rest
     # Elastic: on new_world ranks, the global batches interleave the rest of the same order.
     order = reference(n, n, 1, 0, False, mode, seed=1)[0]
-    rest = order[state["sample"]:]
+    rest = order[state["sample"] :]
     ranks = [make(r, new_world) for r in range(new_world)]
     for r in ranks:
         r.load_state_dict(state)
@@ -621,8 +684,9 @@ def test_sampler_clear_errors(small_uri: str) -> None:
 def _map_loader(ds, workers: int, forkserver=None, **kw) -> StatefulDataLoader:
     sampler = BatchSampler(ds, batch_size=64, shuffle=True, shuffle_block_size=4, seed=9, **kw)
     extra = {"multiprocessing_context": forkserver, "timeout": TIMEOUT} if workers else {}
-    return StatefulDataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
-                              **extra)
+    return StatefulDataLoader(
+        ds, batch_sampler=sampler, collate_fn=collate, num_workers=workers, **extra
+    )
 
 
 def _check_resume(make, expected, expected_next, stop: int, finish: bool = False) -> None:
@@ -713,8 +777,14 @@ def _round_robin(lists):
 
 def test_iterable_dataloader_workers_in_order_and_epochs(small_uri: str, forkserver) -> None:
     ds = IterableDataset(small_uri, 96, **ITER_ARGS)
-    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True,
-                        multiprocessing_context=forkserver, timeout=TIMEOUT)
+    loader = DataLoader(
+        ds,
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context=forkserver,
+        timeout=TIMEOUT,
+    )
     for epoch in (0, 1):
         assert batch_ids(loader) == loader_batches(small_uri, epoch, batch_size=96, **ITER_ARGS)
 
@@ -733,8 +803,9 @@ def test_stateful_dataloader_iterable_resume(small_uri, forkserver, workers, per
 
     def make() -> StatefulDataLoader:
         ds = IterableDataset(small_uri, 96, **ITER_ARGS)
-        return StatefulDataLoader(ds, batch_size=None, num_workers=workers,
-                                  persistent_workers=persistent, **extra)
+        return StatefulDataLoader(
+            ds, batch_size=None, num_workers=workers, persistent_workers=persistent, **extra
+        )
 
     # Fresh (not persistent) workers copy the dataset each epoch: the next epoch needs set_epoch.
     following = expected[1] if persistent or not workers else None
@@ -778,14 +849,17 @@ def test_iterable_keeps_conversion_options_and_error_policy(tmp_path) -> None:
     import lance
 
     uri = str(tmp_path / "holes.lance")
-    lance.write_dataset(pa.table({"id": pa.array(range(6)),
-                                  "score": pa.array([1.0, None, 3.0, None, 5.0, 6.0])}), uri)
+    lance.write_dataset(
+        pa.table({"id": pa.array(range(6)), "score": pa.array([1.0, None, 3.0, None, 5.0, 6.0])}),
+        uri,
+    )
     conversion = ll.Conversion(output="torch", fill_nulls={"score": -1.0})
     ds = IterableDataset(uri, 3, output=conversion, num_workers=1)
     assert [b["score"].tolist() for b in ds] == [[1.0, -1.0, 3.0], [-1.0, 5.0, 6.0]]
     halve = ll.map_rows(lambda row: {"id": row["id"], "half": 6 // (row["id"] % 3)})
-    skipping = IterableDataset(uri, 3, columns=["id"], transform=halve, on_error="skip",
-                               output="torch", num_workers=1)
+    skipping = IterableDataset(
+        uri, 3, columns=["id"], transform=halve, on_error="skip", output="torch", num_workers=1
+    )
     assert [b["id"].tolist() for b in skipping] == [[1, 2], [4, 5]]
 
 
@@ -803,8 +877,9 @@ def test_iterable_dataset_and_read_ahead_record_stats(small_uri: str) -> None:
     stats = ds.stats()
     assert (stats.batches, stats.rows, stats.rows_read) == (10, 1000, 1000)
     mapped = MapDataset(small_uri, columns=["id"])
-    loader = DataLoader(mapped, batch_sampler=BatchSampler(mapped, batch_size=100),
-                        collate_fn=collate)
+    loader = DataLoader(
+        mapped, batch_sampler=BatchSampler(mapped, batch_size=100), collate_fn=collate
+    )
     assert sum(len(b["id"]) for b in loader) == 1000
     assert mapped.stats().rows == 1000
 
@@ -814,8 +889,9 @@ def test_map_dataset_binary_columns_reach_default_collate_as_bytes(tmp_path) -> 
     object per row (it raised 'cannot split a ByteRows')."""
     payloads = [bytes([i]) * (i + 1) for i in range(40)]
     uri = str(tmp_path / "raw.lance")
-    lance.write_dataset(pa.table({"id": list(range(40)), "raw": pa.array(payloads, pa.binary())}),
-                        uri)
+    lance.write_dataset(
+        pa.table({"id": list(range(40)), "raw": pa.array(payloads, pa.binary())}), uri
+    )
     ds = MapDataset(uri)
     assert ds[3]["raw"] == payloads[3]
     batches = list(DataLoader(ds, batch_size=16, shuffle=False))

@@ -40,8 +40,9 @@ RUNS_S3 = {"fork": 3, "forkserver": 1, "spawn": 1}
 ACTIVITIES = ("scan", "take", "scan running in another thread")
 
 
-def use_lance_in_parent(uri: str, activity: str, storage_options: dict | None
-                        ) -> threading.Event | None:
+def use_lance_in_parent(
+    uri: str, activity: str, storage_options: dict | None
+) -> threading.Event | None:
     source = ll.Source(uri, columns=["id", "x"], storage_options=storage_options)
     if activity == "scan":
         for _ in source.dataset.to_batches(batch_size=128):
@@ -88,9 +89,12 @@ def dataset_at(request: pytest.FixtureRequest, small_uri: str) -> tuple[str, dic
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_dataloader_workers_never_hang_after_lance_ran_in_the_parent(
-        dataset_at: tuple[str, dict | None], method: str, request: pytest.FixtureRequest) -> None:
+    dataset_at: tuple[str, dict | None], method: str, request: pytest.FixtureRequest
+) -> None:
     uri, storage_options = dataset_at
-    ctx = request.getfixturevalue("forkserver") if method == "forkserver" else mp.get_context(method)
+    ctx = (
+        request.getfixturevalue("forkserver") if method == "forkserver" else mp.get_context(method)
+    )
     dataset = MapDataset(uri, columns=["id"], storage_options=storage_options)
     expected = sorted(range(1000))
     outcomes = []
@@ -98,18 +102,30 @@ def test_dataloader_workers_never_hang_after_lance_ran_in_the_parent(
     for run in range(runs):
         stop = use_lance_in_parent(uri, ACTIVITIES[run % len(ACTIVITIES)], storage_options)
         sampler = BatchSampler(dataset, batch_size=100, shuffle=True, seed=run)
-        loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_with_worker_facts,
-                            num_workers=2, multiprocessing_context=ctx, timeout=60)
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=collate_with_worker_facts,
+            num_workers=2,
+            multiprocessing_context=ctx,
+            timeout=60,
+        )
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # "reading through a clean ..."
                 delivered = list(loader)
             ids = sorted(int(i) for batch, _ in delivered for i in batch["id"])
             workers = {pid: (tainted, threads) for _, (pid, tainted, threads) in delivered}
-            wrong = {pid: facts for pid, facts in workers.items()
-                     if not worker_is_right(method, *facts)}
-            outcomes.append("wrong rows" if ids != expected else
-                            f"workers (tainted, Lance threads): {wrong}" if wrong else "ok")
+            wrong = {
+                pid: facts for pid, facts in workers.items() if not worker_is_right(method, *facts)
+            }
+            outcomes.append(
+                "wrong rows"
+                if ids != expected
+                else f"workers (tainted, Lance threads): {wrong}"
+                if wrong
+                else "ok"
+            )
         except RuntimeError as exc:  # DataLoader timeout (a hang) or a worker killed by a signal
             outcomes.append(f"failed: {exc}")
         finally:

@@ -74,12 +74,15 @@ def test_a_child_of_a_process_that_only_imported_lance_is_clean() -> None:
 
 
 @pytest.mark.parametrize("background_scan", [False, True])
-def test_a_tainted_child_reads_through_a_clean_process(small_uri: str, background_scan: bool) -> None:
+def test_a_tainted_child_reads_through_a_clean_process(
+    small_uri: str, background_scan: bool
+) -> None:
     src = ll.Source(small_uri, columns=["id", "x"], filter="id >= 10")
     src.read(np.arange(100))
     scan = None
     if background_scan:  # a Lance scan running on another thread at fork time
         import threading
+
         stop = threading.Event()
 
         def scan_forever() -> None:

@@ -15,11 +15,17 @@ N = 1_000_000
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 50_000), batch=st.integers(1, 300), per_read=st.integers(1, 64),
-       mode=st.sampled_from(["sequential", "block", "full"]), seed=st.integers(0, 5))
+@given(
+    n=st.integers(1, 50_000),
+    batch=st.integers(1, 300),
+    per_read=st.integers(1, 64),
+    mode=st.sampled_from(["sequential", "block", "full"]),
+    seed=st.integers(0, 5),
+)
 def test_figures_stay_in_their_ranges(n, batch, per_read, mode, seed) -> None:
-    order = Order(n, mode != "sequential", 16 if mode == "block" else 1,
-                  4 if mode == "block" else 1, seed)
+    order = Order(
+        n, mode != "sequential", 16 if mode == "block" else 1, 4 if mode == "block" else 1, seed
+    )
     report = mixing_report(order, Plan(n, batch), per_read=per_read, batches=50, places=100)
     assert 1 <= report.places_per_batch <= min(batch, 100)
     assert report.random_places_per_batch <= min(batch, 100) + 1e-9

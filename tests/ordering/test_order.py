@@ -79,7 +79,11 @@ def test_full_shuffle_looks_uniform() -> None:
     # Where does position 0 land over many seeds? Each of 8 slots about equally often.
     counts = np.zeros(8, dtype=int)
     for seed in range(4000):
-        counts[int(np.flatnonzero(Order(8, shuffle=True, seed=seed).positions(0, np.arange(8)) == 0)[0])] += 1
+        counts[
+            int(
+                np.flatnonzero(Order(8, shuffle=True, seed=seed).positions(0, np.arange(8)) == 0)[0]
+            )
+        ] += 1
     assert counts.min() > 380 and counts.max() < 620, counts
 
 
@@ -96,7 +100,12 @@ def test_permute_rejects_nothing_and_is_a_bijection_for_tiny_domains() -> None:
 
 @pytest.mark.parametrize("kwargs", [{"block_size": 0}, {"window": 0}, {"num_rows": -1}])
 def test_bad_settings_are_rejected(kwargs: dict) -> None:
-    with pytest.raises(ValueError, match=next(iter(kwargs)).replace("block_size", "shuffle_block_size").replace("window", "shuffle_window")):
+    with pytest.raises(
+        ValueError,
+        match=next(iter(kwargs))
+        .replace("block_size", "shuffle_block_size")
+        .replace("window", "shuffle_window"),
+    ):
         Order(**{"num_rows": 10, **kwargs})
 
 

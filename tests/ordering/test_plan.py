@@ -31,7 +31,9 @@ def test_every_rank_gets_the_same_number_of_batches(s: tuple) -> None:
 def test_ranks_are_disjoint_and_complete(s: tuple) -> None:
     n, bs, world, drop = s
     plans = all_ranks(n, bs, world, drop)
-    seen = np.concatenate([p.batch_samples(b) for p in plans for b in range(len(p))] or [np.zeros(0, int)])
+    seen = np.concatenate(
+        [p.batch_samples(b) for p in plans for b in range(len(p))] or [np.zeros(0, int)]
+    )
     if drop:
         kept = (n // (bs * world)) * bs * world
         assert sorted(seen.tolist()) == list(range(kept))
@@ -70,7 +72,9 @@ def test_resumed_plan_is_the_tail_of_the_full_plan(s: tuple, data: st.DataObject
 
 def test_len_and_drop_last() -> None:
     assert len(Plan(10, 4)) == 3 and len(Plan(10, 4, drop_last=True)) == 2
-    assert len(Plan(10, 2, world_size=2)) == 3 and len(Plan(10, 2, world_size=2, drop_last=True)) == 2
+    assert (
+        len(Plan(10, 2, world_size=2)) == 3 and len(Plan(10, 2, world_size=2, drop_last=True)) == 2
+    )
     assert len(Plan(0, 4)) == 0
 
 
@@ -82,18 +86,29 @@ def test_short_last_batch_is_split_evenly_and_padded() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"batch_size": 0}, "batch_size"), ({"world_size": 0}, "world_size"),
-     ({"rank": 2, "world_size": 2}, "rank"), ({"start": 11}, "start")],
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"world_size": 0}, "world_size"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+        ({"start": 11}, "start"),
+    ],
 )
 def test_bad_plans_are_rejected(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Plan(**{"num_samples": 10, "batch_size": 2, **kwargs})
 
 
-@given(n=st.integers(0, 400), start=st.integers(0, 50), step=st.integers(1, 3),
-       per_read=st.integers(1, 70), first=st.integers(0, 40), every=st.integers(1, 40))
-def test_read_ranges_cover_every_batch_once_and_end_on_boundaries(n, start, step, per_read,
-                                                                  first, every) -> None:
+@given(
+    n=st.integers(0, 400),
+    start=st.integers(0, 50),
+    step=st.integers(1, 3),
+    per_read=st.integers(1, 70),
+    first=st.integers(0, 40),
+    every=st.integers(1, 40),
+)
+def test_read_ranges_cover_every_batch_once_and_end_on_boundaries(
+    n, start, step, per_read, first, every
+) -> None:
     batches = range(start, start + n * step, step)
     reads = list(read_ranges(batches, per_read, align=(first, every)))
     assert [b for r in reads for b in r] == list(batches)  # in order, each once
@@ -115,8 +130,12 @@ def test_without_the_ramp_every_read_but_the_last_is_full(n, start, per_read) ->
     assert all(len(r) == per_read for r in reads[:-1]) and all(len(r) >= 1 for r in reads)
 
 
-@given(n=st.integers(0, 300), start=st.integers(0, 50), per_read=st.integers(1, 70),
-       first_read=st.integers(1, 8))
+@given(
+    n=st.integers(0, 300),
+    start=st.integers(0, 50),
+    per_read=st.integers(1, 70),
+    first_read=st.integers(1, 8),
+)
 def test_the_ramp_grows_from_its_first_read(n, start, per_read, first_read) -> None:
     reads = list(read_ranges(range(start, start + n), per_read, first_read=first_read))
     assert [b for r in reads for b in r] == list(range(start, start + n))

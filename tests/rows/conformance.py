@@ -45,11 +45,11 @@ def assert_rows_conformance(rows: Any, epochs: tuple[int, ...] = (0, 1), seed: i
     schema = rows.schema_table().schema
     rng = np.random.default_rng(seed)
     reads = [
-        np.arange(min(n, 7), dtype=np.int64),                      # in order
-        rng.permutation(n)[: min(n, 9)].astype(np.int64),          # unsorted
-        rng.integers(0, n, min(2 * n, 12)).astype(np.int64),       # repeated
-        np.array([n - 1, 0, n - 1], np.int64),                     # the ends, twice
-        np.zeros(0, np.int64),                                     # nothing
+        np.arange(min(n, 7), dtype=np.int64),  # in order
+        rng.permutation(n)[: min(n, 9)].astype(np.int64),  # unsorted
+        rng.integers(0, n, min(2 * n, 12)).astype(np.int64),  # repeated
+        np.array([n - 1, 0, n - 1], np.int64),  # the ends, twice
+        np.zeros(0, np.int64),  # nothing
     ]
     for epoch in epochs:
         for positions in reads:

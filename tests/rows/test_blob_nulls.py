@@ -39,8 +39,9 @@ def test_no_fill_is_offered_for_a_blob_column_read_as_files(tmp_path) -> None:
     with pytest.raises(ll.ConversionError) as err:
         ll.Loader(uri, batch_size=4, blobs={"clip": "file"}, output="numpy")
     assert "fill_nulls={" not in str(err.value) and "output='arrow'" in str(err.value)
-    loader = ll.Loader(uri, batch_size=4, blobs={"clip": "file"}, transform=lambda b: b,
-                       output="numpy")  # a transform: no scan at construction
+    loader = ll.Loader(
+        uri, batch_size=4, blobs={"clip": "file"}, transform=lambda b: b, output="numpy"
+    )  # a transform: no scan at construction
     with pytest.raises(ll.ConversionError) as err:
         next(iter(loader))
     assert "fill_nulls={" not in str(err.value) and "another row's blob" in str(err.value)

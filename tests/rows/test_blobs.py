@@ -361,11 +361,22 @@ def test_a_transform_opens_blob_files_with_the_loaders_storage_options(s3) -> No
     options."""
     values = [bytes([i]) * 3000 for i in range(12)]
     remote = s3.write(blob_table(values))
-    loader = ll.Loader(remote, storage_options=s3.storage_options, batch_size=4, cache=None,
-                       blobs={"image": "file"}, transform=read_heads, output="arrow",
-                       num_workers=1, worker_type="process")
-    got = {i: h for b in loader
-           for i, h in zip(b["id"].to_pylist(), b["head"].to_pylist(), strict=True)}
+    loader = ll.Loader(
+        remote,
+        storage_options=s3.storage_options,
+        batch_size=4,
+        cache=None,
+        blobs={"image": "file"},
+        transform=read_heads,
+        output="arrow",
+        num_workers=1,
+        worker_type="process",
+    )
+    got = {
+        i: h
+        for b in loader
+        for i, h in zip(b["id"].to_pylist(), b["head"].to_pylist(), strict=True)
+    }
     assert got == {i: v[2:6] for i, v in enumerate(values)}
 
 
@@ -622,7 +633,9 @@ def test_a_range_outside_its_blob_or_an_external_blob_goes_to_lance(
     found = blob_locations(gone, "image", np.arange(len(values)), descriptors)
     sizes = [len(v or b"") for v in values]
     assert found.read_ranges([(2, 0, 10)], StorageIO()) is None  # packed: its file is gone
-    assert found.read_ranges([(1, 0, 10)], StorageIO()) == [values[1][:10]]  # inline: in the data file
+    assert found.read_ranges([(1, 0, 10)], StorageIO()) == [
+        values[1][:10]
+    ]  # inline: in the data file
     assert sizes[1] < 64 * 1024
 
 

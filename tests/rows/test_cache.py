@@ -484,7 +484,9 @@ def test_a_read_fills_its_largest_piece_before_a_sliver_of_another(uri, tmp_path
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
-def test_the_fills_of_every_worker_reach_the_loaders_stats(uri, tmp_path, small_pieces, worker_type):
+def test_the_fills_of_every_worker_reach_the_loaders_stats(
+    uri, tmp_path, small_pieces, worker_type
+):
     """Process workers fill the cache in processes of their own: their fills were missing from
     the main process's stats (0 where thread workers showed every piece). Every piece is
     filled once, by some worker, and ``stats()`` counts it there, in both."""

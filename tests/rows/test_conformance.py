@@ -46,8 +46,9 @@ class ArrayRows(RowsBase):
 
 
 def array_rows(n: int = 300) -> ArrayRows:
-    return ArrayRows("squares", {"id": np.arange(n, dtype=np.int64),
-                                 "x": (np.arange(n, dtype=np.float32) ** 2)})
+    return ArrayRows(
+        "squares", {"id": np.arange(n, dtype=np.int64), "x": (np.arange(n, dtype=np.float32) ** 2)}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,9 @@ def tokens(tmp_path_factory) -> str:
     lengths = np.random.default_rng(5).integers(1, 40, 200)
     docs = [list(range(d * 1000, d * 1000 + k)) for d, k in enumerate(lengths.tolist())]
     uri = str(tmp_path_factory.mktemp("tokens") / "t.lance")
-    lance.write_dataset(pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), uri,
-                        max_rows_per_file=70)
+    lance.write_dataset(
+        pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))}), uri, max_rows_per_file=70
+    )
     return uri
 
 
@@ -78,23 +80,46 @@ def sounds(tmp_path_factory) -> str:
 
 
 KINDS = {
-    "lance": lambda d: ll.Loader(d["demo"], columns=["id", "label"], filter="label < 7",
-                                 splits={"a": 0.8, "b": 0.2}, split="a", cache=None).source,
-    "lance, cached": lambda d: ll.Loader(d["demo"], columns=["id", "x"], cache="memory",
-                                         shuffle=True).source,
-    "packed": lambda d: ll.Loader(d["tokens"], columns=["input_ids"],
-                                  pack=ll.pack("input_ids", 32, pad_id=-1)).source,
-    "video clips": lambda d: ll.Loader(d["videos"], clips=ll.video_clips(
-        frames=3, stride=2, per_video=2)).source,
-    "audio clips": lambda d: ll.Loader(d["sounds"], clips=ll.audio_clips(
-        seconds=0.1, step=0.05)).source,
-    "mix": lambda d: ll.Mix({"a": ll.Loader(d["demo"], columns=["id"], shuffle=True),
-                             "b": ll.Loader(d["demo"], columns=["id"], filter="id < 100")},
-                            weights={"a": 2, "b": 1}).source(),
+    "lance": lambda d: (
+        ll.Loader(
+            d["demo"],
+            columns=["id", "label"],
+            filter="label < 7",
+            splits={"a": 0.8, "b": 0.2},
+            split="a",
+            cache=None,
+        ).source
+    ),
+    "lance, cached": lambda d: (
+        ll.Loader(d["demo"], columns=["id", "x"], cache="memory", shuffle=True).source
+    ),
+    "packed": lambda d: (
+        ll.Loader(
+            d["tokens"], columns=["input_ids"], pack=ll.pack("input_ids", 32, pad_id=-1)
+        ).source
+    ),
+    "video clips": lambda d: (
+        ll.Loader(d["videos"], clips=ll.video_clips(frames=3, stride=2, per_video=2)).source
+    ),
+    "audio clips": lambda d: (
+        ll.Loader(d["sounds"], clips=ll.audio_clips(seconds=0.1, step=0.05)).source
+    ),
+    "mix": lambda d: ll.Mix(
+        {
+            "a": ll.Loader(d["demo"], columns=["id"], shuffle=True),
+            "b": ll.Loader(d["demo"], columns=["id"], filter="id < 100"),
+        },
+        weights={"a": 2, "b": 1},
+    ).source(),
     "numpy": lambda d: array_rows(),
-    "mix with numpy": lambda d: ll.Mix({"lance": ll.Loader(d["demo"], columns=["id"]),
-                                        "numpy": ll.Loader(ArrayRows("ids", {"id": np.arange(
-                                            50, dtype=np.int64) * 10}), shuffle=True)}).source(),
+    "mix with numpy": lambda d: ll.Mix(
+        {
+            "lance": ll.Loader(d["demo"], columns=["id"]),
+            "numpy": ll.Loader(
+                ArrayRows("ids", {"id": np.arange(50, dtype=np.int64) * 10}), shuffle=True
+            ),
+        }
+    ).source(),
 }
 
 
@@ -122,9 +147,14 @@ def test_a_new_kind_is_one_class_the_loader_orders_and_resumes() -> None:
     rest = [i for batch in resumed for i in batch["id"].tolist()]
     assert [i for b in first for i in b] + rest == epoch
     with pytest.raises(ll.StateMismatchError):  # other arrays: another dataset identity
-        ll.Loader(ArrayRows("squares", {"id": np.arange(1000)[::-1].copy(),
-                                        "x": np.zeros(1000, np.float32)}),
-                  batch_size=64, shuffle=True, seed=3).load_state_dict(state)
+        ll.Loader(
+            ArrayRows(
+                "squares", {"id": np.arange(1000)[::-1].copy(), "x": np.zeros(1000, np.float32)}
+            ),
+            batch_size=64,
+            shuffle=True,
+            seed=3,
+        ).load_state_dict(state)
 
 
 def test_a_new_kind_has_a_ledger_stats_and_refuses_dataset_settings() -> None:
@@ -142,8 +172,11 @@ def test_a_new_kind_has_a_ledger_stats_and_refuses_dataset_settings() -> None:
 
 def test_a_mix_of_lance_and_a_new_kind_interleaves_both_with_their_lineage(demo) -> None:
     numbers = ArrayRows("tens", {"id": np.arange(60, dtype=np.int64) * 10 + 100_000})
-    mix = ll.Mix({"lance": ll.Loader(demo, columns=["id"]), "numbers": ll.Loader(numbers)},
-                 weights={"lance": 1, "numbers": 1}, samples_per_epoch=120)
+    mix = ll.Mix(
+        {"lance": ll.Loader(demo, columns=["id"]), "numbers": ll.Loader(numbers)},
+        weights={"lance": 1, "numbers": 1},
+        samples_per_epoch=120,
+    )
     loader = ll.Loader(mix, batch_size=20)
     got = [i for b in loader for i in b["id"].tolist()]
     assert sorted(i for i in got if i >= 100_000) == sorted(range(100_000, 100_600, 10))
@@ -151,7 +184,8 @@ def test_a_mix_of_lance_and_a_new_kind_interleaves_both_with_their_lineage(demo)
     rows = ll.Ledger(loader).rows(epoch=0, step=1)
     assert rows["source"].to_pylist().count("numbers") == 10
     offsets = rows["row_offset"].to_pylist()
-    for source, offset, position in zip(rows["source"].to_pylist(), offsets,
-                                        rows["position"].to_pylist(), strict=True):
+    for source, offset, position in zip(
+        rows["source"].to_pylist(), offsets, rows["position"].to_pylist(), strict=True
+    ):
         assert (offset is None) == (source == "numbers")  # NumPy rows have no Lance offset
         assert source == "numbers" or offset == position

@@ -109,8 +109,13 @@ def test_slivers_nobody_takes_are_dropped_oldest_first_past_the_bound() -> None:
     for i in range(5):
         tails.promise((i, i + 1))
         tails.leave((i, i + 1), one)
-    assert [tails.take((i, i + 1)) is not None for i in range(5)] == [False, False, True, True,
-                                                                      True]
+    assert [tails.take((i, i + 1)) is not None for i in range(5)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
 
 
 def test_a_sliver_left_again_is_counted_once() -> None:
@@ -174,6 +179,7 @@ def test_read_run_hands_the_sliver_to_the_next_read_and_reads_it_when_nobody_did
     tails = FragmentTails()
     with pytest.raises(OSError):
         tails.read_run(0, 990, starts, failing)
-    assert tails.read_run(990, 1990, starts, read).column("id").to_pylist() == \
-        list(range(990, 1990))
+    assert tails.read_run(990, 1990, starts, read).column("id").to_pylist() == list(
+        range(990, 1990)
+    )
     assert asked == [(1000, 2000), (990, 1000)]

@@ -82,8 +82,11 @@ def gathers(draw):
             wheres.append(np.array(rows, dtype=np.int64))
             sizes.append(len(rows))
     n = sum(sizes)
-    perm = (np.arange(n) if in_order else
-            np.random.default_rng(draw(st.integers(0, 2**32 - 1))).permutation(n))
+    perm = (
+        np.arange(n)
+        if in_order
+        else np.random.default_rng(draw(st.integers(0, 2**32 - 1))).permutation(n)
+    )
     places = np.split(perm, np.cumsum(sizes)[:-1])
     return parts, wheres, places, n
 
@@ -127,10 +130,7 @@ def test_views_are_made_once_per_table_and_forgotten_with_it():
 
 @pytest.mark.parametrize(
     ("places", "n", "says"),
-    [
-        ([np.array([0])], 2, "1 places for 2 rows"),
-        ([np.array([0, 1])], 2, "each place one row"),
-    ],
+    [([np.array([0])], 2, "1 places for 2 rows"), ([np.array([0, 1])], 2, "each place one row")],
 )
 def test_counts_that_do_not_add_up_are_refused(places, n, says):
     with pytest.raises(ValueError, match=says):
@@ -157,7 +157,7 @@ def test_group_order_is_the_stable_argsort(keys, dtype):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(-2**40, 2**40), max_size=200), st.booleans())
+@given(st.lists(st.integers(-(2**40), 2**40), max_size=200), st.booleans())
 def test_distinct_is_numpys_unique(values, ascending):
     """The sort-based unique (NumPy's own hashes integers, 10x slower) agrees with
     ``np.unique``: shuffled, duplicated and strictly increasing values (returned as they are)."""
@@ -166,16 +166,23 @@ def test_distinct_is_numpys_unique(values, ascending):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 3000), min_size=1, max_size=12),  # interval widths (0: empty)
-       st.integers(0, 2**40), st.data())
+@given(
+    st.lists(st.integers(0, 3000), min_size=1, max_size=12),  # interval widths (0: empty)
+    st.integers(0, 2**40),
+    st.data(),
+)
 def test_intervals_agree_with_searchsorted(widths, first, data):
     """The bucket table finds each offset's interval as a binary search does, for empty,
     uneven and offset intervals (the piece table of a fragment with a 1-row tail)."""
     starts = first + np.concatenate(([0], np.cumsum(widths)))
     if starts[-1] == starts[0]:
         return  # no offsets to place
-    offsets = np.array(data.draw(st.lists(st.integers(int(starts[0]), int(starts[-1]) - 1),
-                                          min_size=1, max_size=200)), dtype=np.int64)
+    offsets = np.array(
+        data.draw(
+            st.lists(st.integers(int(starts[0]), int(starts[-1]) - 1), min_size=1, max_size=200)
+        ),
+        dtype=np.int64,
+    )
     want = np.searchsorted(starts, offsets, side="right") - 1
     assert Intervals(starts).of(offsets).tolist() == want.tolist()
 

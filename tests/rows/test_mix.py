@@ -323,22 +323,33 @@ def test_a_consecutive_read_sample_by_sample_is_placed_by_strides_as_by_index(
     for k in range(len(quotas)):
         count = int(runs.spans[k][1])
         ids = np.arange(count) + 1000 * k
-        whole = pa.table({
-            "id": ids,
-            "v": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 3).astype(np.float32)), 3),
-            "s": pa.array([f"{k}:{i}" for i in range(count)], pa.string()),
-        })
+        whole = pa.table(
+            {
+                "id": ids,
+                "v": pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.repeat(ids, 3).astype(np.float32)), 3
+                ),
+                "s": pa.array([f"{k}:{i}" for i in range(count)], pa.string()),
+            }
+        )
         cuts = sorted(data.draw(st.lists(st.integers(0, count), max_size=3)))
-        parts.append(pa.Table.from_batches(
-            [b for a, z in itertools.pairwise([0, *cuts, count])
-             for b in whole.slice(a, z - a).to_batches()], schema=whole.schema))
+        parts.append(
+            pa.Table.from_batches(
+                [
+                    b
+                    for a, z in itertools.pairwise([0, *cuts, count])
+                    for b in whole.slice(a, z - a).to_batches()
+                ],
+                schema=whole.schema,
+            )
+        )
     got = as_table(mixed_rows(parts, [None] * len(parts), runs))
     want = as_table(mixed_rows(parts, [None] * len(parts), plain))
     assert got.to_pylist() == want.to_pylist()
     source = il.source_of(np.arange(first, first + n))
     assert got["id"].to_numpy().tolist() == [
-        1000 * k + int(i) for k, i in zip(source, runs.index - [runs.spans[k][0] for k in source],
-                                          strict=True)
+        1000 * k + int(i)
+        for k, i in zip(source, runs.index - [runs.spans[k][0] for k in source], strict=True)
     ]
 
 
@@ -514,8 +525,9 @@ def test_mixed_reads_fetch_whole_windows_of_every_block_shuffled_source(
     loader = ll.Loader(mix, batch_size=4, rows_per_read=512)
     source = loader.source
     plan = loader.plan(0)  # the tasks the engine runs: cut on the rows' hinted windows
-    tasks = list(stream_tasks(loader.reading(1).work, 0, plan, loader.batches_per_read,
-                              range(len(plan))))
+    tasks = list(
+        stream_tasks(loader.reading(1).work, 0, plan, loader.batches_per_read, range(len(plan)))
+    )
     assert source.hints.window_rows == mix.window_samples and len(tasks) > 10
     for task in tasks[8:-1]:  # after the ramp, before the epoch's end
         runs = source.locate(task.samples)
@@ -895,8 +907,9 @@ def test_a_mix_of_lance_rows_in_order_gets_the_thread_workers_a_single_source_ge
     single = ll.Loader(next(iter(sources.values())), cache=None)
     assert ll.Loader(ll.Mix(plain)).num_workers == single.num_workers == 2 * cores
     one_shuffled = dict(plain, a=ll.Loader(sources["a"], cache=None, shuffle=True))
-    one_transformed = dict(plain, a=ll.Loader(sources["a"], cache=None,
-                                              transform=lambda batch: batch))
+    one_transformed = dict(
+        plain, a=ll.Loader(sources["a"], cache=None, transform=lambda batch: batch)
+    )
     one_cached = dict(plain, a=ll.Loader(sources["a"], cache="memory"))
     for mix in (one_shuffled, one_transformed, one_cached):
         assert ll.Loader(ll.Mix(mix)).num_workers == cores  # reads that hold a core

@@ -18,9 +18,13 @@ def ids(batch: pa.RecordBatch) -> list[int]:
     return batch.column("id").to_pylist()
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@settings(
+    max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None
+)
 @given(st.lists(st.integers(0, 999), max_size=300))
-def test_read_returns_exactly_the_requested_rows_in_order(small_uri: str, positions: list[int]) -> None:
+def test_read_returns_exactly_the_requested_rows_in_order(
+    small_uri: str, positions: list[int]
+) -> None:
     src = Source(small_uri, columns=["id", "x"])
     batch = src.read(np.array(positions, dtype=np.int64))
     assert ids(batch) == positions
@@ -40,7 +44,10 @@ def test_reads_match_lance_take_with_deletions(deleted_uri: str) -> None:
     ds = lance.dataset(deleted_uri)
     assert src.num_rows == ds.count_rows()
     everything = np.arange(src.num_rows)
-    assert ids(src.read(everything)) == ds.take(everything.tolist(), columns=["id"]).column("id").to_pylist()
+    assert (
+        ids(src.read(everything))
+        == ds.take(everything.tolist(), columns=["id"]).column("id").to_pylist()
+    )
     assert all(i % 7 != 3 for i in ids(src.read(everything)))
 
 
@@ -115,13 +122,23 @@ def test_missing_dataset_names_the_path(tmp_path) -> None:
 
 def test_splits_partition_rows_and_compose_with_filter(small_uri: str) -> None:
     fractions = {"train": 0.8, "val": 0.15, "test": 0.05}
-    parts = {name: set(ids(Source(small_uri, columns=["id"], splits=fractions, split=name).read(
-        np.arange(Source(small_uri, splits=fractions, split=name).num_rows)))) for name in fractions}
+    parts = {
+        name: set(
+            ids(
+                Source(small_uri, columns=["id"], splits=fractions, split=name).read(
+                    np.arange(Source(small_uri, splits=fractions, split=name).num_rows)
+                )
+            )
+        )
+        for name in fractions
+    }
     assert set().union(*parts.values()) == set(range(1000))
     assert sum(len(p) for p in parts.values()) == 1000
     assert 700 < len(parts["train"]) < 900
     filtered = Source(small_uri, columns=["id"], filter="id < 500", splits=fractions, split="val")
-    assert set(ids(filtered.read(np.arange(filtered.num_rows)))) == {i for i in parts["val"] if i < 500}
+    assert set(ids(filtered.read(np.arange(filtered.num_rows)))) == {
+        i for i in parts["val"] if i < 500
+    }
 
 
 def test_split_by_key_column_follows_the_key(tmp_path) -> None:
@@ -140,11 +157,13 @@ def test_a_column_named_twice_is_refused_as_such(small_uri: str) -> None:
         Source(small_uri, columns=["id", "id"])
 
 
-def test_a_relative_path_and_an_absolute_one_are_one_dataset(small_uri: str, tmp_path,
-                                                             monkeypatch) -> None:
+def test_a_relative_path_and_an_absolute_one_are_one_dataset(
+    small_uri: str, tmp_path, monkeypatch
+) -> None:
     """A state saved with a relative path was refused from another working directory (as a
     moved dataset). Local paths are named absolute, symlinks resolved."""
     import lanceloader as ll
+
     link = tmp_path / "link.lance"
     link.symlink_to(small_uri)
     monkeypatch.chdir(os.path.dirname(small_uri))

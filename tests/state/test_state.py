@@ -39,8 +39,15 @@ def test_resume_at_a_random_point_gives_the_same_stream(
     small_uri: str, mode, use_filter, drop_last, workers, prefetch, batch_size, data
 ) -> None:
     def make(**kw):
-        return ll.Loader(small_uri, batch_size=batch_size, filter="label != 3" if use_filter else None,
-                         drop_last=drop_last, seed=11, **MODES[mode], **kw)
+        return ll.Loader(
+            small_uri,
+            batch_size=batch_size,
+            filter="label != 3" if use_filter else None,
+            drop_last=drop_last,
+            seed=11,
+            **MODES[mode],
+            **kw,
+        )
 
     reference = remainder(make())
     stop = data.draw(st.integers(0, len(reference)))
@@ -67,7 +74,9 @@ def _at_epoch(loader: ll.Loader, epoch: int) -> ll.Loader:
 @pytest.mark.parametrize("mode", MODES)
 def test_elastic_resume_n_to_m_ranks(small_uri: str, n_ranks: int, m_ranks: int, mode: str) -> None:
     def make(rank: int, world: int) -> ll.Loader:
-        return ll.Loader(small_uri, batch_size=40, rank=rank, world_size=world, seed=5, **MODES[mode])
+        return ll.Loader(
+            small_uri, batch_size=40, rank=rank, world_size=world, seed=5, **MODES[mode]
+        )
 
     uninterrupted = ids_of(make(0, 1))
     loaders = [make(r, n_ranks) for r in range(n_ranks)]
@@ -118,15 +127,23 @@ def test_break_then_state_is_where_the_loop_stopped(small_uri: str) -> None:
 
 def test_state_mismatches_name_both_sides(small_uri: str) -> None:
     state = ll.Loader(small_uri, batch_size=10, shuffle=True, seed=1).state_dict()
-    with pytest.raises(ll.StateMismatchError, match="order setting 'seed': state has 1, this loader has 2"):
+    with pytest.raises(
+        ll.StateMismatchError, match="order setting 'seed': state has 1, this loader has 2"
+    ):
         ll.Loader(small_uri, batch_size=10, shuffle=True, seed=2).load_state_dict(state)
     with pytest.raises(ll.StateMismatchError, match="batch_size: state has 10, this loader has 20"):
         ll.Loader(small_uri, batch_size=20, shuffle=True, seed=1).load_state_dict(state)
-    ll.Loader(small_uri, batch_size=20, shuffle=True, seed=1).load_state_dict(state, allow_changes=("batch_size",))
+    ll.Loader(small_uri, batch_size=20, shuffle=True, seed=1).load_state_dict(
+        state, allow_changes=("batch_size",)
+    )
     with pytest.raises(ValueError, match="cannot be allowed"):
-        ll.Loader(small_uri, batch_size=10, shuffle=True, seed=1).load_state_dict(state, allow_changes=("seed",))
+        ll.Loader(small_uri, batch_size=10, shuffle=True, seed=1).load_state_dict(
+            state, allow_changes=("seed",)
+        )
     with pytest.raises(ll.StateMismatchError, match="order setting 'filter'"):
-        ll.Loader(small_uri, batch_size=10, shuffle=True, seed=1, filter="id < 5").load_state_dict(state)
+        ll.Loader(small_uri, batch_size=10, shuffle=True, seed=1, filter="id < 5").load_state_dict(
+            state
+        )
     with pytest.raises(ll.StateMismatchError, match="state has no 'format' key"):
         ll.Loader(small_uri, batch_size=10).load_state_dict({"epoch": 1})
 
@@ -139,7 +156,10 @@ def test_state_from_another_version_is_refused(tmp_path) -> None:
     import lance
 
     lance.write_dataset(demo_table(10, start=100), uri, mode="append")
-    with pytest.raises(ll.StateMismatchError, match=r"state has version 1 of .*, this loader reads version 2 .*\(pass version=1"):
+    with pytest.raises(
+        ll.StateMismatchError,
+        match=r"state has version 1 of .*, this loader reads version 2 .*\(pass version=1",
+    ):
         ll.Loader(uri, batch_size=10).load_state_dict(state)
     ll.Loader(uri, batch_size=10, version=1).load_state_dict(state)
 
@@ -166,7 +186,10 @@ def test_state_is_small_fast_and_resume_cost_does_not_grow(medium_uri: str) -> N
     resumed = ll.Loader(medium_uri, batch_size=256, shuffle=True)
     resumed.load_state_dict(near_end)
     assert len(iter(resumed)) == -(-1000 // 256)
-    assert ids_of(resumed) == ids_of(_at_epoch(ll.Loader(medium_uri, batch_size=256, shuffle=True), 0))[19_000:]
+    assert (
+        ids_of(resumed)
+        == ids_of(_at_epoch(ll.Loader(medium_uri, batch_size=256, shuffle=True), 0))[19_000:]
+    )
 
 
 def test_save_and_load_state_files_atomically(tmp_path, small_uri: str) -> None:
@@ -185,8 +208,9 @@ def test_save_and_load_state_files_atomically(tmp_path, small_uri: str) -> None:
 
 # --- the cursor under any interleaving ----------------------------------------------------------
 
-OPS = st.lists(st.sampled_from(["iter", "next", "next", "next", "break", "close", "resume", "gc"]),
-               max_size=40)
+OPS = st.lists(
+    st.sampled_from(["iter", "next", "next", "next", "break", "close", "resume", "gc"]), max_size=40
+)
 
 
 @FIXTURE_SETTINGS
@@ -198,8 +222,9 @@ def test_any_interleaving_delivers_the_uninterrupted_stream(small_uri: str, ops,
     import gc
 
     def make() -> ll.Loader:
-        return ll.Loader(small_uri, batch_size=300, columns=["id"], seed=4, num_workers=1,
-                         **MODES[mode])
+        return ll.Loader(
+            small_uri, batch_size=300, columns=["id"], seed=4, num_workers=1, **MODES[mode]
+        )
 
     epochs = 3
     uninterrupted = make()
@@ -249,8 +274,11 @@ def test_recreated_dataset_at_the_same_uri_is_refused(tmp_path) -> None:
     state = ll.Loader(uri, batch_size=10).state_dict()
     shutil.rmtree(uri)
     write_demo_dataset(tmp_path / "d.lance", rows=100, fragments=2)  # same version, same rows
-    with pytest.raises(ll.StateMismatchError, match=r"dataset identity: .*both version 1.*"
-                                                    r"different data"):
+    with pytest.raises(
+        ll.StateMismatchError,
+        match=r"dataset identity: .*both version 1.*"
+        r"different data",
+    ):
         ll.Loader(uri, batch_size=10).load_state_dict(state)
 
 
@@ -267,8 +295,11 @@ def test_copied_dataset_resumes_when_the_user_says_so(tmp_path) -> None:
     copy = str(tmp_path / "elsewhere" / "b.lance")
     shutil.copytree(uri, copy)
     moved = ll.Loader(copy, batch_size=10, columns=["id"], shuffle=True)
-    with pytest.raises(ll.StateMismatchError, match=r"same dataset .* copied or moved. Pass "
-                                                    r"allow_changes=\('uri',\)"):
+    with pytest.raises(
+        ll.StateMismatchError,
+        match=r"same dataset .* copied or moved. Pass "
+        r"allow_changes=\('uri',\)",
+    ):
         moved.load_state_dict(state)
     moved.load_state_dict(state, allow_changes=("uri",))
     assert remainder(moved) == remainder(it)
@@ -293,9 +324,23 @@ def _state(small_uri: str) -> dict:
     return loader.state_dict()
 
 
-@pytest.mark.parametrize("key", ["format", "uri", "version", "dataset", "order", "fingerprint",
-                                 "batch_size", "world_size", "drop_last", "columns", "epoch",
-                                 "sample"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "format",
+        "uri",
+        "version",
+        "dataset",
+        "order",
+        "fingerprint",
+        "batch_size",
+        "world_size",
+        "drop_last",
+        "columns",
+        "epoch",
+        "sample",
+    ],
+)
 def test_a_state_missing_a_key_names_it(small_uri: str, key: str) -> None:
     state = _state(small_uri)
     del state[key]
@@ -303,10 +348,20 @@ def test_a_state_missing_a_key_names_it(small_uri: str, key: str) -> None:
         ll.Loader(small_uri, batch_size=10, shuffle=True).load_state_dict(state)
 
 
-@pytest.mark.parametrize("key,value", [
-    ("epoch", "1"), ("sample", 1.5), ("sample", True), ("drop_last", 0), ("order", [1]),
-    ("columns", "id"), ("version", "1"), ("fingerprint", None), ("batch_size", None),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("epoch", "1"),
+        ("sample", 1.5),
+        ("sample", True),
+        ("drop_last", 0),
+        ("order", [1]),
+        ("columns", "id"),
+        ("version", "1"),
+        ("fingerprint", None),
+        ("batch_size", None),
+    ],
+)
 def test_a_state_key_of_the_wrong_type_names_it(small_uri: str, key: str, value) -> None:
     state = dict(_state(small_uri), **{key: value})
     with pytest.raises(ll.StateMismatchError, match=rf"state\['{key}'\] must be"):
@@ -316,13 +371,17 @@ def test_a_state_key_of_the_wrong_type_names_it(small_uri: str, key: str, value)
 def test_edited_states_and_unknown_formats_are_refused(small_uri: str) -> None:
     state = _state(small_uri)
     make = lambda: ll.Loader(small_uri, batch_size=10, shuffle=True)  # noqa: E731
-    for edited in (dict(state, fingerprint="0" * 16), dict(state, dataset="0" * 16),
-                   dict(state, order=dict(state["order"], seed=7))):
+    for edited in (
+        dict(state, fingerprint="0" * 16),
+        dict(state, dataset="0" * 16),
+        dict(state, order=dict(state["order"], seed=7)),
+    ):
         with pytest.raises(ll.StateMismatchError, match="edited or damaged"):
             make().load_state_dict(edited)
     with pytest.raises(ll.StateMismatchError, match=r"state\['order'\] has no key 'seed'"):
-        make().load_state_dict(dict(state, order={k: v for k, v in state["order"].items()
-                                                  if k != "seed"}))
+        make().load_state_dict(
+            dict(state, order={k: v for k, v in state["order"].items() if k != "seed"})
+        )
     with pytest.raises(ll.StateMismatchError, match=r"reads formats 1 and 2.*upgrade lanceloader"):
         make().load_state_dict(dict(state, format=99))
     for position in ({"sample": 1001}, {"sample": -1}, {"epoch": -1}):

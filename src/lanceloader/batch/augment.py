@@ -58,8 +58,12 @@ class RandomMap(BatchTransform):
         columns = {n: _row_values(batch.column(n)) for n in batch.schema.names}
         rows = [{n: values[i] for n, values in columns.items()} for i in range(batch.num_rows)]
         samples, epochs = keys.samples.tolist(), keys.epochs().tolist()
-        results = map_each(rows, lambda i, row: self.fn(
-            row, sample_rng(keys.seed, self.seed, epochs[i], samples[i])), errors, name)
+        results = map_each(
+            rows,
+            lambda i, row: self.fn(row, sample_rng(keys.seed, self.seed, epochs[i], samples[i])),
+            errors,
+            name,
+        )
         if not results:
             return batch.slice(0, 0)
         return rows_to_batch(results)

@@ -11,12 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from lanceloader.batch.nulls import is_list, null_fix
-from lanceloader.batch.output import (
-    LENGTHS_SUFFIX,
-    Conversion,
-    as_conversion,
-    column_kind,
-)
+from lanceloader.batch.output import LENGTHS_SUFFIX, Conversion, as_conversion, column_kind
 from lanceloader.batch.tensors import FRAMEWORKS, ConversionError, import_framework, uint64_message
 
 
@@ -77,7 +72,8 @@ def check_bytes_for_tensors(schema: pa.Schema, output: str) -> None:
                 "tensor of: they would arrive as bytes, not a tensor. Decode them in the workers "
                 f"with transform=ll.decode_images({f.name!r}) (JPEG/PNG), leave the column out "
                 f"with columns=[...], or pass output=ll.Conversion(output={output!r}) to get "
-                f"the bytes on purpose ({'a list' if output == 'tf' else 'an ll.ByteRows'})")
+                f"the bytes on purpose ({'a list' if output == 'tf' else 'an ll.ByteRows'})"
+            )
 
 
 def null_checked_columns(schema: pa.Schema, output: str | Conversion) -> dict[str, int]:
@@ -106,8 +102,15 @@ def null_checked_columns(schema: pa.Schema, output: str | Conversion) -> dict[st
     return found
 
 
-def nulls_error(column: str, typ: pa.DataType, count: int, rows: int, where: str,
-                filter: str | None, blob_file: bool = False) -> ConversionError:
+def nulls_error(
+    column: str,
+    typ: pa.DataType,
+    count: int,
+    rows: int,
+    where: str,
+    filter: str | None,
+    blob_file: bool = False,
+) -> ConversionError:
     """The construction-time error for ``count`` nulls of ``column`` among the ``rows`` a loader
     reads, the first at ``where``; the fix is a call that runs as written.
 
@@ -117,7 +120,8 @@ def nulls_error(column: str, typ: pa.DataType, count: int, rows: int, where: str
     return ConversionError(
         f"column {column!r} ({typ}) has {count} null values in the {rows} rows this loader "
         f"reads (the first: {where}), which output arrays cannot hold; "
-        f"{null_fix(column, typ, filter, blob_file)}")
+        f"{null_fix(column, typ, filter, blob_file)}"
+    )
 
 
 def _check_field(

@@ -67,8 +67,9 @@ def is_blob_file(field: pa.Field) -> bool:
     return BLOB_FILE_KEY in (field.metadata or {})
 
 
-def null_fix(path: str, typ: pa.DataType, filter: str | None = None,
-             blob_file: bool = False) -> str:
+def null_fix(
+    path: str, typ: pa.DataType, filter: str | None = None, blob_file: bool = False
+) -> str:
     """The fixes for nulls in column ``path``, as calls that run as written: the ``fill_nulls``
     keyword (of ``Loader``, the torch datasets and ``Conversion``) with a value of the column's
     type, or a filter (added to ``filter``, the one in use). A blob column read as files
@@ -80,9 +81,11 @@ def null_fix(path: str, typ: pa.DataType, filter: str | None = None,
     """
     keep = f"{path} IS NOT NULL" if filter is None else f"({filter}) AND {path} IS NOT NULL"
     if blob_file:
-        return (f"filter them out: filter={keep!r}, or read with output='arrow' (a null stays "
-                "null, and ll.blob_files gives None for it); no fill_nulls value is right "
-                "here: a row offset would open another row's blob")
+        return (
+            f"filter them out: filter={keep!r}, or read with output='arrow' (a null stays "
+            "null, and ll.blob_files gives None for it); no fill_nulls value is right "
+            "here: a row offset would open another row's blob"
+        )
     return (
         f"fill them: Loader(..., fill_nulls={{{path!r}: {fill_example(typ)!r}}}) (also a "
         f"keyword of ll.torch's datasets and ll.Conversion), or filter them out: "

@@ -80,12 +80,7 @@ from lanceloader.batch.nulls import (
     null_error,
     null_fix,
 )
-from lanceloader.batch.tensors import (
-    ConversionError,
-    bfloat16,
-    cast_checked,
-    to_framework,
-)
+from lanceloader.batch.tensors import ConversionError, bfloat16, cast_checked, to_framework
 
 OUTPUTS = ("arrow", "numpy", "python", "torch", "jax", "tf")
 RAGGED = ("pad", "list")
@@ -276,11 +271,9 @@ def column_kind(path: str, typ: pa.DataType, output: str) -> str:
     if isinstance(typ, pa.BaseExtensionType):
         if typ.extension_name == "lance.bfloat16":
             return "bfloat16"
-        if isinstance(typ, pa.FixedShapeTensorType) and column_kind(path, typ.value_type, output) in (
-            "number",
-            "bool",
-            "bfloat16",
-        ):
+        if isinstance(typ, pa.FixedShapeTensorType) and column_kind(
+            path, typ.value_type, output
+        ) in ("number", "bool", "bfloat16"):
             return "tensor"
     elif pa.types.is_boolean(typ):
         return "bool"

@@ -159,13 +159,15 @@ def apply_transform(
     else:
         result = Applied(transform(batch), 0)
     if isinstance(batch, pa.RecordBatch | pa.Table):
-        check_output_rows(transform, result.batch, batch.num_rows - result.skipped,
-                          batch.schema.names)
+        check_output_rows(
+            transform, result.batch, batch.num_rows - result.skipped, batch.schema.names
+        )
     return result
 
 
-def check_output_rows(transform: Transform, result: Any, expected: int,
-                      columns: Sequence[str] = ()) -> None:
+def check_output_rows(
+    transform: Transform, result: Any, expected: int, columns: Sequence[str] = ()
+) -> None:
     """Raise :class:`TransformOutputError` unless ``result`` keeps the batch's ``expected``
     rows: a RecordBatch or Table by ``num_rows``; an array or tensor by its first dimension; a
     dict by the lengths of its entries named like the input's ``columns`` (all must agree), or,
@@ -196,10 +198,18 @@ def check_output_rows(transform: Transform, result: Any, expected: int,
                 f"transform {name} returned columns of unequal length: {named}; every column "
                 "needs one value per row"
             )
-        others = {n for k, v in result.items() if k not in columns and not isinstance(v, tuple)
-                  and (n := _length(v)) is not None}
-        rows = (next(iter(named.values())) if named else
-                next(iter(others)) if len(others) == 1 else None)
+        others = {
+            n
+            for k, v in result.items()
+            if k not in columns and not isinstance(v, tuple) and (n := _length(v)) is not None
+        }
+        rows = (
+            next(iter(named.values()))
+            if named
+            else next(iter(others))
+            if len(others) == 1
+            else None
+        )
     elif isinstance(result, pa.RecordBatch | pa.Table):
         rows = result.num_rows
     else:
@@ -330,7 +340,8 @@ def current_row_keys(rows: int) -> RowKeys:
         raise ValueError(
             f"this batch has {rows} rows but the loader gave {len(keys.samples)} samples: a "
             "transform before this one changed the number of rows (changes_rows=True), so rows "
-            "can no longer be matched to their samples; put random transforms before it")
+            "can no longer be matched to their samples; put random transforms before it"
+        )
     return keys
 
 
@@ -369,12 +380,17 @@ class MapRows(BatchTransform):
 
     def apply(self, batch: pa.RecordBatch, errors: ErrorPolicy) -> pa.RecordBatch:
         source = f"map_rows({getattr(self.fn, '__name__', type(self.fn).__name__)})"
-        return rows_to_batch(map_each(batch.to_pylist(), lambda i, row: self.fn(row), errors,
-                                      source))
+        return rows_to_batch(
+            map_each(batch.to_pylist(), lambda i, row: self.fn(row), errors, source)
+        )
 
 
-def map_each(rows: Sequence[dict[str, Any]], call: Callable[[int, dict[str, Any]], Any],
-             errors: ErrorPolicy, source: str) -> list[Mapping[str, Any]]:
+def map_each(
+    rows: Sequence[dict[str, Any]],
+    call: Callable[[int, dict[str, Any]], Any],
+    errors: ErrorPolicy,
+    source: str,
+) -> list[Mapping[str, Any]]:
     """``call(i, row)`` for each row: a row that raises goes to ``errors`` (skipped, or the
     error re-raised); a result that is not a dict is an error naming ``source`` and the row.
     The loop of the per-row transforms (:func:`map_rows`, ``ll.random_map``)."""

@@ -233,21 +233,37 @@ def add_convert(sub: Any) -> None:
         epilog=CONVERT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    c.add_argument("source", help="the images', videos' or audio files' root folder, a file, "
-                                  "or a directory of files")
+    c.add_argument(
+        "source",
+        help="the images', videos' or audio files' root folder, a file, or a directory of files",
+    )
     c.add_argument("out", help="the Lance dataset to write (local path or object store URI)")
     c.add_argument("--mode", choices=("create", "overwrite", "append"), default="create")
-    c.add_argument("--on-error", choices=("skip", "raise"), default="skip",
-                   help="an unreadable image: skip and list it (default), or stop")
-    c.add_argument("--resize", type=positive_int, metavar="PX",
-                   help="re-encode images as JPEG with the longer side at most PX pixels")
-    c.add_argument("--check-images", choices=("structure", "decode", "none"),
-                   default="structure",
-                   help="how each image is checked before it is stored: its JPEG/PNG structure "
-                        "(default), a full decode (slower), or not at all")
-    c.add_argument("--labels", metavar="FILE",
-                   help="a folder of videos or audio files: a CSV or JSON file of labels and "
-                        "metadata, one row per file (its path or file name column names it)")
+    c.add_argument(
+        "--on-error",
+        choices=("skip", "raise"),
+        default="skip",
+        help="an unreadable image: skip and list it (default), or stop",
+    )
+    c.add_argument(
+        "--resize",
+        type=positive_int,
+        metavar="PX",
+        help="re-encode images as JPEG with the longer side at most PX pixels",
+    )
+    c.add_argument(
+        "--check-images",
+        choices=("structure", "decode", "none"),
+        default="structure",
+        help="how each image is checked before it is stored: its JPEG/PNG structure "
+        "(default), a full decode (slower), or not at all",
+    )
+    c.add_argument(
+        "--labels",
+        metavar="FILE",
+        help="a folder of videos or audio files: a CSV or JSON file of labels and "
+        "metadata, one row per file (its path or file name column names it)",
+    )
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(run=convert.convert)
 
@@ -268,10 +284,15 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--rows", type=positive_int, default=300_000, help="rows of the generated dataset"
     )
-    d.add_argument("--runs", type=positive_int, default=3,
-                   help="epochs per mode; the table shows medians (default 3)")
-    d.add_argument("--workers", type=positive_int, default=None,
-                   help="thread workers (default: one per core)")
+    d.add_argument(
+        "--runs",
+        type=positive_int,
+        default=3,
+        help="epochs per mode; the table shows medians (default 3)",
+    )
+    d.add_argument(
+        "--workers", type=positive_int, default=None, help="thread workers (default: one per core)"
+    )
     d.set_defaults(run=demo.demo)
     add_bench(sub)
     add_inspect(sub)

@@ -271,10 +271,7 @@ class BenchRun:
 
 
 def run_bench(
-    loader: Loader,
-    epochs: int = 1,
-    max_batches: int | None = None,
-    every_s: float = SAMPLE_EVERY_S,
+    loader: Loader, epochs: int = 1, max_batches: int | None = None, every_s: float = SAMPLE_EVERY_S
 ) -> BenchRun:
     """Iterate ``epochs`` epochs of at most ``max_batches`` batches each, with a progress bar on
     stderr. The throughput series gets a point every ``every_s`` seconds and at each epoch end.
@@ -301,11 +298,7 @@ def run_bench(
 
 
 def run_epoch_with_series(
-    loader: Loader,
-    max_batches: int | None,
-    start: float,
-    every_s: float,
-    run: BenchRun,
+    loader: Loader, max_batches: int | None, start: float, every_s: float, run: BenchRun
 ) -> None:
     """One epoch of :func:`run_bench`, appending to ``run.series``; an epoch cut short at
     ``max_batches`` is ended there (the next one starts at its beginning)."""

@@ -15,11 +15,7 @@ import pyarrow as pa
 
 from lanceloader.batch.checks import check_schema
 from lanceloader.batch.output import LENGTHS_SUFFIX, to_output
-from lanceloader.cli.errors import (
-    input_errors,
-    one_line,
-    refuse_convertible,
-)
+from lanceloader.cli.errors import input_errors, one_line, refuse_convertible
 from lanceloader.rows.lance.blobs import is_blob_field, payload_sizes
 from lanceloader.rows.lance.source import Source
 from lanceloader.units import format_bytes
@@ -190,18 +186,23 @@ def inspect_lines(
     ]
 
 
-def blob_row(ds: Any, name: str, nullable: str, sample_rows: int
-             ) -> tuple[float, tuple[str, str, str, str]]:
+def blob_row(
+    ds: Any, name: str, nullable: str, sample_rows: int
+) -> tuple[float, tuple[str, str, str, str]]:
     """A blob column's payload bytes (from a scan of its descriptors: no payload is read)
     and its line: kind blob, the payloads' mean and total, and what the loader delivers
     (the payloads as ``large_binary``, unless ``blobs=`` asks otherwise)."""
     sizes = payload_sizes(ds.to_table(columns=[name]).column(name))
     mean = format_bytes(float(sizes.mean())) if len(sizes) else "-"
-    bytes_as = describe_conversion(name, pa.table({name: pa.array([b""] * max(1, sample_rows),
-                                                                   pa.large_binary())}))
-    return float(sizes.sum()), (name, f"blob{nullable}",
-                                f"{format_bytes(float(sizes.sum()))} (mean {mean})",
-                                f"{bytes_as} (payloads)")
+    bytes_as = describe_conversion(
+        name, pa.table({name: pa.array([b""] * max(1, sample_rows), pa.large_binary())})
+    )
+    return float(sizes.sum()), (
+        name,
+        f"blob{nullable}",
+        f"{format_bytes(float(sizes.sum()))} (mean {mean})",
+        f"{bytes_as} (payloads)",
+    )
 
 
 def lineage_lines(schema: pa.Schema) -> list[str]:

@@ -97,8 +97,9 @@ def _cuda_issue(batch: Any, device: Any) -> tuple[Any, Any]:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.device(device), torch.cuda.stream(stream):
         start.record(stream)
-        out = map_tensors(batch, lambda t: t if t.device == device else
-                          t.to(device, non_blocking=True))
+        out = map_tensors(
+            batch, lambda t: t if t.device == device else t.to(device, non_blocking=True)
+        )
         end.record(stream)
     return out, (start, end)
 
@@ -134,8 +135,8 @@ def _jax_issue(batch: Any, target: Any) -> Any:
     import numpy as np
 
     return jax.tree_util.tree_map(
-        lambda x: jax.device_put(x, target) if isinstance(x, jax.Array | np.ndarray) else x,
-        batch)
+        lambda x: jax.device_put(x, target) if isinstance(x, jax.Array | np.ndarray) else x, batch
+    )
 
 
 # --- batches as trees of tensors ----------------------------------------------------------------
@@ -151,8 +152,9 @@ def map_tensors(value: Any, fn: Callable[[Any], Any]) -> Any:
     """
     if isinstance(value, dict):
         return {k: map_tensors(v, fn) for k, v in value.items()}
-    if isinstance(value, list | tuple) and any(_is_tensor(v) or isinstance(v, dict | list | tuple)
-                                               for v in value):
+    if isinstance(value, list | tuple) and any(
+        _is_tensor(v) or isinstance(v, dict | list | tuple) for v in value
+    ):
         return type(value)(map_tensors(v, fn) for v in value)
     return fn(value) if _is_tensor(value) else value
 
@@ -389,8 +391,13 @@ class PlacedWork(BatchWork):
         return result
 
 
-def check_placement(output: str, pin_memory: bool, device: Any, prefetch: int | None = None,
-                    prefetch_bytes: int | None = None) -> Placement | None:
+def check_placement(
+    output: str,
+    pin_memory: bool,
+    device: Any,
+    prefetch: int | None = None,
+    prefetch_bytes: int | None = None,
+) -> Placement | None:
     """Validate ``pin_memory``, ``device`` and the device prefetch bounds now; return the
     placement (or None: batches stay where the workers made them).
 
@@ -403,13 +410,18 @@ def check_placement(output: str, pin_memory: bool, device: Any, prefetch: int | 
         if value is not None:
             check_int(name, value, minimum=0)
             if device is None:
-                raise ValueError(f"{name}={value} bounds the batches ahead on the device: it "
-                                 "needs device= (e.g. device='cuda')")
+                raise ValueError(
+                    f"{name}={value} bounds the batches ahead on the device: it "
+                    "needs device= (e.g. device='cuda')"
+                )
     if not pin_memory and device is None:
         return None
-    bounds = {"prefetch": DEFAULT_DEVICE_PREFETCH if prefetch is None else prefetch,
-              "prefetch_bytes": DEFAULT_DEVICE_PREFETCH_BYTES if prefetch_bytes is None
-              else prefetch_bytes}
+    bounds = {
+        "prefetch": DEFAULT_DEVICE_PREFETCH if prefetch is None else prefetch,
+        "prefetch_bytes": DEFAULT_DEVICE_PREFETCH_BYTES
+        if prefetch_bytes is None
+        else prefetch_bytes,
+    }
     if output == "jax" and not pin_memory:
         return Placement("jax", _jax_target(device), False, **bounds)
     if output != "torch":
@@ -430,8 +442,11 @@ def check_placement(output: str, pin_memory: bool, device: Any, prefetch: int | 
         if target.index is None:  # the training thread's device, not a worker's (ray#65059)
             target = torch.device("cuda", torch.cuda.current_device())
     if pin_memory and not cuda:
-        warnings.warn("pin_memory=True has no effect without CUDA; batches are not pinned",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "pin_memory=True has no effect without CUDA; batches are not pinned",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         pin_memory = False
     if target is None and not pin_memory:
         return None

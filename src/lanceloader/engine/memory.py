@@ -36,8 +36,10 @@ def reuse_freed_memory(trim_threshold: int = TRIM_THRESHOLD) -> bool:
     if _memory_kept:
         return False
     _memory_kept = True
-    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                                     "GLIBC_TUNABLES")):
+    if any(
+        k in os.environ
+        for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+    ):
         return False
     try:
         libc = ctypes.CDLL(None)
@@ -47,5 +49,6 @@ def reuse_freed_memory(trim_threshold: int = TRIM_THRESHOLD) -> bool:
     if not hasattr(libc, "gnu_get_libc_version"):  # glibc only, not musl or macOS
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
-        bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(M_TRIM_THRESHOLD, trim_threshold)
+    )

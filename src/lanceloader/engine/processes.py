@@ -79,8 +79,14 @@ EXIT_S = 0.1
 STACK_SIGNAL = signal.SIGUSR1  # a worker's faulthandler writes its stack on this signal
 # The forkserver imports these once; its children start with them loaded. The first one silences
 # Lance's "not fork-safe" warning in the server only: forking it is safe, it never used Lance.
-PRELOAD = ["lanceloader.lifecycle._forkserver", "numpy", "pyarrow", "lance", "cloudpickle",
-           "lanceloader.engine.work"]
+PRELOAD = [
+    "lanceloader.lifecycle._forkserver",
+    "numpy",
+    "pyarrow",
+    "lance",
+    "cloudpickle",
+    "lanceloader.engine.work",
+]
 # What multiprocessing's preparation data uses to re-run the parent's main module in a child.
 MAIN_MODULE_KEYS = ("init_main_from_path", "init_main_from_name")
 
@@ -135,8 +141,11 @@ class WorkerPopen(popen_forkserver.Popen):
         self.sentinel, w = forkserver.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
         # A duplicate of the data pipe's write end: the child's sentinel of this process.
         parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds,  # type: ignore[attr-defined]
-                                       (parent_w, self.sentinel))
+        self.finalizer = util.Finalize(
+            self,
+            util.close_fds,  # type: ignore[attr-defined]
+            (parent_w, self.sentinel),
+        )
         with open(w, "wb", closefd=True) as f:
             f.write(buf.getbuffer())
         self.pid = forkserver.read_signed(self.sentinel)
@@ -152,8 +161,10 @@ class WorkerProcess(mp.context.ForkServerProcess):
 
 # --- the worker process --------------------------------------------------------------------
 
-def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix: str,
-                 owner: int) -> None:
+
+def _worker_main(
+    fn_bytes: bytes, tasks: Connection, results: Connection, prefix: str, owner: int
+) -> None:
     """Run tasks until told to stop, or until the consumer (``owner``) goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     reuse_freed_memory()
@@ -177,7 +188,13 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
             payload: tuple[Any, ...] = ("ok", index, *pack(fn(task), path), str(path))
         except BaseException as exc:
             path.unlink(missing_ok=True)
-            payload = ("error", index, dumps(picklable_error(exc, dumps)), traceback.format_exc(), "")
+            payload = (
+                "error",
+                index,
+                dumps(picklable_error(exc, dumps)),
+                traceback.format_exc(),
+                "",
+            )
         try:
             results.send(payload)
         except (BrokenPipeError, OSError):
@@ -191,8 +208,14 @@ def _worker_main(fn_bytes: bytes, tasks: Connection, results: Connection, prefix
 class ProcessPool:
     """Ordered results of ``fn`` over ``tasks`` from ``num_workers`` forkserver processes."""
 
-    def __init__(self, fn: Callable[[Any], Any], tasks: Iterator[Any], num_workers: int,
-                 depth: int, stall_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        tasks: Iterator[Any],
+        num_workers: int,
+        depth: int,
+        stall_timeout: float | None = None,
+    ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self._tasks = tasks
@@ -217,17 +240,23 @@ class ProcessPool:
             for i in range(num_workers):
                 task_recv, task_send = ctx.Pipe(duplex=False)
                 result_recv, result_send = ctx.Pipe(duplex=False)
-                proc = WorkerProcess(target=_worker_main, name=f"lanceloader-process-{i}",
-                                     args=(fn_bytes, task_recv, result_send, self._prefix,
-                                           self._pid),
-                                     daemon=True)
+                proc = WorkerProcess(
+                    target=_worker_main,
+                    name=f"lanceloader-process-{i}",
+                    args=(fn_bytes, task_recv, result_send, self._prefix, self._pid),
+                    daemon=True,
+                )
                 proc.start()
                 task_recv.close()
                 result_send.close()
                 self._workers.append((proc, task_send, result_recv))
                 feed: queue.SimpleQueue[Any] = queue.SimpleQueue()
-                feeder = threading.Thread(target=_feed, args=(feed, task_send), daemon=True,
-                                          name=f"lanceloader-feeder-{i}")
+                feeder = threading.Thread(
+                    target=_feed,
+                    args=(feed, task_send),
+                    daemon=True,
+                    name=f"lanceloader-feeder-{i}",
+                )
                 feeder.start()
                 self._feeds.append((feed, feeder))
             self._fill()
@@ -272,8 +301,9 @@ class ProcessPool:
             raise StopIteration
         index, worker, task = self._pending[0]
         try:
-            deadline = None if self._stall_timeout is None else \
-                time.monotonic() + self._stall_timeout
+            deadline = (
+                None if self._stall_timeout is None else time.monotonic() + self._stall_timeout
+            )
             while index not in self._done:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not self._collect(left):
@@ -294,8 +324,9 @@ class ProcessPool:
         in its order); False when none came. A worker that died with tasks unfinished is a
         :class:`WorkerDiedError` at once."""
         busy = [w for w, n in enumerate(self._unfinished) if n]
-        handles: dict[Any, int] = {h: w for w in busy
-                                   for h in (self._workers[w][2], self._workers[w][0].sentinel)}
+        handles: dict[Any, int] = {
+            h: w for w in busy for h in (self._workers[w][2], self._workers[w][0].sentinel)
+        }
         ready = wait(list(handles), timeout=timeout)
         for worker in sorted({handles[h] for h in ready}):
             proc, _, conn = self._workers[worker]
@@ -317,8 +348,9 @@ class ProcessPool:
         if kind == "error":
             exc: BaseException = pickle.loads(a)
             if hasattr(exc, "add_note"):
-                exc.add_note(f"in worker process {worker} (pid {self._workers[worker][0].pid}):"
-                             f"\n{b}")
+                exc.add_note(
+                    f"in worker process {worker} (pid {self._workers[worker][0].pid}):\n{b}"
+                )
             self._done[index] = (None, exc)
         else:  # mapped (and its file unlinked) now, whatever its turn
             self._done[index] = (unpack(a, b, Path(path)), None)
@@ -328,8 +360,13 @@ class ProcessPool:
         proc = self._workers[worker][0]
         assert proc.pid is not None
         stack = _task_thread(worker_stack(proc.pid, SHM_DIR / f"{self._prefix}-{proc.pid}-stack"))
-        return Stalled(self._stall_timeout, task, f"worker process {worker} (pid {proc.pid})",
-                       stack, _FRAME.findall(stack))
+        return Stalled(
+            self._stall_timeout,
+            task,
+            f"worker process {worker} (pid {proc.pid})",
+            stack,
+            _FRAME.findall(stack),
+        )
 
     def close(self) -> None:
         """Stop every worker at once and join them; remove this pool's files. Idempotent."""
@@ -409,8 +446,10 @@ def _death_message(worker: int, proc: mp.process.BaseProcess) -> str:
             "the worker cannot import): see its traceback on stderr"
         )
     else:
-        cause = ("out of memory (the kernel's OOM killer sends SIGKILL) and crashes in native "
-                 "code are the usual causes")
+        cause = (
+            "out of memory (the kernel's OOM killer sends SIGKILL) and crashes in native "
+            "code are the usual causes"
+        )
     return (
         f"worker process {worker} (pid {proc.pid}) {status} before returning its batch; "
         f"the loader stopped all workers. {cause}"
@@ -423,8 +462,10 @@ def worker_stack(pid: int, stack_file: Path, wait_s: float = 1.0) -> str:
     handler)."""
     state = lifetime.process_state(pid)
     if state in ("T", "t"):
-        return (f"(no stack: process {pid} is stopped (state {state}), e.g. by SIGSTOP, Ctrl-Z or "
-                "a debugger; SIGCONT continues it)\n")
+        return (
+            f"(no stack: process {pid} is stopped (state {state}), e.g. by SIGSTOP, Ctrl-Z or "
+            "a debugger; SIGCONT continues it)\n"
+        )
     try:
         os.truncate(stack_file, 0)
         os.kill(pid, STACK_SIGNAL)

@@ -41,9 +41,15 @@ READ_BYTES_MOST = 16 << 20
 READ_BYTES_GATHER = 32 << 20
 
 
-def batches_per_read(random: bool, batch_size: int, transform: bool,
-                     bytes_per_row: float = 0.0, read_parts: int = 1,
-                     store_ranges: bool = False, cache_gathers: bool = False) -> int:
+def batches_per_read(
+    random: bool,
+    batch_size: int,
+    transform: bool,
+    bytes_per_row: float = 0.0,
+    read_parts: int = 1,
+    store_ranges: bool = False,
+    cache_gathers: bool = False,
+) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
     cost more per call), at most :data:`READ_BYTES` of data (or :data:`READ_ROWS_LEAST` rows
     within :data:`READ_BYTES_MOST` where that is more), and with a transform at most two
@@ -92,8 +98,13 @@ def batches_per_read(random: bool, batch_size: int, transform: bool,
         rows *= 4
     if bytes_per_row > 0:
         least = min(READ_ROWS_LEAST * read_parts, int(READ_BYTES_MOST // bytes_per_row))
-        most = (READ_BYTES_GATHER if cache_gathers else READ_BYTES_MOST if store_ranges
-                else READ_BYTES * read_parts)
+        most = (
+            READ_BYTES_GATHER
+            if cache_gathers
+            else READ_BYTES_MOST
+            if store_ranges
+            else READ_BYTES * read_parts
+        )
         rows = min(rows, max(int(most // bytes_per_row), least))
     per_read = max(1, rows // batch_size)
     return min(per_read, TRANSFORM_BATCHES_PER_READ * read_parts) if transform else per_read

@@ -56,15 +56,39 @@ from lanceloader.engine.verdict import Verdict, cores_busy, process_cores, usabl
 from lanceloader.engine.waits import WAIT_KEYS, wait_percentiles
 
 COUNTERS = (
-    "batches", "rows", "nbytes", "wall_s", "read_s", "decode_s", "transform_s", "convert_s",
+    "batches",
+    "rows",
+    "nbytes",
+    "wall_s",
+    "read_s",
+    "decode_s",
+    "transform_s",
+    "convert_s",
     "wait_s",
-    "step_s", "rows_read", "rows_skipped", "rows_cached", "cache_damaged", "cache_fills", "io_bytes",
-    "io_iops", "depth_sum",
-    "depth_samples", "copy_batches", "copy_bytes", "copy_s", "copy_exposed_s", "copies_late",
-    "device_ahead_max", "device_ahead_bytes_max",
+    "step_s",
+    "rows_read",
+    "rows_skipped",
+    "rows_cached",
+    "cache_damaged",
+    "cache_fills",
+    "io_bytes",
+    "io_iops",
+    "depth_sum",
+    "depth_samples",
+    "copy_batches",
+    "copy_bytes",
+    "copy_s",
+    "copy_exposed_s",
+    "copies_late",
+    "device_ahead_max",
+    "device_ahead_bytes_max",
     # the first batch's wait; CPU: this process's seconds, the usable cores' busy and total
     # core-seconds, over the epoch's first cpu_wall_s seconds (sampled, see count_delivered)
-    "first_wait_s", "cpu_s", "cores_busy_s", "cores_all_s", "cpu_wall_s",
+    "first_wait_s",
+    "cpu_s",
+    "cores_busy_s",
+    "cores_all_s",
+    "cpu_wall_s",
     *WAIT_KEYS,
 )
 # Per epoch, not summed: the CPU clocks at the epoch's start and when to sample them next.
@@ -161,9 +185,13 @@ class Stats:
         d = asdict(self)
         del d["wait_histogram"]
         d["bottleneck"] = asdict(self.bottleneck)
-        d.update(rows_per_s=self.rows_per_s, bytes_per_s=self.bytes_per_s,
-                 io_bandwidth=self.io_bandwidth, copy_hidden=self.copy_hidden,
-                 requests_per_1000_rows=self.requests_per_1000_rows)
+        d.update(
+            rows_per_s=self.rows_per_s,
+            bytes_per_s=self.bytes_per_s,
+            io_bandwidth=self.io_bandwidth,
+            copy_hidden=self.copy_hidden,
+            requests_per_1000_rows=self.requests_per_1000_rows,
+        )
         return d
 
     def __str__(self) -> str:
@@ -174,51 +202,115 @@ class Stats:
         rows = [
             ("delivered", f"{self.rows:,} rows in {self.batches:,} batches, {self.wall_s:.2f} s"),
             ("throughput", f"{self.rows_per_s:,.0f} rows/s, {self.bytes_per_s / 1e6:,.1f} MB/s"),
-            ("storage I/O", f"{self.io_bytes / 1e6:,.1f} MB, {self.io_iops:,} IOPS "
-                            f"({self.requests_per_1000_rows:,.1f} requests per 1,000 rows), "
-                            f"{self.io_bandwidth / 1e6:,.1f} MB/s while reading"
-                            + (f"; {100 * self.rows_cached / self.rows_read:.0f}% of rows from "
-                               "the cache" if self.rows_cached and self.rows_read else "")
-                            + (f"; {self.cache_fills:,} pieces filled into the cache"
-                               if self.cache_fills else "")
-                            + (f"; {self.cache_damaged} damaged cache files dropped and read "
-                               "again" if self.cache_damaged else "")),
-            ("read", f"{self.read_s:.2f} s ({100 * self.read_s / cap:.0f}% of {self.workers} "
-                     f"worker{'s' if self.workers != 1 else ''})" if cap else "-"),
-            *([("decode", f"{self.decode_s:.2f} s ({100 * self.decode_s / cap:.0f}% of workers"
-                           "; clips, in their reads)" if cap else "-")] if self.decode_s else []),
-            ("transform", f"{self.transform_s:.2f} s ({100 * self.transform_s / cap:.0f}% of workers)" if cap else "-"),
-            ("convert", f"{self.convert_s:.2f} s ({100 * self.convert_s / cap:.0f}% of workers)" if cap else "-"),
+            (
+                "storage I/O",
+                f"{self.io_bytes / 1e6:,.1f} MB, {self.io_iops:,} IOPS "
+                f"({self.requests_per_1000_rows:,.1f} requests per 1,000 rows), "
+                f"{self.io_bandwidth / 1e6:,.1f} MB/s while reading"
+                + (
+                    f"; {100 * self.rows_cached / self.rows_read:.0f}% of rows from the cache"
+                    if self.rows_cached and self.rows_read
+                    else ""
+                )
+                + (
+                    f"; {self.cache_fills:,} pieces filled into the cache"
+                    if self.cache_fills
+                    else ""
+                )
+                + (
+                    f"; {self.cache_damaged} damaged cache files dropped and read again"
+                    if self.cache_damaged
+                    else ""
+                ),
+            ),
+            (
+                "read",
+                f"{self.read_s:.2f} s ({100 * self.read_s / cap:.0f}% of {self.workers} "
+                f"worker{'s' if self.workers != 1 else ''})"
+                if cap
+                else "-",
+            ),
+            *(
+                [
+                    (
+                        "decode",
+                        f"{self.decode_s:.2f} s ({100 * self.decode_s / cap:.0f}% of workers"
+                        "; clips, in their reads)"
+                        if cap
+                        else "-",
+                    )
+                ]
+                if self.decode_s
+                else []
+            ),
+            (
+                "transform",
+                f"{self.transform_s:.2f} s ({100 * self.transform_s / cap:.0f}% of workers)"
+                if cap
+                else "-",
+            ),
+            (
+                "convert",
+                f"{self.convert_s:.2f} s ({100 * self.convert_s / cap:.0f}% of workers)"
+                if cap
+                else "-",
+            ),
             ("loop waited", f"{self.wait_s:.2f} s ({pct(self.wait_s).strip()} of wall time)"),
             ("loop worked", f"{self.step_s:.2f} s ({pct(self.step_s).strip()} of wall time)"),
-            ("rows", f"read {self.rows_read:,} = delivered {self.rows:,} + skipped "
-                     f"{self.rows_skipped:,} + prefetched, not delivered {self.rows_undelivered:,}"),
+            (
+                "rows",
+                f"read {self.rows_read:,} = delivered {self.rows:,} + skipped "
+                f"{self.rows_skipped:,} + prefetched, not delivered {self.rows_undelivered:,}",
+            ),
             ("queue", f"{self.queue_depth_mean:.1f} reads in flight on average"),
         ]
         if self.cache is not None:
             rows.append(("cache", self.cache))
         if self.wait_p50_s is not None:
-            rows.insert([k for k, _ in rows].index("loop worked") + 1, ("wait per batch", (
-                f"p50 {_ms(self.wait_p50_s)}, p95 {_ms(self.wait_p95_s)}, p99 "
-                f"{_ms(self.wait_p99_s)}; the first batch {_ms(self.first_wait_s)}")))
-        busy = ("not measured" if self.cores_busy is None else
-                f"{100 * self.cores_busy:.0f}% busy")
-        mine = ("" if self.process_cores is None else
-                f", this process used {self.process_cores:.1f}")
+            rows.insert(
+                [k for k, _ in rows].index("loop worked") + 1,
+                (
+                    "wait per batch",
+                    (
+                        f"p50 {_ms(self.wait_p50_s)}, p95 {_ms(self.wait_p95_s)}, p99 "
+                        f"{_ms(self.wait_p99_s)}; the first batch {_ms(self.first_wait_s)}"
+                    ),
+                ),
+            )
+        busy = "not measured" if self.cores_busy is None else f"{100 * self.cores_busy:.0f}% busy"
+        mine = "" if self.process_cores is None else f", this process used {self.process_cores:.1f}"
         kind = f"{self.worker_type} " if self.worker_type else ""
-        rows.append(("cores", f"{self.cores} usable, {busy}{mine}; {self.workers} "
-                              f"{kind}worker{'s' if self.workers != 1 else ''}"))
+        rows.append(
+            (
+                "cores",
+                f"{self.cores} usable, {busy}{mine}; {self.workers} "
+                f"{kind}worker{'s' if self.workers != 1 else ''}",
+            )
+        )
         if self.copy_batches:
-            hidden = (f"{100 * self.copy_hidden:.0f}% hidden behind the step"
-                      if self.copy_hidden is not None else "not timed")
-            rows.append(("device", (
-                f"{self.copy_batches:,} batches, {self.copy_bytes / 1e6:,.1f} MB copied in "
-                f"{1000 * self.copy_s:,.1f} ms, {hidden}; up to {self.device_ahead_max} batches "
-                f"({self.device_ahead_bytes_max / 1e6:,.1f} MB) ahead, {self.copies_late:,} "
-                "copied on arrival")))
+            hidden = (
+                f"{100 * self.copy_hidden:.0f}% hidden behind the step"
+                if self.copy_hidden is not None
+                else "not timed"
+            )
+            rows.append(
+                (
+                    "device",
+                    (
+                        f"{self.copy_batches:,} batches, {self.copy_bytes / 1e6:,.1f} MB copied in "
+                        f"{1000 * self.copy_s:,.1f} ms, {hidden}; up to {self.device_ahead_max} batches "
+                        f"({self.device_ahead_bytes_max / 1e6:,.1f} MB) ahead, {self.copies_late:,} "
+                        "copied on arrival"
+                    ),
+                )
+            )
         if self.padding_fraction is not None:
-            rows.append(("packing", f"{100 * self.padding_fraction:.1f}% of the tokens of "
-                                    "packed rows are padding"))
+            rows.append(
+                (
+                    "packing",
+                    f"{100 * self.padding_fraction:.1f}% of the tokens of packed rows are padding",
+                )
+            )
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         return "\n".join([*lines, str(self.bottleneck)])
@@ -281,8 +373,9 @@ def new_counters() -> dict[str, float]:
 _log10 = math.log10
 
 
-def count_delivered(c: dict[str, float], rows: int, nbytes: int, wait_s: float, step_s: float,
-                    wall_s: float) -> None:
+def count_delivered(
+    c: dict[str, float], rows: int, nbytes: int, wait_s: float, step_s: float, wall_s: float
+) -> None:
     """A batch was handed to the training loop: update an epoch's counters (from
     :meth:`Recorder.new_epoch`) in place: sums, the wait's histogram bucket, and now and then
     (at most once per 20 ms, at least once per second) the CPU clocks. Called once per batch,
@@ -340,9 +433,18 @@ class Recorder:
             self._epochs.append(self._current)
         return self._current
 
-    def task(self, seconds: dict[str, float], rows_read: int, io_bytes: int, io_iops: int,
-             rows_skipped: int, in_flight: int, rows_cached: int = 0,
-             cache_damaged: int = 0, cache_fills: int = 0) -> None:
+    def task(
+        self,
+        seconds: dict[str, float],
+        rows_read: int,
+        io_bytes: int,
+        io_iops: int,
+        rows_skipped: int,
+        in_flight: int,
+        rows_cached: int = 0,
+        cache_damaged: int = 0,
+        cache_fills: int = 0,
+    ) -> None:
         """A worker's task arrived at the consumer."""
         c = self._current
         c["rows_cached"] += rows_cached
@@ -377,17 +479,25 @@ class Recorder:
         c["device_ahead_max"] = max(c["device_ahead_max"], batches)
         c["device_ahead_bytes_max"] = max(c["device_ahead_bytes_max"], nbytes)
 
-    def event(self, name: str, start: float, end: float, lane: str | None = None,
-              **args: Any) -> None:
+    def event(
+        self, name: str, start: float, end: float, lane: str | None = None, **args: Any
+    ) -> None:
         """A trace span on ``lane`` (default: the calling thread's name)."""
         if self._trace is None:
             return
         lane = lane or threading.current_thread().name
         with self._lock:
-            self._trace.append({
-                "name": name, "ph": "X", "pid": os.getpid(), "tid": lane,
-                "ts": (start - self._t0) * 1e6, "dur": (end - start) * 1e6, "args": args,
-            })
+            self._trace.append(
+                {
+                    "name": name,
+                    "ph": "X",
+                    "pid": os.getpid(),
+                    "tid": lane,
+                    "ts": (start - self._t0) * 1e6,
+                    "dur": (end - start) * 1e6,
+                    "args": args,
+                }
+            )
 
     # --- tracing -------------------------------------------------------------------------
 
@@ -404,8 +514,10 @@ class Recorder:
         with self._lock:
             events, self._trace = self._trace or [], None
         lanes = sorted({e["tid"] for e in events})
-        meta = [{"name": "thread_name", "ph": "M", "pid": os.getpid(), "tid": i,
-                 "args": {"name": lane}} for i, lane in enumerate(lanes)]
+        meta = [
+            {"name": "thread_name", "ph": "M", "pid": os.getpid(), "tid": i, "args": {"name": lane}}
+            for i, lane in enumerate(lanes)
+        ]
         index = {lane: i for i, lane in enumerate(lanes)}
         out = [dict(e, tid=index[e["tid"]]) for e in events]
         with open(path, "w") as f:
@@ -430,9 +542,14 @@ class Recorder:
                 total[k] = max(total[k], c[k])
         return total
 
-    def snapshot(self, workers: int = 1, shuffle_random: bool = False,
-                 epoch: int | None = None, worker_type: str | None = None,
-                 cache: str | None = None) -> Stats:
+    def snapshot(
+        self,
+        workers: int = 1,
+        shuffle_random: bool = False,
+        epoch: int | None = None,
+        worker_type: str | None = None,
+        cache: str | None = None,
+    ) -> Stats:
         """The :class:`Stats` of one epoch (``epoch``: an index, ``-1`` the last) or of all
         (``None``); ``workers`` and ``worker_type`` say how the loader ran (the verdict never
         advises what is set)."""
@@ -443,22 +560,42 @@ class Recorder:
         cores = usable_cores()
         return Stats(
             epochs=len(self._epochs) if epoch is None else 1,
-            batches=int(c["batches"]), rows=int(c["rows"]), nbytes=int(c["nbytes"]),
-            wall_s=c["wall_s"], read_s=c["read_s"], decode_s=c["decode_s"],
+            batches=int(c["batches"]),
+            rows=int(c["rows"]),
+            nbytes=int(c["nbytes"]),
+            wall_s=c["wall_s"],
+            read_s=c["read_s"],
+            decode_s=c["decode_s"],
             transform_s=c["transform_s"],
-            convert_s=c["convert_s"], wait_s=c["wait_s"], step_s=c["step_s"],
-            rows_read=int(c["rows_read"]), rows_skipped=int(c["rows_skipped"]),
+            convert_s=c["convert_s"],
+            wait_s=c["wait_s"],
+            step_s=c["step_s"],
+            rows_read=int(c["rows_read"]),
+            rows_skipped=int(c["rows_skipped"]),
             rows_undelivered=int(c["rows_read"] - c["rows"] - c["rows_skipped"]),
-            io_bytes=int(c["io_bytes"]), io_iops=int(c["io_iops"]), workers=workers,
+            io_bytes=int(c["io_bytes"]),
+            io_iops=int(c["io_iops"]),
+            workers=workers,
             queue_depth_mean=c["depth_sum"] / depth_n if depth_n else 0.0,
-            bottleneck=verdict(c, workers, shuffle_random, worker_type, cores, cache), cache=cache,
-            rows_cached=int(c["rows_cached"]), cache_damaged=int(c["cache_damaged"]),
+            bottleneck=verdict(c, workers, shuffle_random, worker_type, cores, cache),
+            cache=cache,
+            rows_cached=int(c["rows_cached"]),
+            cache_damaged=int(c["cache_damaged"]),
             cache_fills=int(c["cache_fills"]),
-            copy_batches=int(c["copy_batches"]), copy_bytes=int(c["copy_bytes"]),
-            copy_s=c["copy_s"], copy_exposed_s=c["copy_exposed_s"],
-            copies_late=int(c["copies_late"]), device_ahead_max=int(c["device_ahead_max"]),
+            copy_batches=int(c["copy_batches"]),
+            copy_bytes=int(c["copy_bytes"]),
+            copy_s=c["copy_s"],
+            copy_exposed_s=c["copy_exposed_s"],
+            copies_late=int(c["copies_late"]),
+            device_ahead_max=int(c["device_ahead_max"]),
             device_ahead_bytes_max=int(c["device_ahead_bytes_max"]),
-            worker_type=worker_type, cores=cores, cores_busy=cores_busy(c),
-            process_cores=process_cores(c), first_wait_s=c["first_wait_s"],
-            wait_p50_s=p50, wait_p95_s=p95, wait_p99_s=p99, wait_histogram=histogram,
+            worker_type=worker_type,
+            cores=cores,
+            cores_busy=cores_busy(c),
+            process_cores=process_cores(c),
+            first_wait_s=c["first_wait_s"],
+            wait_p50_s=p50,
+            wait_p95_s=p95,
+            wait_p99_s=p99,
+            wait_histogram=histogram,
         )

@@ -82,13 +82,26 @@ class StallError(TimeoutError):
     (read, transform, convert, ...) and the worker, and shows the worker's stack; attributes
     ``batch``, ``epoch``, ``stage``, ``worker`` and ``stack`` hold the same."""
 
-    def __init__(self, message: str, *, batch: int = -1, epoch: int = -1, stage: str = "",
-                 worker: str = "", stack: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        batch: int = -1,
+        epoch: int = -1,
+        stage: str = "",
+        worker: str = "",
+        stack: str = "",
+    ) -> None:
         # StallError(message) alone works too: torch re-raises a DataLoader worker's error as
         # type(exc)(formatted message).
         super().__init__(message)
         self.batch, self.epoch, self.stage, self.worker, self.stack = (
-            batch, epoch, stage, worker, stack)
+            batch,
+            epoch,
+            stage,
+            worker,
+            stack,
+        )
 
 
 def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
@@ -96,8 +109,11 @@ def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
     task = stalled.task
     batch, epoch = task.batches[0], task.epoch
     stage = stage_of(stalled.functions)
-    reads = f"batches {task.batches.start}-{task.batches[-1]}" if len(task.batches) > 1 else \
-        f"batch {batch}"
+    reads = (
+        f"batches {task.batches.start}-{task.batches[-1]}"
+        if len(task.batches) > 1
+        else f"batch {batch}"
+    )
     message = (
         f"no batch for {stalled.seconds:g} s (stall_timeout={stalled.seconds:g}): batch {batch} "
         f"of epoch {epoch} is stuck in stage '{stage}' of {stalled.worker} (one of {workers} "
@@ -108,8 +124,9 @@ def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
         "stall_timeout= for steps that are slow but healthy, or pass stall_timeout=None to "
         "wait forever."
     )
-    return StallError(message, batch=batch, epoch=epoch, stage=stage, worker=stalled.worker,
-                      stack=stalled.stack)
+    return StallError(
+        message, batch=batch, epoch=epoch, stage=stage, worker=stalled.worker, stack=stalled.stack
+    )
 
 
 @dataclass(frozen=True)
@@ -137,8 +154,15 @@ class Stream(Iterator[Any]):
     ``next_batch`` is the plan number of the batch the next ``next()`` returns.
     """
 
-    def __init__(self, reading: Reading, epoch: int, plan: Plan, batches: range,
-                 recorder: Recorder, log_every: int | None = None) -> None:
+    def __init__(
+        self,
+        reading: Reading,
+        epoch: int,
+        plan: Plan,
+        batches: range,
+        recorder: Recorder,
+        log_every: int | None = None,
+    ) -> None:
         began = time.perf_counter()  # the loop waits from here: the stream's start is its wait
         self.epoch, self.plan, self.batches = epoch, plan, batches
         self._delivered = 0
@@ -155,7 +179,8 @@ class Stream(Iterator[Any]):
             reuse_freed_memory(TRAINING_TRIM_THRESHOLD)
         pool = ProcessPool if reading.worker_type == "process" else OrderedPrefetcher
         self._pool: OrderedPrefetcher[Any, TaskResult] | ProcessPool = pool(
-            work, tasks, reading.num_workers, reading.reads_in_flight, reading.stall_timeout)
+            work, tasks, reading.num_workers, reading.reads_in_flight, reading.stall_timeout
+        )
         self._workers = (reading.num_workers, reading.worker_type)
         self._finish = reading.finish
         self._placement = reading.placement
@@ -193,8 +218,9 @@ class Stream(Iterator[Any]):
             batch = self._placement(batch)
         now = time.perf_counter()
         waited = now - asked if self._delivered else now - asked + self._startup_s
-        count_delivered(self._counters, rows, nbytes, waited, asked - self._handed_out,
-                        now - self._started)
+        count_delivered(
+            self._counters, rows, nbytes, waited, asked - self._handed_out, now - self._started
+        )
         if self._tracing:
             index = self.next_batch
             self._recorder.event("training step", self._handed_out, asked, batch=index - 1)
@@ -207,21 +233,32 @@ class Stream(Iterator[Any]):
 
     def _record_task(self, result: TaskResult) -> None:
         rows_read = sum(result.rows) + result.rows_skipped
-        self._recorder.task(result.seconds, rows_read, result.io_bytes, result.io_iops,
-                            result.rows_skipped, self._pool.in_flight + 1,
-                            rows_cached=result.rows_cached,
-                            cache_damaged=result.cache_damaged,
-                            cache_fills=result.cache_fills)
+        self._recorder.task(
+            result.seconds,
+            rows_read,
+            result.io_bytes,
+            result.io_iops,
+            result.rows_skipped,
+            self._pool.in_flight + 1,
+            rows_cached=result.rows_cached,
+            cache_damaged=result.cache_damaged,
+            cache_fills=result.cache_fills,
+        )
         for name, start, end, args in result.spans:
             self._recorder.event(name, start, end, lane=result.lane, **args)
 
     def _log_progress(self) -> None:
-        stats = self._recorder.snapshot(workers=self._workers[0], worker_type=self._workers[1],
-                                        epoch=-1)
+        stats = self._recorder.snapshot(
+            workers=self._workers[0], worker_type=self._workers[1], epoch=-1
+        )
         _logger.info(
             "epoch %d: %d/%d batches, %.0f rows/s, %.1f MB/s, loop waited %.0f%%; %s",
-            self.epoch, self.next_batch, len(self.plan), stats.rows_per_s,
-            stats.bytes_per_s / 1e6, 100 * stats.wait_s / max(stats.wall_s, 1e-9),
+            self.epoch,
+            self.next_batch,
+            len(self.plan),
+            stats.rows_per_s,
+            stats.bytes_per_s / 1e6,
+            100 * stats.wait_s / max(stats.wall_s, 1e-9),
             stats.bottleneck.stage,
         )
 
@@ -277,8 +314,12 @@ class Handoff:
         """True when the iterator gave exactly one batch, to a ``next()`` call (not a ``for``
         loop), was dropped before the epoch's end, and the cursor still stands where it left
         it: the pattern ``next(iter(loader))`` to look at a sample, which consumes that batch."""
-        return (self.delivered == 1 and self.by_call and not self.finished
-                and (cursor.epoch, cursor.sample) == (self.epoch, self.sample))
+        return (
+            self.delivered == 1
+            and self.by_call
+            and not self.finished
+            and (cursor.epoch, cursor.sample) == (self.epoch, self.sample)
+        )
 
 
 class EpochIterator(Iterator[Any]):
@@ -291,14 +332,18 @@ class EpochIterator(Iterator[Any]):
     Live from creation until exhausted or closed; a closed iterator yields nothing more.
     """
 
-    def __init__(self, reading: Reading, cursor: Cursor, recorder: Recorder,
-                 log_every: int | None = None) -> None:
+    def __init__(
+        self, reading: Reading, cursor: Cursor, recorder: Recorder, log_every: int | None = None
+    ) -> None:
         self.handoff = Handoff()
         cursor.rebase()
         if cursor.at_end and len(cursor.spec.plan()):
-            _logger.info("epoch %d has no batches left (its last batch was delivered already): "
-                         "this iteration ends it, the next one starts epoch %d",
-                         cursor.epoch, cursor.epoch + 1)
+            _logger.info(
+                "epoch %d has no batches left (its last batch was delivered already): "
+                "this iteration ends it, the next one starts epoch %d",
+                cursor.epoch,
+                cursor.epoch + 1,
+            )
         self._cursor = cursor
         plan = cursor.plan
         self.stream = Stream(reading, cursor.epoch, plan, range(len(plan)), recorder, log_every)
@@ -402,7 +447,12 @@ class LiveIterator:
                 "an earlier iterator of this loader handed batch %d to a next() call and was "
                 "dropped, so that batch is consumed (next(iter(loader)) takes a batch from the "
                 "epoch). To look at a batch without consuming it, use loader.peek(). (Said once "
-                "per loader.)", cursor.epoch, left, epoch_batches, epoch_batches - left - 1)
+                "per loader.)",
+                cursor.epoch,
+                left,
+                epoch_batches,
+                epoch_batches - left - 1,
+            )
         self._ref = weakref.ref(iterator)
         return iterator
 
@@ -429,7 +479,8 @@ class LiveIterator:
             "loader.peek() looks at the next batch without consuming it; finish the first "
             "iterator, or call its close() (or loader.close()), and the next iter() continues "
             "that epoch where it stopped; or build a second Loader to read the data "
-            "independently")
+            "independently"
+        )
 
     def close(self) -> None:
         running = self._ref()

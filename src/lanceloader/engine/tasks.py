@@ -56,7 +56,10 @@ def stream_tasks(
         # of several Lance calls (a mix: one per source) ramps from that many batches, so each
         # call ramps as on its source's own Loader.
         yield from read_tasks(
-            epoch, plan, per_read, batches,
+            epoch,
+            plan,
+            per_read,
+            batches,
             window_rows=work.order.window_rows or hints.window_rows,
             ramp=not is_object_store(work.source.dataset_name.uri),
             first_read=hints.read_parts,
@@ -97,8 +100,10 @@ def fragment_batches(plan: Plan, starts: np.ndarray) -> np.ndarray:
     starts = np.asarray(starts, dtype=np.int64)
     offsets = starts[1:-1] - plan.start
     before = np.diff(starts)[:-1]  # the rows of the fragment each start ends
-    keep = (offsets > 0) & ((offsets % plan.global_batch_size == 0)
-                            | (before * SLIVER_FRACTION >= plan.global_batch_size))
+    keep = (offsets > 0) & (
+        (offsets % plan.global_batch_size == 0)
+        | (before * SLIVER_FRACTION >= plan.global_batch_size)
+    )
     return np.unique(np.minimum(offsets[keep] // plan.global_batch_size, len(plan)))
 
 

@@ -64,8 +64,9 @@ class Stalled(Exception):
     the stage by); ``stack`` is printable.
     """
 
-    def __init__(self, seconds: float, task: Any, worker: str, stack: str,
-                 functions: list[str]) -> None:
+    def __init__(
+        self, seconds: float, task: Any, worker: str, stack: str, functions: list[str]
+    ) -> None:
         super().__init__(f"no result for {seconds:g} s from {worker}")
         self.seconds, self.task, self.worker = seconds, task, worker
         self.stack, self.functions = stack, functions
@@ -132,8 +133,14 @@ atexit.register(_close_at_exit)
 class OrderedPrefetcher(Generic[T, R]):
     """Apply ``fn`` to each task of ``tasks`` on ``num_workers`` threads, ``depth`` in flight."""
 
-    def __init__(self, fn: Callable[[T], R], tasks: Iterator[T], num_workers: int, depth: int,
-                 stall_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[T], R],
+        tasks: Iterator[T],
+        num_workers: int,
+        depth: int,
+        stall_timeout: float | None = None,
+    ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if depth < 1:
@@ -147,8 +154,9 @@ class OrderedPrefetcher(Generic[T, R]):
         self._closed = False
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads = [
-            threading.Thread(target=_serve, args=(self._jobs,), daemon=True,
-                             name=f"{WORKER_NAME}{i}")
+            threading.Thread(
+                target=_serve, args=(self._jobs,), daemon=True, name=f"{WORKER_NAME}{i}"
+            )
             for i in range(num_workers)
         ]
         for thread in self._threads:
@@ -198,14 +206,26 @@ class OrderedPrefetcher(Generic[T, R]):
         frame = sys._current_frames().get(thread.ident) if thread and thread.ident else None
         if thread is None or frame is None:
             busy = [j for j in self._pending if j.thread is not None and not j.done.is_set()]
-            return Stalled(self._stall_timeout, job.task, "no worker (not started yet)",
-                           f"(not started: all {len(self._threads)} worker threads are busy with "
-                           f"{len(busy)} earlier tasks)\n", [])
-        entries = [e for e in traceback.extract_stack(frame)  # the task's frames, not the pool's
-                   if not e.filename.endswith(("threading.py", __file__))]
-        return Stalled(self._stall_timeout, job.task, f"worker thread {thread.name}",
-                       "".join(traceback.format_list(entries)),
-                       [e.name for e in reversed(entries)])
+            return Stalled(
+                self._stall_timeout,
+                job.task,
+                "no worker (not started yet)",
+                f"(not started: all {len(self._threads)} worker threads are busy with "
+                f"{len(busy)} earlier tasks)\n",
+                [],
+            )
+        entries = [
+            e
+            for e in traceback.extract_stack(frame)  # the task's frames, not the pool's
+            if not e.filename.endswith(("threading.py", __file__))
+        ]
+        return Stalled(
+            self._stall_timeout,
+            job.task,
+            f"worker thread {thread.name}",
+            "".join(traceback.format_list(entries)),
+            [e.name for e in reversed(entries)],
+        )
 
     def close(self) -> None:
         """Stop at once: cancel queued tasks, let busy threads finish detached. Idempotent."""

@@ -88,19 +88,28 @@ class Machine:
         if cpu_bound and self.worker_type == "process":
             if self.workers >= self.cores:
                 return None
-            return (f"num_workers={self.cores} ({self.idle_note()} with {self.workers} "
-                    "process workers)")
-        return (f"more workers than {self.workers}, e.g. num_workers={2 * self.workers} "
-                f"({self.idle_note()})")
+            return (
+                f"num_workers={self.cores} ({self.idle_note()} with {self.workers} process workers)"
+            )
+        return (
+            f"more workers than {self.workers}, e.g. num_workers={2 * self.workers} "
+            f"({self.idle_note()})"
+        )
 
     @property
     def gil_bound(self) -> bool:
         """Several thread workers, one core's worth of CPU in this process, and idle cores
         (measured: on cores that other processes keep busy, one core is all there is): the
         threads take turns on the GIL."""
-        return (self.worker_type != "process" and self.workers >= 2 and self.cores >= 2
-                and self.process_cores is not None and self.cores_busy is not None
-                and self.cores_idle and GIL_CORES[0] <= self.process_cores <= GIL_CORES[1])
+        return (
+            self.worker_type != "process"
+            and self.workers >= 2
+            and self.cores >= 2
+            and self.process_cores is not None
+            and self.cores_busy is not None
+            and self.cores_idle
+            and GIL_CORES[0] <= self.process_cores <= GIL_CORES[1]
+        )
 
 
 def _seconds_per_request(s: dict[str, float]) -> float:
@@ -111,9 +120,14 @@ def _try(*parts: str | None) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def verdict(s: dict[str, float], workers: int, shuffle_random: bool,
-            worker_type: str | None = None, cores: int | None = None,
-            cache: str | None = None) -> Verdict:
+def verdict(
+    s: dict[str, float],
+    workers: int,
+    shuffle_random: bool,
+    worker_type: str | None = None,
+    cores: int | None = None,
+    cache: str | None = None,
+) -> Verdict:
     """Name the limiting stage from an epoch's (or a run's) counters, and what to try.
 
     Rules: the training loop is the limit when it waited less than ``LOOP_WAIT_SHARE`` of the
@@ -139,59 +153,92 @@ def verdict(s: dict[str, float], workers: int, shuffle_random: bool,
             f"the loop waited for data {100 * waited:.0f}% of the time",
             "nothing to gain in the loader; speed up the model step or use more devices",
         )
-    machine = Machine(max(1, workers), worker_type, cores or usable_cores(),
-                      cores_busy(s), process_cores(s))
+    machine = Machine(
+        max(1, workers), worker_type, cores or usable_cores(), cores_busy(s), process_cores(s)
+    )
     # the workers' time: wall time × the workers that had a read (an epoch of one read keeps
     # one worker busy, however many there are)
     capacity = wall * max(1, min(machine.workers, int(s.get("depth_samples", 0))))
-    shares = {k: s.get(f"{k}_s", 0.0) / capacity
-              for k in ("read", "decode", "transform", "convert")}
+    shares = {
+        k: s.get(f"{k}_s", 0.0) / capacity for k in ("read", "decode", "transform", "convert")
+    }
     stage = max(shares, key=lambda k: shares[k])
-    evidence = (f"the loop waited {100 * waited:.0f}% of the time; workers spent "
-                + ", ".join(f"{100 * v:.0f}% of their time in {k}" for k, v in shares.items()
-                            if k != "decode" or v))
+    evidence = f"the loop waited {100 * waited:.0f}% of the time; workers spent " + ", ".join(
+        f"{100 * v:.0f}% of their time in {k}" for k, v in shares.items() if k != "decode" or v
+    )
     if shares[stage] < STAGE_SHARE:
         return _idle_workers(s, machine, evidence)
     if stage == "read":
         return _read_verdict(s, machine, evidence, shuffle_random, cache)
     if stage == "decode":
-        return Verdict("decode", evidence, _try(
-            machine.more_workers(cpu_bound=True),
-            f"worker_type='process' (num_workers={machine.cores})"
-            if machine.gil_bound else None,
-            "decode less per sample: a smaller video_clips(size=...), fewer frames= or a "
-            "larger stride=; for audio a lower sample_rate= or shorter seconds="))
+        return Verdict(
+            "decode",
+            evidence,
+            _try(
+                machine.more_workers(cpu_bound=True),
+                f"worker_type='process' (num_workers={machine.cores})"
+                if machine.gil_bound
+                else None,
+                "decode less per sample: a smaller video_clips(size=...), fewer frames= or a "
+                "larger stride=; for audio a lower sample_rate= or shorter seconds=",
+            ),
+        )
     if stage == "transform":
         if machine.gil_bound:
             return Verdict(
                 "decode/transform",
                 f"{evidence}; this process used {machine.process_cores:.1f} cores while "
                 f"{machine.workers} thread workers transformed: they took turns on the GIL",
-                _try(f"worker_type='process' (num_workers={min(machine.workers, machine.cores)})",
-                     "or run the transform once and store its result in Lance"))
-        return Verdict("decode/transform", evidence, _try(
+                _try(
+                    f"worker_type='process' (num_workers={min(machine.workers, machine.cores)})",
+                    "or run the transform once and store its result in Lance",
+                ),
+            )
+        return Verdict(
+            "decode/transform",
+            evidence,
+            _try(
+                machine.more_workers(cpu_bound=True),
+                "make the transform cheaper, or run it once and store its result in Lance",
+            ),
+        )
+    return Verdict(
+        "conversion",
+        evidence,
+        _try(
+            "read fewer columns, use output='arrow', or avoid string/ragged columns",
             machine.more_workers(cpu_bound=True),
-            "make the transform cheaper, or run it once and store its result in Lance"))
-    return Verdict("conversion", evidence, _try(
-        "read fewer columns, use output='arrow', or avoid string/ragged columns",
-        machine.more_workers(cpu_bound=True)))
+        ),
+    )
 
 
-def _read_verdict(s: dict[str, float], machine: Machine, evidence: str,
-                  shuffle_random: bool, cache: str | None = None) -> Verdict:
+def _read_verdict(
+    s: dict[str, float],
+    machine: Machine,
+    evidence: str,
+    shuffle_random: bool,
+    cache: str | None = None,
+) -> Verdict:
     """The verdict when reads were the limit; ``cache`` is what the loader's cache is and why
     (``Source.cache_choice``): an automatic cache that did not fit is named with the fix."""
     if s.get("rows_cached", 0) >= 0.9 * max(1, s["rows_read"]):
         return Verdict(
-            "cache reads", f"{evidence}, {100 * s['rows_cached'] / s['rows_read']:.0f}% of rows "
-            "from the cache",
-            _try(machine.more_workers(cpu_bound=True),
-                 None if cache and "/dev/shm" in cache else
-                 "if the cache is a directory on disk: cache='memory' (thread workers) or a "
-                 "directory on /dev/shm reads faster when the data fits in RAM")
-            or ("every row already comes from memory: a shuffle that reads rows together "
+            "cache reads",
+            f"{evidence}, {100 * s['rows_cached'] / s['rows_read']:.0f}% of rows from the cache",
+            _try(
+                machine.more_workers(cpu_bound=True),
+                None
+                if cache and "/dev/shm" in cache
+                else "if the cache is a directory on disk: cache='memory' (thread workers) or a "
+                "directory on /dev/shm reads faster when the data fits in RAM",
+            )
+            or (
+                "every row already comes from memory: a shuffle that reads rows together "
                 "(shuffle_block_size > 1) or more cores read faster"
-                if shuffle_random else "more cores read faster; the cache serves every row"))
+                if shuffle_random
+                else "more cores read faster; the cache serves every row"
+            ),
+        )
     small_requests = s["io_bytes"] < SMALL_REQUEST_BYTES * max(1, s.get("io_iops", 0))
     more = machine.more_workers(cpu_bound=False)
     if small_requests and _seconds_per_request(s) > LATENCY_BOUND_S:
@@ -199,47 +246,74 @@ def _read_verdict(s: dict[str, float], machine: Machine, evidence: str,
             "storage latency",
             f"{evidence}; each storage request took {1000 * _seconds_per_request(s):.0f} ms of "
             f"read time ({s['io_bytes'] / max(1, s['io_iops']) / 1e3:,.0f} KB on average)",
-            _try("make each request carry more rows: a block shuffle (shuffle_block_size=1024) "
-                 "instead of a full shuffle" if shuffle_random else None,
-                 "bigger reads (rows_per_read)",
-                 f"keep more requests in flight: {more}" if more else None,
-                 None if s.get("rows_cached", 0) else _cache_advice(cache)))
+            _try(
+                "make each request carry more rows: a block shuffle (shuffle_block_size=1024) "
+                "instead of a full shuffle"
+                if shuffle_random
+                else None,
+                "bigger reads (rows_per_read)",
+                f"keep more requests in flight: {more}" if more else None,
+                None if s.get("rows_cached", 0) else _cache_advice(cache),
+            ),
+        )
     if shuffle_random:
-        return Verdict("storage I/O", evidence, _try(
-            "use a block shuffle (shuffle_block_size=1024) instead of a full shuffle, or "
-            "materialise a shuffled copy", more))
-    return Verdict("storage I/O", evidence, _try(
-        "raise rows_per_read", more, "on object storage, more requests in flight hide latency"
-        if more else None))
+        return Verdict(
+            "storage I/O",
+            evidence,
+            _try(
+                "use a block shuffle (shuffle_block_size=1024) instead of a full shuffle, or "
+                "materialise a shuffled copy",
+                more,
+            ),
+        )
+    return Verdict(
+        "storage I/O",
+        evidence,
+        _try(
+            "raise rows_per_read",
+            more,
+            "on object storage, more requests in flight hide latency" if more else None,
+        ),
+    )
 
 
 def _idle_workers(s: dict[str, float], machine: Machine, evidence: str) -> Verdict:
     """The loop waited, but no stage kept the workers busy: the wait is elsewhere."""
     first, wait = s.get("first_wait_s", 0.0), s["wait_s"]
     if first >= STARTUP_SHARE * wait:
-        starting = ("worker processes to start and " if machine.worker_type == "process"
-                    else "")
+        starting = "worker processes to start and " if machine.worker_type == "process" else ""
         return Verdict(
             "startup",
             f"{evidence}; the first batch took {first:.2f} s of the {wait:.2f} s the loop "
             f"waited (the {starting}first read)",
-            _try("paid once per iter(): longer epochs amortise it",
-                 "worker_type='thread' starts no processes (when the transform releases the "
-                 "GIL or is cheap)" if machine.worker_type == "process" else None))
+            _try(
+                "paid once per iter(): longer epochs amortise it",
+                "worker_type='thread' starts no processes (when the transform releases the "
+                "GIL or is cheap)"
+                if machine.worker_type == "process"
+                else None,
+            ),
+        )
     depth = s["depth_sum"] / s["depth_samples"] if s.get("depth_samples") else 0.0
     if machine.worker_type == "process":
         return Verdict(
             "hand-off",
             f"{evidence}: batches wait on their way from the worker processes to the loop "
             "(shared memory, unpickling, tensors made in the loop)",
-            "with a transform this cheap, worker_type='thread' skips the trip between processes")
+            "with a transform this cheap, worker_type='thread' skips the trip between processes",
+        )
     if depth < machine.workers:
         return Verdict(
-            "hand-off", f"{evidence}; {depth:.1f} reads in flight on average for "
-            f"{machine.workers} workers", "raise prefetch so that every worker has a read")
-    return Verdict("hand-off", f"{evidence}: the time goes between the workers and the loop",
-                   "look at the timeline (loader.trace(path)) for the gaps between a worker's "
-                   "read and the loop's batch")
+            "hand-off",
+            f"{evidence}; {depth:.1f} reads in flight on average for {machine.workers} workers",
+            "raise prefetch so that every worker has a read",
+        )
+    return Verdict(
+        "hand-off",
+        f"{evidence}: the time goes between the workers and the loop",
+        "look at the timeline (loader.trace(path)) for the gaps between a worker's "
+        "read and the loop's batch",
+    )
 
 
 def usable_cores() -> int:
@@ -269,5 +343,5 @@ def _cache_advice(cache: str | None) -> str:
     """
     advice = "cache=, a local directory (or 'memory'), so that later epochs read locally"
     if cache and cache.startswith("auto: none (") and cache.endswith(")"):
-        return f"{advice} (the automatic cache chose none: {cache[len('auto: none ('):-1]})"
+        return f"{advice} (the automatic cache chose none: {cache[len('auto: none (') : -1]})"
     return advice

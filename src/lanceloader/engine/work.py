@@ -49,9 +49,14 @@ from lanceloader.rows.protocol import (
 Transform = Callable[[Any], Any]
 
 # The functions of a task that name its stage, for reports of a stalled worker (engine.py).
-STAGES = {"read_rows": "read", "apply_transform": "transform", "to_output": "convert",
-          "_convert_chunks": "convert", "pack": "transfer to the training process",
-          "positions": "order"}
+STAGES = {
+    "read_rows": "read",
+    "apply_transform": "transform",
+    "to_output": "convert",
+    "_convert_chunks": "convert",
+    "pack": "transfer to the training process",
+    "positions": "order",
+}
 
 
 def stage_of(functions: list[str]) -> str:
@@ -104,8 +109,7 @@ class BatchWork:
     def conversion(self) -> Conversion:
         return as_conversion(self.output)
 
-    def _convert_chunks(self, rows: pa.Table | Pieces
-                        ) -> list[tuple[int, int, Any, int]] | None:
+    def _convert_chunks(self, rows: pa.Table | Pieces) -> list[tuple[int, int, Any, int]] | None:
         """Convert each of Lance's chunks (or each record batch of a :class:`Pieces`) once, so
         batches are NumPy slices of them: ``(start, stop, converted, base)`` says rows
         ``[start, stop)`` of the read are rows ``base...`` of ``converted``.
@@ -120,8 +124,11 @@ class BatchWork:
         else:  # a table: each of its chunks is one run
             batches = rows.to_batches()
             pieces = Pieces(batches, [(i, 0, len(b)) for i, b in enumerate(batches)])
-        if self.transform is not None or not pieces.batches or \
-                not _sliceable(pieces.batches[0].schema, conv):
+        if (
+            self.transform is not None
+            or not pieces.batches
+            or not _sliceable(pieces.batches[0].schema, conv)
+        ):
             return None
         in_numpy = conv if conv.output == "numpy" else dataclasses.replace(conv, output="numpy")
         converted: dict[int, Any] = {}
@@ -145,8 +152,9 @@ class BatchWork:
         rows, seconds = read.rows, result.seconds
         # Arrow bytes per row, once per read (per batch it costs ~10 µs): exact for fixed-width
         # columns, the read's average for strings.
-        bytes_per_row = (rows.bytes_per_row if isinstance(rows, Pieces) else
-                         rows.nbytes / max(1, rows.num_rows))
+        bytes_per_row = (
+            rows.bytes_per_row if isinstance(rows, Pieces) else rows.nbytes / max(1, rows.num_rows)
+        )
         t0 = clock()
         chunks = self._convert_chunks(rows)
         seconds["convert"] += clock() - t0
@@ -172,9 +180,16 @@ class BatchWork:
             else:
                 if table is None:
                     table = as_table(rows)
-                result.batches.append(self._prepare(
-                    table.slice(offset, size), task, i, positions[offset:offset + size],
-                    task.samples[offset:offset + size], result))
+                result.batches.append(
+                    self._prepare(
+                        table.slice(offset, size),
+                        task,
+                        i,
+                        positions[offset : offset + size],
+                        task.samples[offset : offset + size],
+                        result,
+                    )
+                )
             offset += size
         return result
 
@@ -190,26 +205,45 @@ class BatchWork:
                 exc.batches, exc.epoch = task.batches, task.epoch
                 raise
         if read.rows.num_rows != len(positions):  # batches are counted and sliced by position
-            raise RuntimeError(f"lanceloader: a read of {len(positions)} positions from "
-                               f"{self.source.dataset_name.uri!r} returned "
-                               f"{read.rows.num_rows} rows; this is a bug, please report it")
+            raise RuntimeError(
+                f"lanceloader: a read of {len(positions)} positions from "
+                f"{self.source.dataset_name.uri!r} returned "
+                f"{read.rows.num_rows} rows; this is a bug, please report it"
+            )
         t1 = clock()
         decoded = t1 - min(read.decode_s, t1 - t0)
-        seconds = {"read": decoded - t0, "decode": t1 - decoded, "transform": 0.0,
-                   "convert": 0.0}
+        seconds = {"read": decoded - t0, "decode": t1 - decoded, "transform": 0.0, "convert": 0.0}
         spans: list[tuple[str, float, float, dict[str, Any]]] = []
         if self.trace:
-            spans.append(("read", t0, decoded,
-                          {"first_batch": task.batches[0], "rows": len(positions)}))
+            spans.append(
+                ("read", t0, decoded, {"first_batch": task.batches[0], "rows": len(positions)})
+            )
             if t1 > decoded:
                 spans.append(("decode", decoded, t1, {"first_batch": task.batches[0]}))
         lane = f"{threading.current_thread().name} (pid {os.getpid()})"
-        return read, TaskResult([], [], [], seconds, read.io_bytes, read.io_iops,
-                                read.rows_cached, spans=spans, lane=lane,
-                                cache_damaged=read.cache_damaged, cache_fills=read.cache_fills)
+        return read, TaskResult(
+            [],
+            [],
+            [],
+            seconds,
+            read.io_bytes,
+            read.io_iops,
+            read.rows_cached,
+            spans=spans,
+            lane=lane,
+            cache_damaged=read.cache_damaged,
+            cache_fills=read.cache_fills,
+        )
 
-    def _prepare(self, rows: pa.Table, task: ReadTask, i: int, positions: np.ndarray,
-                 samples: np.ndarray, result: TaskResult) -> Any:
+    def _prepare(
+        self,
+        rows: pa.Table,
+        task: ReadTask,
+        i: int,
+        positions: np.ndarray,
+        samples: np.ndarray,
+        result: TaskResult,
+    ) -> Any:
         """Batch ``i`` of the task (``rows``): the transform (under the batch's row keys and
         rows), then the conversion; an error gets a note naming the batch and its rows."""
         clock, seconds, spans = time.perf_counter, result.seconds, result.spans
@@ -217,10 +251,15 @@ class BatchWork:
         try:
             if self.transform is not None:
                 t0 = clock()
-                with _annotate("lanceloader.transform"), transforming(self.source), \
-                        row_keys(self.order.seed, task.epoch, samples):
+                with (
+                    _annotate("lanceloader.transform"),
+                    transforming(self.source),
+                    row_keys(self.order.seed, task.epoch, samples),
+                ):
                     batch, skipped = apply_transform(
-                        self.transform, batch, self.on_error,
+                        self.transform,
+                        batch,
+                        self.on_error,
                         max_skip_fraction=self.max_skip_fraction,
                     )
                 result.rows_skipped += skipped
@@ -255,8 +294,10 @@ class BatchWork:
         row = getattr(exc, "row", None)
         if not isinstance(row, int) or self.transform is not None or not 0 <= row < len(rows):
             return ""
-        return (f"; its row {row} is position {int(rows[row])}: "
-                f"{self.source.describe_rows(rows[row:row + 1])}")
+        return (
+            f"; its row {row} is position {int(rows[row])}: "
+            f"{self.source.describe_rows(rows[row : row + 1])}"
+        )
 
 
 def _sliceable(schema: pa.Schema, conv: Conversion) -> bool:
@@ -277,8 +318,9 @@ def _has_var_list(typ: pa.DataType) -> bool:
     return False
 
 
-def _slice_of(chunks: list[tuple[int, int, Any, int]] | None, offset: int, size: int
-              ) -> tuple[Any, int] | None:
+def _slice_of(
+    chunks: list[tuple[int, int, Any, int]] | None, offset: int, size: int
+) -> tuple[Any, int] | None:
     """The converted chunk holding rows ``[offset, offset + size)`` and the offset in it."""
     if not chunks:
         return None
@@ -289,8 +331,13 @@ def _slice_of(chunks: list[tuple[int, int, Any, int]] | None, offset: int, size:
     return None  # the batch spans two chunks
 
 
-def _slice_all(result: TaskResult, chunks: list[tuple[int, int, Any, int]],
-               sizes: Sequence[int], bytes_per_row: float, output: str = "numpy") -> bool:
+def _slice_all(
+    result: TaskResult,
+    chunks: list[tuple[int, int, Any, int]],
+    sizes: Sequence[int],
+    bytes_per_row: float,
+    output: str = "numpy",
+) -> bool:
     """Append each batch of ``sizes`` to ``result`` as slices (:func:`_slice_rows`) of the
     converted chunk holding it (chunks in row order); False, with nothing appended,
     when a batch spans two chunks or a chunk does not convert (the caller then goes batch by
@@ -312,8 +359,9 @@ def _slice_all(result: TaskResult, chunks: list[tuple[int, int, Any, int]],
     try:
         for converted, _, _ in where:
             if id(converted) not in framed:
-                framed[id(converted)] = (converted if output == "numpy" else
-                                         to_framework(converted, "", output))
+                framed[id(converted)] = (
+                    converted if output == "numpy" else to_framework(converted, "", output)
+                )
     except Exception:
         return False
     for converted, lo, hi in where:
@@ -327,8 +375,9 @@ def _slice_rows(value: Any, lo: int, hi: int) -> Any:
     """Rows ``[lo, hi)`` of a converted batch (nested dicts of arrays): views, no copy. Once
     per batch, so a column is sliced in place, not through a call."""
     if isinstance(value, dict):
-        return {k: _slice_rows(v, lo, hi) if isinstance(v, dict) else v[lo:hi]
-                for k, v in value.items()}
+        return {
+            k: _slice_rows(v, lo, hi) if isinstance(v, dict) else v[lo:hi] for k, v in value.items()
+        }
     return value[lo:hi]
 
 

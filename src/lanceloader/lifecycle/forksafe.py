@@ -94,7 +94,8 @@ def _before_fork() -> None:
             "clean helper process each (about a second to start) instead of hanging; Lance "
             "called directly in a child would hang. Faster: start workers with 'forkserver', "
             "e.g. DataLoader(..., multiprocessing_context='forkserver', persistent_workers=True) "
-            "(docs/fork-safety.md). Said once per process.")
+            "(docs/fork-safety.md). Said once per process."
+        )
 
 
 # Frames of these packages are not the user's line.
@@ -112,9 +113,14 @@ def _warn_at_user_line(message: str) -> None:
     if frame is None:
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         return
-    warnings.warn_explicit(message, RuntimeWarning, frame.f_code.co_filename, frame.f_lineno,
-                           module=frame.f_globals.get("__name__", "__main__"),
-                           registry=frame.f_globals.setdefault("__warningregistry__", {}))
+    warnings.warn_explicit(
+        message,
+        RuntimeWarning,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=frame.f_globals.get("__name__", "__main__"),
+        registry=frame.f_globals.setdefault("__warningregistry__", {}),
+    )
 
 
 def _after_fork_in_child() -> None:
@@ -143,7 +149,9 @@ class CleanReader:
         self._prefix = lifetime.shm_name("reader", os.getpid(), uuid.uuid4().hex[:8])
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "lanceloader.lifecycle._reader", self._prefix],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
         )
         self._send(source)
 
@@ -213,4 +221,3 @@ def serve(prefix: str) -> None:
             if answer[0] == "ok":
                 Path(answer[1].rows).unlink(missing_ok=True)
             return
-

@@ -152,8 +152,9 @@ def watch_owner(owner: int) -> None:
         if key in _watching:
             return
         _watching.add(key)
-    threading.Thread(target=_exit_after, args=(owner,), name="lanceloader-owner-watch",
-                     daemon=True).start()
+    threading.Thread(
+        target=_exit_after, args=(owner,), name="lanceloader-owner-watch", daemon=True
+    ).start()
 
 
 def _exit_after(owner: int) -> None:
@@ -181,8 +182,9 @@ def wait_for_exit(pid: int) -> None:
         os.close(fd)
 
 
-def picklable_error(exc: BaseException,
-                    dumps: Callable[[BaseException], bytes] = pickle.dumps) -> BaseException:
+def picklable_error(
+    exc: BaseException, dumps: Callable[[BaseException], bytes] = pickle.dumps
+) -> BaseException:
     """``exc`` if it survives pickling with ``dumps`` (process workers pass cloudpickle's, which
     also carries exception classes defined in ``__main__``), else a ``RuntimeError`` naming its
     type and message: what may cross to another process."""

@@ -188,10 +188,7 @@ class AudioReader:
         ):  # FFmpeg decodes Opus at 48 kHz only; libopus (soundfile) at the header's rate
             self._soundfile.seek(start)
             return _frames_read(
-                _read_soundfile(self._soundfile, length),
-                length,
-                start,
-                self._source,
+                _read_soundfile(self._soundfile, length), length, start, self._source
             )
         if self._kind == "mp3" and start + length <= MP3_FROM_START_S * self.info.sample_rate:
             self._soundfile.seek(0)  # libsndfile's MP3 seeks are inexact: decode from the start

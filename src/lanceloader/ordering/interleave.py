@@ -125,8 +125,14 @@ class Interleave:
         return (full * self.period + int(slots[nth])) * self.run + rest
 
 
-def consumed(quotas: Mapping[str, int], offsets: Mapping[str, int], samples_per_epoch: int,
-             epoch: int, sample: int, run_length: int = 1) -> dict[str, int]:
+def consumed(
+    quotas: Mapping[str, int],
+    offsets: Mapping[str, int],
+    samples_per_epoch: int,
+    epoch: int,
+    sample: int,
+    run_length: int = 1,
+) -> dict[str, int]:
     """Samples of each source's stream taken before mixed sample ``sample`` of ``epoch``, by a
     mix of these quotas and offsets (``state["order"]["mix"]``): pure, so a state alone says
     where every source stands.
@@ -136,8 +142,10 @@ def consumed(quotas: Mapping[str, int], offsets: Mapping[str, int], samples_per_
     """
     il = Interleave(tuple(quotas.values()), run_length)
     per_epoch = il.counts(samples_per_epoch)
-    return {n: offsets[n] + epoch * per_epoch[k] + int(il.count(k, sample))
-            for k, n in enumerate(quotas)}
+    return {
+        n: offsets[n] + epoch * per_epoch[k] + int(il.count(k, sample))
+        for k, n in enumerate(quotas)
+    }
 
 
 @dataclass(frozen=True)
@@ -162,8 +170,9 @@ class Runs:
         """Adjacent runs of one source that continue each other made one."""
         if len(self.source) < 2:
             return self
-        cont = (self.source[1:] == self.source[:-1]) & \
-            (self.index[1:] == self.index[:-1] + self.length[:-1])
+        cont = (self.source[1:] == self.source[:-1]) & (
+            self.index[1:] == self.index[:-1] + self.length[:-1]
+        )
         if not cont.any():
             return self
         heads = np.flatnonzero(np.concatenate(([True], ~cont)))
@@ -237,9 +246,11 @@ class Slots:
         offsets = self.offsets[k]
         if len(offsets) > MAX_STRIDED_SLOTS:
             return None
-        return self.period, len(offsets), [
-            (offset, j) for j, offset in enumerate(offsets) if offset < self.samples
-        ]
+        return (
+            self.period,
+            len(offsets),
+            [(offset, j) for j, offset in enumerate(offsets) if offset < self.samples],
+        )
 
 
 def _periodic(pattern: np.ndarray, n: int) -> np.ndarray:
@@ -268,10 +279,13 @@ def _ranges(first: np.ndarray, length: np.ndarray) -> np.ndarray:
     return np.repeat(first - begins, length) + np.arange(total)
 
 
-
-
-def locate(il: Interleave, samples_per_epoch: int, per_epoch: list[int], offsets: list[int],
-           stream: np.ndarray) -> Runs:
+def locate(
+    il: Interleave,
+    samples_per_epoch: int,
+    per_epoch: list[int],
+    offsets: list[int],
+    stream: np.ndarray,
+) -> Runs:
     """The :class:`Runs` of indices ``stream`` into a mix's endless stream: ``il``'s interleave,
     ``samples_per_epoch`` mixed samples an epoch, of which ``per_epoch[k]`` from source ``k``,
     whose stream is shifted by ``offsets[k]``.
@@ -284,12 +298,16 @@ def locate(il: Interleave, samples_per_epoch: int, per_epoch: list[int], offsets
     if n == 0:
         return Runs(*(np.zeros(0, np.int64),) * 3)
     epoch, first = divmod(int(stream[0]), samples_per_epoch)
-    if first + n <= samples_per_epoch and int(stream[-1] - stream[0]) == n - 1 and \
-            (n < 3 or bool(np.all(np.diff(stream) == 1))):
+    if (
+        first + n <= samples_per_epoch
+        and int(stream[-1] - stream[0]) == n - 1
+        and (n < 3 or bool(np.all(np.diff(stream) == 1)))
+    ):
         slot = first // il.run
         table = interleave(il.quotas)  # one period, turned to begin at the first slot
-        begins = [offsets[k] + epoch * per_epoch[k] + int(il.count(k, first))
-                  for k in range(sources)]
+        begins = [
+            offsets[k] + epoch * per_epoch[k] + int(il.count(k, first)) for k in range(sources)
+        ]
         if il.run == 1:  # a run per sample, in the period's pattern (see Slots)
             return _located_samples(np.roll(table, -(first % il.period)), n, begins)
         count = (first + n - 1) // il.run + 1 - slot
@@ -322,8 +340,9 @@ def _located_samples(pattern: np.ndarray, n: int, begins: list[int]) -> Runs:
     first samples of each source are its stream's ``begins[k]``: each source's places come
     from the pattern (:class:`Slots`), not from passes over the samples."""
     period = len(pattern)
-    slots = Slots(period, tuple(tuple(np.flatnonzero(pattern == k).tolist())
-                                for k in range(len(begins))), n)
+    slots = Slots(
+        period, tuple(tuple(np.flatnonzero(pattern == k).tolist()) for k in range(len(begins))), n
+    )
     index = np.empty(n, np.int64)
     for k, (begin, count) in enumerate(zip(begins, slots.counts(), strict=True)):
         strides = slots.strides(k)
@@ -333,8 +352,13 @@ def _located_samples(pattern: np.ndarray, n: int, begins: list[int]) -> Runs:
         _, q, starts = strides
         for place, row in starts:  # samples place, place + period, ...: its rows row, row + q, ...
             index[place::period] = np.arange(begin + row, begin + count, q)
-    return Runs(_periodic(pattern, n), index, np.ones(n, np.int64),
-                tuple(zip(begins, slots.counts(), strict=True)), slots)
+    return Runs(
+        _periodic(pattern, n),
+        index,
+        np.ones(n, np.int64),
+        tuple(zip(begins, slots.counts(), strict=True)),
+        slots,
+    )
 
 
 def check_weights(weights: Any, names: list[str]) -> dict[str, float]:
@@ -350,19 +374,25 @@ def check_weights(weights: Any, names: list[str]) -> dict[str, float]:
     if weights is None:
         return dict.fromkeys(names, 1.0)
     if not isinstance(weights, Mapping):
-        raise TypeError(f"weights must be a dict {{source name: weight}}, e.g. "
-                        f"{dict.fromkeys(names, 1)}; got the {type(weights).__name__} {weights!r}")
+        raise TypeError(
+            f"weights must be a dict {{source name: weight}}, e.g. "
+            f"{dict.fromkeys(names, 1)}; got the {type(weights).__name__} {weights!r}"
+        )
     if set(map(str, weights)) != set(names):
-        raise ValueError(f"weights name {sorted(map(str, weights))}, sources name {names}: give "
-                         "one weight per source (0 leaves a source out)")
+        raise ValueError(
+            f"weights name {sorted(map(str, weights))}, sources name {names}: give "
+            "one weight per source (0 leaves a source out)"
+        )
     out = {}
     for name, w in weights.items():
-        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) \
-                or w < 0:
-            raise ValueError(f"the weight of source {name!r} must be a finite number >= 0, got "
-                             f"{w!r}")
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w < 0:
+            raise ValueError(
+                f"the weight of source {name!r} must be a finite number >= 0, got {w!r}"
+            )
         out[str(name)] = float(w)
     if not any(out.values()):
-        raise ValueError(f"weights are all 0 ({weights}): they must not all be 0; give at "
-                         "least one source a weight > 0")
+        raise ValueError(
+            f"weights are all 0 ({weights}): they must not all be 0; give at "
+            "least one source a weight > 0"
+        )
     return out

@@ -140,8 +140,14 @@ class Order:
             raise ValueError(f"shuffle_window must be >= 1 block, got {self.window}")
 
     @classmethod
-    def from_options(cls, num_rows: int, shuffle: bool, shuffle_block_size: int,
-                     shuffle_window: int | None, seed: int) -> Order:
+    def from_options(
+        cls,
+        num_rows: int,
+        shuffle: bool,
+        shuffle_block_size: int,
+        shuffle_window: int | None,
+        seed: int,
+    ) -> Order:
         """The order that the user-facing options name (``Loader``, the samplers): a block
         shuffle mixes :data:`DEFAULT_SHUFFLE_WINDOW` blocks unless ``shuffle_window`` says.
 
@@ -186,7 +192,9 @@ class Order:
         last_window = (n - 1) // window_rows
         win = samples // window_rows
         within = samples % window_rows
-        window_keys = mix64(win.astype(np.uint64) ^ np.uint64(derive_key(self.seed, "window", epoch)))
+        window_keys = mix64(
+            win.astype(np.uint64) ^ np.uint64(derive_key(self.seed, "window", epoch))
+        )
         sizes = np.where(win < last_window, window_rows, n - last_window * window_rows)
         mixed = np.empty_like(within)
         runs = np.flatnonzero(np.diff(win)) + 1  # a read's samples are runs of whole windows
@@ -201,8 +209,9 @@ class Order:
         block = win * self.window + mixed // k
         phys = block.copy()
         is_full = block < full_blocks
-        phys[is_full] = _permute_blocks(block[is_full], full_blocks,
-                                        derive_key(self.seed, "blocks", epoch))
+        phys[is_full] = _permute_blocks(
+            block[is_full], full_blocks, derive_key(self.seed, "blocks", epoch)
+        )
         return phys * k + mixed % k
 
 

@@ -48,13 +48,9 @@ class Plan:
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(
-                f"rank must lie in [0, world_size={self.world_size}), got {self.rank}"
-            )
+            raise ValueError(f"rank must lie in [0, world_size={self.world_size}), got {self.rank}")
         if not 0 <= self.start <= self.num_samples:
-            raise ValueError(
-                f"start sample must lie in [0, {self.num_samples}], got {self.start}"
-            )
+            raise ValueError(f"start sample must lie in [0, {self.num_samples}], got {self.start}")
 
     @property
     def global_batch_size(self) -> int:
@@ -124,9 +120,15 @@ class ReadTask:
 RAMP_GROWTH = 4
 
 
-def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = None,
-               window_rows: int | None = None, ramp: bool = True,
-               first_read: int = 1) -> Iterator[ReadTask]:
+def read_tasks(
+    epoch: int,
+    plan: Plan,
+    per_read: int,
+    batches: range | None = None,
+    window_rows: int | None = None,
+    ramp: bool = True,
+    first_read: int = 1,
+) -> Iterator[ReadTask]:
     """Tasks over ``batches`` (default: all of the plan; any step) of 1, 4, 16, ... batches, up
     to ``per_read`` (a fast first batch, then big reads; with ``ramp=False`` all of
     ``per_read`` from the first; ``first_read``: the ramp begins at that many batches), cut on
@@ -139,14 +141,20 @@ def read_tasks(epoch: int, plan: Plan, per_read: int, batches: range | None = No
     [range(0, 4), range(4, 8), range(8, 10)]
     """
     align = window_alignment(plan, window_rows)
-    for chosen in read_ranges(range(len(plan)) if batches is None else batches, per_read, align,
-                              ramp, first_read):
+    for chosen in read_ranges(
+        range(len(plan)) if batches is None else batches, per_read, align, ramp, first_read
+    ):
         samples, sizes = plan.samples(chosen)
         yield ReadTask(epoch, chosen, samples, tuple(sizes))
 
 
-def read_ranges(batches: range, per_read: int, align: tuple[int, int] | None = None,
-                ramp: bool = True, first_read: int = 1) -> Iterator[range]:
+def read_ranges(
+    batches: range,
+    per_read: int,
+    align: tuple[int, int] | None = None,
+    ramp: bool = True,
+    first_read: int = 1,
+) -> Iterator[range]:
     """The batch numbers of each read over ``batches``: 1, 4, 16, ... of them, up to
     ``per_read`` (``ramp=False``: ``per_read`` from the first).
 

@@ -52,10 +52,17 @@ class ReadError(OSError):
     the Lance row offsets read), ``batches`` and ``epoch`` (None outside a worker).
     """
 
-    def __init__(self, detail: str, uri: str = "", version: int = 0,
-                 fragments: tuple[int, ...] = (), rows: tuple[int, int, int] = (0, 0, 0),
-                 where: str = "", batches: range | None = None, epoch: int | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        detail: str,
+        uri: str = "",
+        version: int = 0,
+        fragments: tuple[int, ...] = (),
+        rows: tuple[int, int, int] = (0, 0, 0),
+        where: str = "",
+        batches: range | None = None,
+        epoch: int | None = None,
+    ) -> None:
         # ReadError(message) alone works too: torch re-raises a DataLoader worker's error as
         # type(exc)(formatted message).
         super().__init__(detail)
@@ -69,8 +76,9 @@ class ReadError(OSError):
         batches = ""
         if self.batches is not None:
             b = self.batches
-            batches = (f" for batch {b.start}" if len(b) == 1 else
-                       f" for batches {b.start}-{b[-1]}") + f" of epoch {self.epoch}"
+            batches = (
+                f" for batch {b.start}" if len(b) == 1 else f" for batches {b.start}-{b[-1]}"
+            ) + f" of epoch {self.epoch}"
         return (
             f"reading {count} rows of Lance dataset {self.uri!r} (version {self.version}) "
             f"failed{batches}: {self.where}: {self.detail}. A data file of the dataset may be "
@@ -85,8 +93,11 @@ class ReadError(OSError):
         # Its own type (ClipError, CacheError), so `except ll.ClipError` catches it from a
         # process worker as from a thread.
         cause = self.__cause__
-        return (type(self), (self.detail,),
-                {**self.__dict__, "__cause__": None if cause is None else picklable_error(cause)})
+        return (
+            type(self),
+            (self.detail,),
+            {**self.__dict__, "__cause__": None if cause is None else picklable_error(cause)},
+        )
 
 
 _RUST_SOURCE = re.compile(r",?\s*(?:[\w.~-]*/)+[\w.-]+\.rs:\d+(?::\d+)?")
@@ -101,8 +112,9 @@ def strip_rust_paths(text: str) -> str:
     return _RUST_SOURCE.sub("", text)
 
 
-def clean_message(exc: BaseException, uri: str | None = None,
-                  storage_options: dict[str, str] | None = None) -> str:
+def clean_message(
+    exc: BaseException, uri: str | None = None, storage_options: dict[str, str] | None = None
+) -> str:
     """``exc``'s message without Lance's Rust source paths (``.../commit.rs:653:31``), with
     the leading ``/`` that Lance drops from local paths put back, and with the credentials of
     ``storage_options`` masked (:func:`redact`).
@@ -139,14 +151,14 @@ def redact(text: str, storage_options: dict[str, str] | None) -> str:
     return text
 
 
-def redact_exception(exc: BaseException, storage_options: dict[str, str] | None
-                     ) -> BaseException:
+def redact_exception(exc: BaseException, storage_options: dict[str, str] | None) -> BaseException:
     """``exc`` with its message's credentials masked (:func:`redact`), in place: it stays the
     ``__cause__`` of the error raised for it, and tracebacks print it."""
     if storage_options:
         with contextlib.suppress(AttributeError, TypeError):  # a type with fixed arguments
-            exc.args = tuple(redact(a, storage_options) if isinstance(a, str) else a
-                             for a in exc.args)
+            exc.args = tuple(
+                redact(a, storage_options) if isinstance(a, str) else a for a in exc.args
+            )
     return exc
 
 
@@ -169,32 +181,66 @@ def object_store_hint(message: str, uri: str, storage_options: dict[str, str] | 
     if not is_object_store(uri):
         return ""
     options = {k.lower(): v for k, v in (storage_options or {}).items()}
-    endpoint = (options.get("endpoint") or options.get("aws_endpoint")
-                or "the store's default endpoint")
+    endpoint = (
+        options.get("endpoint") or options.get("aws_endpoint") or "the store's default endpoint"
+    )
     bucket = uri.split("://", 1)[1].split("/", 1)[0]
     if "NoSuchBucket" in message:
-        return (f"the bucket {bucket!r} does not exist at {endpoint}: check the bucket's name "
-                "(and the account or region it belongs to)")
-    if any(s in message for s in ("PermanentRedirect", "AuthorizationHeaderMalformed",
-                                  "IllegalLocationConstraint", "301 Moved")):
-        return (f"the bucket {bucket!r} is in another region than "
-                f"{options.get('region') or options.get('aws_region') or 'the default one'}: "
-                "set storage_options region= to the bucket's region")
-    if any(s in message for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
-                                  "403 Forbidden", "ExpiredToken", "InvalidToken")):
-        return ("the store refused the credentials: check access_key_id / secret_access_key "
-                "(or session_token) in storage_options, or the environment's AWS_* variables "
-                "and the machine's role")
-    if any(s in message for s in ("error sending request", "Connection refused", "dns error",
-                                  "refuses connections", "does not resolve",
-                                  "connect error", "timed out", "operation timed out")):
-        return (f"could not reach {endpoint}: check endpoint= (with allow_http='true' for an "
-                "http:// endpoint), the network or proxy, and that the server is running")
+        return (
+            f"the bucket {bucket!r} does not exist at {endpoint}: check the bucket's name "
+            "(and the account or region it belongs to)"
+        )
+    if any(
+        s in message
+        for s in (
+            "PermanentRedirect",
+            "AuthorizationHeaderMalformed",
+            "IllegalLocationConstraint",
+            "301 Moved",
+        )
+    ):
+        return (
+            f"the bucket {bucket!r} is in another region than "
+            f"{options.get('region') or options.get('aws_region') or 'the default one'}: "
+            "set storage_options region= to the bucket's region"
+        )
+    if any(
+        s in message
+        for s in (
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "AccessDenied",
+            "403 Forbidden",
+            "ExpiredToken",
+            "InvalidToken",
+        )
+    ):
+        return (
+            "the store refused the credentials: check access_key_id / secret_access_key "
+            "(or session_token) in storage_options, or the environment's AWS_* variables "
+            "and the machine's role"
+        )
+    if any(
+        s in message
+        for s in (
+            "error sending request",
+            "Connection refused",
+            "dns error",
+            "refuses connections",
+            "does not resolve",
+            "connect error",
+            "timed out",
+            "operation timed out",
+        )
+    ):
+        return (
+            f"could not reach {endpoint}: check endpoint= (with allow_http='true' for an "
+            "http:// endpoint), the network or proxy, and that the server is running"
+        )
     return ""
 
 
-def object_store_options(uri: str, storage_options: dict[str, str] | None
-                         ) -> dict[str, str] | None:
+def object_store_options(uri: str, storage_options: dict[str, str] | None) -> dict[str, str] | None:
     """``storage_options`` with :data:`OBJECT_STORE_TIMEOUTS` added for an object-store URI when
     the user gave no timeout of their own.
 
@@ -225,19 +271,40 @@ def store_address(uri: str, storage_options: dict[str, str] | None) -> tuple[str
         return None
     options = {k.lower(): v for k, v in (storage_options or {}).items()}
     if any(k.endswith("proxy_url") for k in options) or any(
-            os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
-                                        "ALL_PROXY", "all_proxy")):
+        os.environ.get(k)
+        for k in (
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        )
+    ):
         return None
     scheme = uri.split("://", 1)[0].lower()
-    endpoint = options.get("endpoint") or options.get("aws_endpoint") or (
-        os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
-        if scheme in ("s3", "s3a") else None)
+    endpoint = (
+        options.get("endpoint")
+        or options.get("aws_endpoint")
+        or (
+            os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
+            if scheme in ("s3", "s3a")
+            else None
+        )
+    )
     if endpoint is None:
-        region = options.get("region") or options.get("aws_region") or os.environ.get(
-            "AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        endpoint = {"s3": f"https://s3.{region}.amazonaws.com",
-                    "s3a": f"https://s3.{region}.amazonaws.com",
-                    "gs": "https://storage.googleapis.com"}.get(scheme)
+        region = (
+            options.get("region")
+            or options.get("aws_region")
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION")
+            or "us-east-1"
+        )
+        endpoint = {
+            "s3": f"https://s3.{region}.amazonaws.com",
+            "s3a": f"https://s3.{region}.amazonaws.com",
+            "gs": "https://storage.googleapis.com",
+        }.get(scheme)
         if endpoint is None:
             return None
     parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
@@ -277,8 +344,12 @@ class StoreUnreachable(ConnectionError):
     """A call to the object store was abandoned: the store is certainly gone."""
 
 
-def reaching_store(call: Callable[[], Any], uri: str, storage_options: dict[str, str] | None,
-                   probe_every_s: float | None = None) -> Any:
+def reaching_store(
+    call: Callable[[], Any],
+    uri: str,
+    storage_options: dict[str, str] | None,
+    probe_every_s: float | None = None,
+) -> Any:
     """``call()`` (a Lance read of ``uri``), ended within seconds when the store is gone.
 
     For a local ``uri`` it is simply called. For an object store it runs on a daemon thread
@@ -310,8 +381,10 @@ def reaching_store(call: Callable[[], Any], uri: str, storage_options: dict[str,
     while not done.wait(every):
         why = store_unreachable(address)
         if why is not None and not done.is_set():
-            raise StoreUnreachable(f"could not reach {uri!r}: {why}; the request was abandoned "
-                                   "instead of waiting for Lance's retries")
+            raise StoreUnreachable(
+                f"could not reach {uri!r}: {why}; the request was abandoned "
+                "instead of waiting for Lance's retries"
+            )
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -330,8 +403,14 @@ def dataset_identity(schema: pa.Schema, fragments: list[Any]) -> str:
     for fragment in fragments:  # a LanceFragment or its metadata (read once by the caller)
         meta = getattr(fragment, "metadata", fragment)
         deletion = meta.deletion_file
-        parts.append([meta.id, meta.physical_rows, file_paths(meta),
-                      None if deletion is None else [deletion.id, deletion.num_deleted_rows]])
+        parts.append(
+            [
+                meta.id,
+                meta.physical_rows,
+                file_paths(meta),
+                None if deletion is None else [deletion.id, deletion.num_deleted_rows],
+            ]
+        )
     blob = json.dumps(parts, separators=(",", ":"), default=str).encode()
     return hashlib.blake2b(blob, digest_size=8).hexdigest()
 
@@ -380,25 +459,39 @@ def open_dataset(
         ) from exc
 
 
-_FORMATS = {".parquet": "Parquet", ".pq": "Parquet", ".csv": "CSV", ".tsv": "CSV",
-            ".json": "JSON", ".jsonl": "JSON", ".ndjson": "JSON", ".arrow": "Arrow IPC",
-            ".feather": "Arrow IPC", ".ipc": "Arrow IPC"}
-_READERS = {"Parquet": "pyarrow.dataset.dataset({path!r})",
-            "CSV": "pyarrow.dataset.dataset({path!r}, format='csv')",
-            "JSON": "pyarrow.dataset.dataset({path!r}, format='json')",
-            "Arrow IPC": "pyarrow.dataset.dataset({path!r}, format='ipc')"}
+_FORMATS = {
+    ".parquet": "Parquet",
+    ".pq": "Parquet",
+    ".csv": "CSV",
+    ".tsv": "CSV",
+    ".json": "JSON",
+    ".jsonl": "JSON",
+    ".ndjson": "JSON",
+    ".arrow": "Arrow IPC",
+    ".feather": "Arrow IPC",
+    ".ipc": "Arrow IPC",
+}
+_READERS = {
+    "Parquet": "pyarrow.dataset.dataset({path!r})",
+    "CSV": "pyarrow.dataset.dataset({path!r}, format='csv')",
+    "JSON": "pyarrow.dataset.dataset({path!r}, format='json')",
+    "Arrow IPC": "pyarrow.dataset.dataset({path!r}, format='ipc')",
+}
 
 
 def _convert_advice(fmt: str, path: str, target: str) -> str:
     """How to turn a ``fmt`` file or directory at ``path`` into a Lance dataset at ``target``."""
     if fmt in ("Parquet", "CSV"):
-        return (f"lanceloader.convert({path!r}, {target!r}) (or on the command line: "
-                f"lanceloader convert {path} {target})")
+        return (
+            f"lanceloader.convert({path!r}, {target!r}) (or on the command line: "
+            f"lanceloader convert {path} {target})"
+        )
     return f"lance.write_dataset({_READERS[fmt].format(path=path)}, {target!r})"
 
 
-def not_a_dataset(dataset: object, exc: BaseException | None = None,
-                  storage_options: dict[str, str] | None = None) -> str:
+def not_a_dataset(
+    dataset: object, exc: BaseException | None = None, storage_options: dict[str, str] | None = None
+) -> str:
     """Why ``dataset`` (a value, or a URI Lance could not open with ``exc``) is not a Lance
     dataset, and how to make one from it.
 
@@ -408,57 +501,76 @@ def not_a_dataset(dataset: object, exc: BaseException | None = None,
     if not isinstance(dataset, str):
         kind = type(dataset)
         name = f"{kind.__module__.split('.')[0]}.{kind.__name__}"
-        data = {"pandas.DataFrame": "df", "polars.DataFrame": "df.to_arrow()",
-                "pyarrow.Table": "table", "pyarrow.RecordBatch": "batch",
-                "builtins.dict": "pyarrow.table(data)"}.get(name, "data")
+        data = {
+            "pandas.DataFrame": "df",
+            "polars.DataFrame": "df.to_arrow()",
+            "pyarrow.Table": "table",
+            "pyarrow.RecordBatch": "batch",
+            "builtins.dict": "pyarrow.table(data)",
+        }.get(name, "data")
         what = "a dict" if name == "builtins.dict" else f"a {name}"
-        return (f"dataset must be a URI, a path or a lance.LanceDataset; got {what}. Write it to "
-                f"Lance once with lanceloader.convert({data}, 'data.lance') and pass "
-                "'data.lance'")
+        return (
+            f"dataset must be a URI, a path or a lance.LanceDataset; got {what}. Write it to "
+            f"Lance once with lanceloader.convert({data}, 'data.lance') and pass "
+            "'data.lance'"
+        )
     path = Path(dataset)
     local = not is_object_store(dataset)
     fmt = _FORMATS.get(path.suffix.lower()) if local and path.is_file() else None
     if local and path.is_dir() and not (path / "_versions").is_dir():
-        found = {_FORMATS[p.suffix.lower()] for p in path.iterdir()
-                 if p.suffix.lower() in _FORMATS}
+        found = {_FORMATS[p.suffix.lower()] for p in path.iterdir() if p.suffix.lower() in _FORMATS}
         fmt = sorted(found)[0] if len(found) == 1 else None
         if fmt is not None:
             target = dataset.rstrip("/") + ".lance"
-            return (f"{dataset!r} is a directory of {fmt} files, not a Lance dataset (which has "
-                    f"a _versions/ directory). Convert it once: {_convert_advice(fmt, dataset, target)}"
-                    f", then pass {target!r}")
+            return (
+                f"{dataset!r} is a directory of {fmt} files, not a Lance dataset (which has "
+                f"a _versions/ directory). Convert it once: {_convert_advice(fmt, dataset, target)}"
+                f", then pass {target!r}"
+            )
     if fmt is not None:
         target = str(path.with_suffix(".lance"))
-        return (f"{dataset!r} is a {fmt} file, not a Lance dataset (a directory with "
-                f"_versions/). Convert it once: {_convert_advice(fmt, dataset, target)}, then "
-                f"pass {target!r}")
+        return (
+            f"{dataset!r} is a {fmt} file, not a Lance dataset (a directory with "
+            f"_versions/). Convert it once: {_convert_advice(fmt, dataset, target)}, then "
+            f"pass {target!r}"
+        )
     if local and path.is_file():
-        return (f"{dataset!r} is a file; a Lance dataset is a directory (with _versions/). "
-                "Pass the dataset's directory")
+        return (
+            f"{dataset!r} is a file; a Lance dataset is a directory (with _versions/). "
+            "Pass the dataset's directory"
+        )
     detail = clean_message(exc, dataset, storage_options) if exc is not None else ""
     hint = object_store_hint(detail, dataset, storage_options)
     if hint:
         return f"cannot open the Lance dataset at {dataset!r}: {hint} ({detail})"
     detail = f" ({detail})" if detail else ""
-    return (f"no Lance dataset at {dataset!r}{detail}; check the path (and storage_options for "
-            f"object stores), or write one with lance.write_dataset(table, {dataset!r})")
+    return (
+        f"no Lance dataset at {dataset!r}{detail}; check the path (and storage_options for "
+        f"object stores), or write one with lance.write_dataset(table, {dataset!r})"
+    )
 
 
 def check_columns(columns: list[str] | None, schema: pa.Schema, what: str = "columns") -> list[str]:
     if columns is None:
         return list(schema.names)
     if isinstance(columns, str):
-        raise TypeError(f"{what} must be a list of names, got the string {columns!r}; use [{columns!r}]")
+        raise TypeError(
+            f"{what} must be a list of names, got the string {columns!r}; use [{columns!r}]"
+        )
     columns = list(columns)
     twice = sorted({c for c in columns if columns.count(c) > 1})
     if twice:
-        raise ValueError(f"{what} names {twice} more than once ({columns}); a batch has one "
-                         f"column of each name: list each once")
+        raise ValueError(
+            f"{what} names {twice} more than once ({columns}); a batch has one "
+            f"column of each name: list each once"
+        )
     missing = [c for c in columns if c not in schema.names]
     if missing:
         raise ValueError(
             f"unknown {what} {missing} in the dataset; available columns: {schema.names}"
         )
     if not columns:
-        raise ValueError(f"{what} is empty; name at least one of {schema.names}, or pass None for all")
+        raise ValueError(
+            f"{what} is empty; name at least one of {schema.names}, or pass None for all"
+        )
     return columns

@@ -81,15 +81,26 @@ def gather_rows(
     for k, stride in enumerate(strides or ()):
         if stride is not None and wheres[k] is None:
             scatter[k] = stride
-    runs = [run_of(len(part), where, place)
-            for part, where, place in zip(parts, wheres, places, strict=True)]
+    runs = [
+        run_of(len(part), where, place)
+        for part, where, place in zip(parts, wheres, places, strict=True)
+    ]
     columns: list[pa.Array | pa.ChunkedArray] = []
     inverse: pa.Array | None = None
     for i, field in enumerate(schema):
         if all(v[i] is not None for v in views):
             parts_i = [v[i] for v in views]
-            columns.append(gather_fixed(field.type, parts_i,  # type: ignore[arg-type]
-                                        wheres, places, n, scatter, runs))
+            columns.append(
+                gather_fixed(
+                    field.type,
+                    parts_i,  # type: ignore[arg-type]
+                    wheres,
+                    places,
+                    n,
+                    scatter,
+                    runs,
+                )
+            )
             continue
         if inverse is None:  # the request's place of each row of the parts joined
             inverse = pa.array(inverse_permutation(np.concatenate(places)))
@@ -102,8 +113,9 @@ def gather_rows(
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _checked_parts(parts: list[pa.Table], wheres: list[np.ndarray | None],
-                   places: list[np.ndarray], n: int) -> pa.Schema:
+def _checked_parts(
+    parts: list[pa.Table], wheres: list[np.ndarray | None], places: list[np.ndarray], n: int
+) -> pa.Schema:
     """The parts' schema, once :func:`gather_rows`'s contract is checked: every row of the
     result one place, every place one row, one schema."""
     if not parts:
@@ -218,8 +230,7 @@ def rows_view(chunk: pa.Array, kind: pa.DataType, width: int) -> np.ndarray:
     ).view(f"V{width}")
 
 
-def run_of(rows: int, where: np.ndarray | None, place: np.ndarray
-           ) -> tuple[int, int, int] | None:
+def run_of(rows: int, where: np.ndarray | None, place: np.ndarray) -> tuple[int, int, int] | None:
     """``(first place, first row, count)`` when a part of ``rows`` rows gives consecutive rows
     (all of them when ``where`` is None) to consecutive places, as a sequential read through a
     cache does: one slice copy per column instead of an index, faster (docs/performance.md,
@@ -228,14 +239,14 @@ def run_of(rows: int, where: np.ndarray | None, place: np.ndarray
     >>> run_of(10, np.arange(3, 8), np.arange(100, 105)), run_of(4, None, np.array([0, 2, 1, 3]))
     ((100, 3, 5), None)
     """
-    if not is_run(place) or (where is not None and not (
-            is_run(where) and int(where[0]) >= 0 and int(where[-1]) < rows)):
+    if not is_run(place) or (
+        where is not None and not (is_run(where) and int(where[0]) >= 0 and int(where[-1]) < rows)
+    ):
         return None  # rows outside the part: the index path raises; a slice would not
     return int(place[0]), 0 if where is None else int(where[0]), len(place)
 
 
-def copy_run(out: np.ndarray, chunks: list[np.ndarray], place: int, row: int, count: int
-             ) -> None:
+def copy_run(out: np.ndarray, chunks: list[np.ndarray], place: int, row: int, count: int) -> None:
     """Rows ``row`` to ``row + count - 1`` of a part (its ``chunks`` in order) into ``out`` from
     ``place`` on: a slice copy per chunk they lie in."""
     first = 0
@@ -285,8 +296,9 @@ def gather_fixed(
     buffer = pa.allocate_buffer(n * width)
     out = np.frombuffer(buffer, np.uint8).view(f"V{width}")
     targets = scatter or [None] * len(columns)
-    for chunks, where, place, target, run in zip(columns, wheres, places, targets,
-                                                 runs or [None] * len(columns), strict=True):
+    for chunks, where, place, target, run in zip(
+        columns, wheres, places, targets, runs or [None] * len(columns), strict=True
+    ):
         if run is not None:  # consecutive rows to consecutive places
             copy_run(out, chunks, *run)
         elif isinstance(target, tuple):  # every row of the part, in order, by strides
@@ -313,8 +325,9 @@ def gather_fixed(
     return pa.Array.from_buffers(kind, n, [None, buffer])
 
 
-def _scatter_strided(out: np.ndarray, chunks: list[np.ndarray], period: int, q: int,
-                     starts: list[tuple[int, int]]) -> None:
+def _scatter_strided(
+    out: np.ndarray, chunks: list[np.ndarray], period: int, q: int, starts: list[tuple[int, int]]
+) -> None:
     """Copy a part's rows (``chunks``, in order) to their places in ``out``: rows ``row + i q``
     to places ``place + i period``, for each ``(place, row)`` of ``starts``; one strided copy
     per start and chunk."""

@@ -32,7 +32,6 @@ from lanceloader.state.format import StateMismatchError, fingerprint
 MAX_READ_PARTS = 4
 
 
-
 def schema_text(schema: pa.Schema) -> str:
     return "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
 
@@ -71,8 +70,9 @@ class MixedSource(RowsBase):
         self.sources = mix.sources
         self.schema = mix.schema
         self.columns = list(mix.schema.names)
-        self.dataset_name = DatasetName("mix:" + "+".join(self.names), None,
-                                        fingerprint("mix", None, mix.settings()))
+        self.dataset_name = DatasetName(
+            "mix:" + "+".join(self.names), None, fingerprint("mix", None, mix.settings())
+        )
         shares = list(mix.weights.values())
         self.bytes_per_row = sum(
             s.source.bytes_per_row * w for s, w in zip(self.sources, shares, strict=True)
@@ -81,13 +81,17 @@ class MixedSource(RowsBase):
         # mix read than in a read of its own (the engine's read bound holds per Lance call).
         quotas = mix.interleave.quotas
         self._hints = ReadHints(
-            random_reads=any(s.order.random_reads or s.source.hints.random_reads
-                             for s in self.sources),
+            random_reads=any(
+                s.order.random_reads or s.source.hints.random_reads for s in self.sources
+            ),
             read_parts=max(1, min(MAX_READ_PARTS, sum(quotas) // max(quotas))),
             # every source is storage range reads in order with no transform: so is the mix
-            waits_on_storage=all(s.source.hints.waits_on_storage and not s.order.random_reads
-                                 and s.transform is None for s in self.sources),
-            window_rows=mix.window_samples)
+            waits_on_storage=all(
+                s.source.hints.waits_on_storage and not s.order.random_reads and s.transform is None
+                for s in self.sources
+            ),
+            window_rows=mix.window_samples,
+        )
 
     @property
     def hints(self) -> ReadHints:
@@ -194,8 +198,9 @@ class MixedSource(RowsBase):
                 )
             parts.append(table)
             wheres.append(where)
-        return Read(mixed_rows(parts, wheres, runs), io_bytes, iops, cached, damaged, decode_s,
-                    fills)
+        return Read(
+            mixed_rows(parts, wheres, runs), io_bytes, iops, cached, damaged, decode_s, fills
+        )
 
     def _conform(self, k: int, table: pa.Table) -> pa.Table:
         """Source ``k``'s rows (transformed already), checked against the common schema."""
@@ -220,8 +225,9 @@ class MixedSource(RowsBase):
         runs = self.locate(self.stream(positions, epoch))
         which = np.repeat(runs.source, runs.length)
         n = len(which)
-        index = np.repeat(runs.index - (np.cumsum(runs.length) - runs.length), runs.length) + \
-            np.arange(n)
+        index = np.repeat(
+            runs.index - (np.cumsum(runs.length) - runs.length), runs.length
+        ) + np.arange(n)
         out: dict[str, Any] = {
             "source": np.array(self.names, dtype=object)[which].tolist(),
             "source_epoch": np.zeros(n, np.int64),
@@ -233,9 +239,14 @@ class MixedSource(RowsBase):
             if len(at):
                 epochs, sample, rows = ordered.positions(index[at])
                 out["source_epoch"][at], out["source_sample"][at] = epochs, sample
-                parts.append((at, ordered.source.lineage(rows, int(epochs[0]))
-                              if epochs[0] == epochs[-1] else
-                              _lineage_by_epoch(ordered.source, rows, epochs)))
+                parts.append(
+                    (
+                        at,
+                        ordered.source.lineage(rows, int(epochs[0]))
+                        if epochs[0] == epochs[-1]
+                        else _lineage_by_epoch(ordered.source, rows, epochs),
+                    )
+                )
         return {**out, **_placed(parts, n)}
 
     def schema_table(self) -> pa.Table:
@@ -259,8 +270,10 @@ class MixedSource(RowsBase):
 
 def _lineage_by_epoch(source: Any, positions: np.ndarray, epochs: np.ndarray) -> dict[str, Any]:
     """A source's lineage of rows read over several of its epochs (each part for its epoch)."""
-    parts = [(np.flatnonzero(epochs == e), source.lineage(positions[epochs == e], e))
-             for e in np.unique(epochs).tolist()]
+    parts = [
+        (np.flatnonzero(epochs == e), source.lineage(positions[epochs == e], e))
+        for e in np.unique(epochs).tolist()
+    ]
     return _placed(parts, len(positions))
 
 
@@ -268,8 +281,11 @@ def _placed(parts: list[tuple[np.ndarray, dict[str, Any]]], n: int) -> dict[str,
     """Columns of ``n`` rows from parts that each give some columns for rows ``at``: a column a
     part lacks is null for its rows (sources of different kinds report different columns)."""
     if not parts:  # no rows: the columns every lineage has, empty
-        return {"uri": pa.array([], pa.string()), "version": pa.array([], pa.int64()),
-                "position": pa.array([], pa.int64())}
+        return {
+            "uri": pa.array([], pa.string()),
+            "version": pa.array([], pa.int64()),
+            "position": pa.array([], pa.int64()),
+        }
     names = list(dict.fromkeys(name for _, columns in parts for name in columns))
     back = np.empty(n, np.int64)
     back[np.concatenate([at for at, _ in parts])] = np.arange(n)
@@ -277,8 +293,9 @@ def _placed(parts: list[tuple[np.ndarray, dict[str, Any]]], n: int) -> dict[str,
     for name in names:
         given = [_array(c[name]) for _, c in parts if name in c]
         typ = given[0].type
-        arrays = [_array(c[name]).cast(typ) if name in c else pa.nulls(len(at), typ)
-                  for at, c in parts]
+        arrays = [
+            _array(c[name]).cast(typ) if name in c else pa.nulls(len(at), typ) for at, c in parts
+        ]
         out[name] = pa.concat_arrays(arrays).take(pa.array(back))
     return out
 

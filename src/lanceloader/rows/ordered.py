@@ -49,16 +49,25 @@ class OrderedSource:
     """``source`` read as the endless stream of its epochs in ``order``, through ``transform``
     (see the module's text). ``Loader.ordered_source(name)`` makes one of a Loader."""
 
-    def __init__(self, name: str, source: RowSource, order: Order, transform: Any = None,
-                 on_error: Any = "raise") -> None:
+    def __init__(
+        self,
+        name: str,
+        source: RowSource,
+        order: Order,
+        transform: Any = None,
+        on_error: Any = "raise",
+    ) -> None:
         if on_error != "raise":
             raise ValueError(
                 f"mix source {name!r} has on_error={on_error!r}: a source's transform must keep "
                 "every row (its rows are placed in the mixed order by count). Put on_error= "
-                "(and transforms that may skip rows) on the mix's Loader")
+                "(and transforms that may skip rows) on the mix's Loader"
+            )
         if "mix" in source.settings():
-            raise TypeError(f"mix source {name!r} is itself a mix: a mix of mixes is one mix "
-                            "with the weights multiplied out; list its sources in one Mix")
+            raise TypeError(
+                f"mix source {name!r} is itself a mix: a mix of mixes is one mix "
+                "with the weights multiplied out; list its sources in one Mix"
+            )
         self.name, self.source, self.order, self.transform = name, source, order, transform
 
     @property
@@ -69,9 +78,13 @@ class OrderedSource:
     def settings(self) -> dict[str, Any]:
         """What defines this source's stream: its dataset, version and order (hashed)."""
         name = self.source.dataset_name
-        return {"dataset": name.identity, "version": name.version,
-                "order": fingerprint(name.identity, name.version,
-                                     order_settings(self.source, self.order))}
+        return {
+            "dataset": name.identity,
+            "version": name.version,
+            "order": fingerprint(
+                name.identity, name.version, order_settings(self.source, self.order)
+            ),
+        }
 
     def positions(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The source epoch, sample and position of each stream index."""
@@ -107,10 +120,15 @@ class OrderedSource:
             at = epoch == e
             reads.append(self.source.read_rows(positions[at], e))
             parts.append(self.conform(as_table(reads[-1].rows), e, sample[at]))
-        return Read(pa.concat_tables(parts), sum(r.io_bytes for r in reads),
-                    sum(r.io_iops for r in reads), sum(r.rows_cached for r in reads),
-                    sum(r.cache_damaged for r in reads), sum(r.decode_s for r in reads),
-                    sum(r.cache_fills for r in reads))
+        return Read(
+            pa.concat_tables(parts),
+            sum(r.io_bytes for r in reads),
+            sum(r.io_iops for r in reads),
+            sum(r.rows_cached for r in reads),
+            sum(r.cache_damaged for r in reads),
+            sum(r.decode_s for r in reads),
+            sum(r.cache_fills for r in reads),
+        )
 
     def conform(self, table: pa.Table, epoch: np.ndarray | int, sample: np.ndarray) -> pa.Table:
         """``table`` (the rows of ``sample`` of ``epoch``) through the transform, which must
@@ -127,7 +145,8 @@ class OrderedSource:
                 f"the transform {transform_name(self.transform)} of mix source {self.name!r} "
                 f"must return Arrow with every row it was given ({table.num_rows}), got "
                 f"{type(out).__name__}: a source's transform conforms its rows to the common "
-                "schema; put transforms that drop or add rows on the mix's Loader")
+                "schema; put transforms that drop or add rows on the mix's Loader"
+            )
         return out if isinstance(out, pa.Table) else pa.Table.from_batches([out])
 
     def schema_table(self) -> pa.Table:
@@ -152,9 +171,13 @@ def mean_tokens(source: Any, column: str | None) -> float:
     positions = np.unique(np.linspace(0, n - 1, min(n, TOKEN_SAMPLE_ROWS)).astype(np.int64))
     table = read_table(source, positions)
     if column not in table.column_names:
-        raise KeyError(f"token_column {column!r} is not among the columns read: "
-                       f"{table.column_names}")
+        raise KeyError(
+            f"token_column {column!r} is not among the columns read: {table.column_names}"
+        )
     col = table.column(column)
-    lengths = (pc.utf8_length(col) if pa.types.is_string(col.type) or
-               pa.types.is_large_string(col.type) else pc.list_value_length(col))
+    lengths = (
+        pc.utf8_length(col)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+        else pc.list_value_length(col)
+    )
     return max(float(pc.mean(lengths).as_py() or 0.0), 1e-9)

@@ -74,13 +74,25 @@ class Packing:
     algorithm: str = "best_fit"
 
     def settings(self) -> dict[str, Any]:
-        return {"column": self.column, "seq_len": self.seq_len, "window": self.window,
-                "long_documents": self.long_documents, "pad_id": self.pad_id,
-                "algorithm": self.algorithm}
+        return {
+            "column": self.column,
+            "seq_len": self.seq_len,
+            "window": self.window,
+            "long_documents": self.long_documents,
+            "pad_id": self.pad_id,
+            "algorithm": self.algorithm,
+        }
 
 
-def pack(column: str, seq_len: int, *, window: int = DEFAULT_WINDOW,
-         long_documents: str = "split", pad_id: int = 0, algorithm: str = "best_fit") -> Packing:
+def pack(
+    column: str,
+    seq_len: int,
+    *,
+    window: int = DEFAULT_WINDOW,
+    long_documents: str = "split",
+    pad_id: int = 0,
+    algorithm: str = "best_fit",
+) -> Packing:
     """Pack the token lists of ``column`` into rows of ``seq_len`` tokens; pass the result as
     ``Loader(..., pack=...)``.
 
@@ -140,8 +152,14 @@ class PackPlan:
 
     def row(self, r: int) -> list[tuple[int, int, int]]:
         lo, hi = self.starts[r], self.starts[r + 1]
-        return list(zip(self.doc[lo:hi].tolist(), self.offset[lo:hi].tolist(),
-                        self.length[lo:hi].tolist(), strict=True))
+        return list(
+            zip(
+                self.doc[lo:hi].tolist(),
+                self.offset[lo:hi].tolist(),
+                self.length[lo:hi].tolist(),
+                strict=True,
+            )
+        )
 
     def pieces(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The pieces of ``rows`` (in that order) and the number each row has."""
@@ -151,8 +169,13 @@ class PackPlan:
         return first + np.arange(int(counts.sum())), counts
 
 
-def pack_plan(lengths: np.ndarray, seq_len: int, window: int = DEFAULT_WINDOW,
-              long_documents: str = "split", algorithm: str = "best_fit") -> PackPlan:
+def pack_plan(
+    lengths: np.ndarray,
+    seq_len: int,
+    window: int = DEFAULT_WINDOW,
+    long_documents: str = "split",
+    algorithm: str = "best_fit",
+) -> PackPlan:
     """The packing of documents of ``lengths`` (in storage order) into rows of ``seq_len``.
 
     Whole ``seq_len`` pieces of long documents are rows of their own, first in their window;
@@ -192,8 +215,9 @@ def pack_plan(lengths: np.ndarray, seq_len: int, window: int = DEFAULT_WINDOW,
     packed_count = np.zeros(len(all_windows), np.int64)
     packed_count[np.searchsorted(all_windows, windows)] = bins_per_window
     row_base = np.cumsum(whole_count + packed_count) - whole_count - packed_count
-    whole_rank = np.arange(len(whole_doc)) - np.repeat(np.cumsum(whole_count) - whole_count,
-                                                        whole_count)
+    whole_rank = np.arange(len(whole_doc)) - np.repeat(
+        np.cumsum(whole_count) - whole_count, whole_count
+    )
     whole_row = row_base[np.searchsorted(all_windows, w_whole)] + whole_rank
     at = np.searchsorted(all_windows, p_win)
     piece_row = row_base[at] + whole_count[at] + bin_of
@@ -205,12 +229,20 @@ def pack_plan(lengths: np.ndarray, seq_len: int, window: int = DEFAULT_WINDOW,
     by_row = np.lexsort((offset, doc, row))
     counts = np.bincount(row, minlength=num_rows)
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return PackPlan(seq_len, doc[by_row], offset[by_row].astype(np.int64),
-                    length[by_row].astype(np.int64), starts, len(dropped), int(dropped.sum()))
+    return PackPlan(
+        seq_len,
+        doc[by_row],
+        offset[by_row].astype(np.int64),
+        length[by_row].astype(np.int64),
+        starts,
+        len(dropped),
+        int(dropped.sum()),
+    )
 
 
-def _bin_pack(lengths: np.ndarray, first: np.ndarray, per_window: np.ndarray, seq_len: int,
-              algorithm: str) -> np.ndarray:
+def _bin_pack(
+    lengths: np.ndarray, first: np.ndarray, per_window: np.ndarray, seq_len: int, algorithm: str
+) -> np.ndarray:
     """The bin (row within its window) of each piece; pieces are grouped by window
     (``first``, ``per_window``) and sorted longest first within each."""
     bins = np.zeros(len(lengths), np.int64)
@@ -248,8 +280,9 @@ def document_lengths(source: RowSource, column: str) -> np.ndarray:
     return out
 
 
-def check_tokens(tokens: pa.Array | pa.ChunkedArray, column: str, source: RowSource,
-                 positions: np.ndarray) -> None:
+def check_tokens(
+    tokens: pa.Array | pa.ChunkedArray, column: str, source: RowSource, positions: np.ndarray
+) -> None:
     """Raise unless every token of the lists ``tokens`` (read at ``positions``) is a value: a
     null token has no id, and NumPy would make it -9223372036854775808. (A null list is an
     empty document.)"""
@@ -264,7 +297,8 @@ def check_tokens(tokens: pa.Array | pa.ChunkedArray, column: str, source: RowSou
             f"pack: column {column!r} has {values.null_count} null tokens, in the documents at "
             f"positions {bad[:8].tolist()} ({source.describe_rows(bad[:8])}); a token must be "
             "an id: fill or drop them once (e.g. ll.materialize with a transform that removes "
-            "them), or filter those rows out")
+            "them), or filter those rows out"
+        )
 
 
 def _lengths(inner: Source, column: str) -> np.ndarray:
@@ -272,8 +306,9 @@ def _lengths(inner: Source, column: str) -> np.ndarray:
     rank and process that names it shares them, as they share the filter's plan)."""
     if not isinstance(inner.cache, DiskCache):
         return document_lengths(inner, column)
-    lengths, _ = inner.cache.load_or_make(inner.cache_key("lengths", column),
-                                          lambda: document_lengths(inner, column))
+    lengths, _ = inner.cache.load_or_make(
+        inner.cache_key("lengths", column), lambda: document_lengths(inner, column)
+    )
     return lengths
 
 
@@ -289,39 +324,57 @@ class PackedSource(RowsBase):
     def __init__(self, inner: Source, packing: Packing) -> None:
         column = packing.column
         if not isinstance(inner, Source):
-            raise TypeError(f"pack: packs the rows of one Lance dataset (with its filter and "
-                            f"split), not {type(inner).__name__}; pack each source of a mix on "
-                            "its own Loader")
+            raise TypeError(
+                f"pack: packs the rows of one Lance dataset (with its filter and "
+                f"split), not {type(inner).__name__}; pack each source of a mix on "
+                "its own Loader"
+            )
         if column not in inner.columns:
-            raise KeyError(f"pack: column {column!r} is not among the columns read "
-                           f"({inner.columns}); choose it with columns=")
+            raise KeyError(
+                f"pack: column {column!r} is not among the columns read "
+                f"({inner.columns}); choose it with columns="
+            )
         typ = inner.schema.field(column).type
-        if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)) or \
-                not pa.types.is_integer(typ.value_type):
-            raise TypeError(f"pack: column {column!r} must be a list of token ids (list<int>), "
-                            f"got {typ}; tokenise it once into the dataset (ll.materialize with "
-                            "ll.tokenize(padding='none'))")
+        if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)) or not pa.types.is_integer(
+            typ.value_type
+        ):
+            raise TypeError(
+                f"pack: column {column!r} must be a list of token ids (list<int>), "
+                f"got {typ}; tokenise it once into the dataset (ll.materialize with "
+                "ll.tokenize(padding='none'))"
+            )
         if inner.columns != [column]:
-            raise ValueError(f"pack: a packed row holds tokens of several documents, so only "
-                             f"the token column can be read; pass columns=[{column!r}] (got "
-                             f"{inner.columns})")
+            raise ValueError(
+                f"pack: a packed row holds tokens of several documents, so only "
+                f"the token column can be read; pass columns=[{column!r}] (got "
+                f"{inner.columns})"
+            )
         self.dtype = typ.value_type.to_pandas_dtype()
         limits = np.iinfo(self.dtype)
         if not limits.min <= packing.pad_id <= limits.max:
-            raise ValueError(f"pack: pad_id={packing.pad_id} does not fit the tokens' type "
-                             f"{typ.value_type} of column {column!r} ({limits.min} to "
-                             f"{limits.max}); choose a pad_id in that range")
+            raise ValueError(
+                f"pack: pad_id={packing.pad_id} does not fit the tokens' type "
+                f"{typ.value_type} of column {column!r} ({limits.min} to "
+                f"{limits.max}); choose a pad_id in that range"
+            )
         self.inner, self.packing = inner, packing
-        self.plan = pack_plan(_lengths(inner, column), packing.seq_len, packing.window,
-                              packing.long_documents, packing.algorithm)
+        self.plan = pack_plan(
+            _lengths(inner, column),
+            packing.seq_len,
+            packing.window,
+            packing.long_documents,
+            packing.algorithm,
+        )
         self.dataset_name = inner.dataset_name
         self.columns = [column, "segment_ids", "position_ids"]
         value = pa.from_numpy_dtype(self.dtype)
-        self.schema = pa.schema([
-            pa.field(column, pa.list_(value, packing.seq_len)),
-            pa.field("segment_ids", pa.list_(pa.int32(), packing.seq_len)),
-            pa.field("position_ids", pa.list_(pa.int32(), packing.seq_len)),
-        ])
+        self.schema = pa.schema(
+            [
+                pa.field(column, pa.list_(value, packing.seq_len)),
+                pa.field("segment_ids", pa.list_(pa.int32(), packing.seq_len)),
+                pa.field("position_ids", pa.list_(pa.int32(), packing.seq_len)),
+            ]
+        )
         self.bytes_per_row = packing.seq_len * (np.dtype(self.dtype).itemsize + 8)
 
     @property
@@ -336,10 +389,13 @@ class PackedSource(RowsBase):
     @property
     def facts(self) -> RowsFacts:
         inner = self.inner.facts
-        return RowsFacts(cache_choice=inner.cache_choice,
-                         cache_per_process=inner.cache_per_process,
-                         plan_origin=inner.plan_origin,
-                         padding_fraction=self.plan.padding_fraction, packing=self.plan)
+        return RowsFacts(
+            cache_choice=inner.cache_choice,
+            cache_per_process=inner.cache_per_process,
+            plan_origin=inner.plan_origin,
+            padding_fraction=self.plan.padding_fraction,
+            packing=self.plan,
+        )
 
     def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]:
         """The ledger's columns: each packed row's documents (their row offsets and ids) and
@@ -370,32 +426,59 @@ class PackedSource(RowsBase):
         values = tokens.values.to_numpy(zero_copy_only=False)
         starts = tokens.offsets.to_numpy()[:-1] - tokens.offsets[0].as_py()
         ids, segments, positions_in = pack_tokens(
-            values, starts[where] + plan.offset[pieces], plan.length[pieces], counts, seq_len,
-            self.packing.pad_id, self.dtype)
-        out = pa.table({self.packing.column: tensor_array(ids),
-                        "segment_ids": tensor_array(segments),
-                        "position_ids": tensor_array(positions_in)})
+            values,
+            starts[where] + plan.offset[pieces],
+            plan.length[pieces],
+            counts,
+            seq_len,
+            self.packing.pad_id,
+            self.dtype,
+        )
+        out = pa.table(
+            {
+                self.packing.column: tensor_array(ids),
+                "segment_ids": tensor_array(segments),
+                "position_ids": tensor_array(positions_in),
+            }
+        )
         # rows from the cache in packed rows (the read's unit): each its share of documents
         cached = round(len(positions) * read.rows_cached / len(docs)) if len(docs) else 0
-        return Read(out, read.io_bytes, read.io_iops, cached, read.cache_damaged, read.decode_s,
-                    read.cache_fills)
+        return Read(
+            out,
+            read.io_bytes,
+            read.io_iops,
+            cached,
+            read.cache_damaged,
+            read.decode_s,
+            read.cache_fills,
+        )
 
     def schema_table(self) -> pa.Table:
         return empty_table(self.schema)
 
     def describe_rows(self, rows: np.ndarray) -> str:
         pieces, _ = self.plan.pieces(rows)
-        return (f"packed rows {np.asarray(rows)[:4].tolist()} (documents at positions "
-                f"{self.inner.describe_rows(np.unique(self.plan.doc[pieces]))})")
+        return (
+            f"packed rows {np.asarray(rows)[:4].tolist()} (documents at positions "
+            f"{self.inner.describe_rows(np.unique(self.plan.doc[pieces]))})"
+        )
 
     def __repr__(self) -> str:
-        return (f"PackedSource({self.inner!r}, seq_len={self.packing.seq_len}, "
-                f"rows={self.num_rows}, padding={self.plan.padding_fraction:.1%})")
+        return (
+            f"PackedSource({self.inner!r}, seq_len={self.packing.seq_len}, "
+            f"rows={self.num_rows}, padding={self.plan.padding_fraction:.1%})"
+        )
 
 
-def pack_tokens(values: np.ndarray, first: np.ndarray, length: np.ndarray, counts: np.ndarray,
-                seq_len: int, pad_id: int, dtype: Any = np.int64
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack_tokens(
+    values: np.ndarray,
+    first: np.ndarray,
+    length: np.ndarray,
+    counts: np.ndarray,
+    seq_len: int,
+    pad_id: int,
+    dtype: Any = np.int64,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows of ``seq_len`` made of pieces ``values[first[i]:first[i] + length[i]]``, ``counts[r]``
     pieces for row ``r``: token ids, segment ids (1, 2, ...; 0 padding) and positions.
 

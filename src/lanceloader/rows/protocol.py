@@ -172,8 +172,9 @@ class RowSource(Protocol):
 
     def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]: ...
 
-    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
-                ) -> tuple[RowSource, int]: ...
+    def resumed(
+        self, state: dict[str, Any], allow_changes: tuple[str, ...]
+    ) -> tuple[RowSource, int]: ...
 
     def check_nulls(self, conversion: Any) -> None: ...
 
@@ -225,11 +226,13 @@ class RowsBase:
         """The ledger's columns for ``positions``: the dataset and the positions themselves
         (kinds over Lance rows add the rows' offsets and ids)."""
         n = len(positions)
-        return {"uri": [self.uri] * n, "version": [self.version] * n,
-                "position": np.asarray(positions, np.int64)}
+        return {
+            "uri": [self.uri] * n,
+            "version": [self.version] * n,
+            "position": np.asarray(positions, np.int64),
+        }
 
-    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]
-                ) -> tuple[Self, int]:
+    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]) -> tuple[Self, int]:
         """These rows continue any state of them (a mix whose weights changed may not)."""
         return self, state["sample"]
 
@@ -239,13 +242,16 @@ class RowsBase:
     def blob_files(self, column: str, offsets: pa.Array, buffer_size: int) -> list[Any]:
         """``lance.BlobFile`` objects of a blob column read as files: only Lance rows have
         them."""
-        raise ValueError(f"blob_files: {self.dataset_name.uri!r} reads no blob column as files "
-                         f"(column {column!r}); read it with blobs={{{column!r}: 'file'}} on "
-                         "the Loader of the Lance dataset that holds it")
+        raise ValueError(
+            f"blob_files: {self.dataset_name.uri!r} reads no blob column as files "
+            f"(column {column!r}); read it with blobs={{{column!r}: 'file'}} on "
+            "the Loader of the Lance dataset that holds it"
+        )
 
 
-_batch_rows: contextvars.ContextVar[Any] = contextvars.ContextVar("lanceloader_batch_rows",
-                                                                  default=None)
+_batch_rows: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "lanceloader_batch_rows", default=None
+)
 
 
 @contextlib.contextmanager
@@ -274,10 +280,12 @@ def empty_table(schema: pa.Schema) -> pa.Table:
     >>> empty_table(pa.schema([("x", t)])).num_rows
     0
     """
+
     def empty(typ: pa.DataType) -> pa.Array:
         if isinstance(typ, pa.BaseExtensionType):
             return pa.ExtensionArray.from_storage(typ, empty(typ.storage_type))
         return pa.array([], type=typ)
+
     return pa.table([empty(f.type) for f in schema], schema=schema)
 
 
@@ -360,8 +368,7 @@ class Intervals:
         span = max(1, end - first)
         self._first = first
         self._shift = max(narrowest.bit_length() - 1, (span - 1).bit_length() - 16, 0)
-        firsts = first + (np.arange(((span - 1) >> self._shift) + 1, dtype=np.int64)
-                          << self._shift)
+        firsts = first + (np.arange(((span - 1) >> self._shift) + 1, dtype=np.int64) << self._shift)
         table = np.searchsorted(self.starts, firsts, side="right") - 1
         lasts = np.minimum(firsts + (1 << self._shift) - 1, end - 1)
         steps = max(0, int((np.searchsorted(self.starts, lasts, side="right") - 1 - table).max()))
@@ -373,8 +380,9 @@ class Intervals:
         """The interval of each offset (intp), as ``searchsorted`` gives it."""
         if self._steps is None or not len(offsets):
             return np.searchsorted(self.starts, offsets, side="right") - 1
-        where = self._table[(offsets - self._first) >> self._shift if self._first else
-                            offsets >> self._shift]
+        where = self._table[
+            (offsets - self._first) >> self._shift if self._first else offsets >> self._shift
+        ]
         for _ in range(self._steps):
             where += offsets >= self._next[where]
         return where
@@ -433,8 +441,9 @@ class Pieces:
         return sum(b.nbytes for b in self.batches) / max(1, sum(len(b) for b in self.batches))
 
     def table(self) -> pa.Table:
-        return pa.Table.from_batches([self.batches[b].slice(s, n) for b, s, n in self.runs],
-                                     schema=self.batches[0].schema)
+        return pa.Table.from_batches(
+            [self.batches[b].slice(s, n) for b, s, n in self.runs], schema=self.batches[0].schema
+        )
 
 
 def as_table(rows: pa.Table | Pieces) -> pa.Table:

@@ -86,7 +86,6 @@ class Cursor:
         """The state here: small, JSON-safe, the same keys at every position (``state.py``)."""
         return self.spec.state(self.epoch, self.sample, **extra)
 
-    def load_state_dict(self, state: Any, allow_changes: tuple[str, ...] | list[str] = ()
-                        ) -> None:
+    def load_state_dict(self, state: Any, allow_changes: tuple[str, ...] | list[str] = ()) -> None:
         """Check ``state`` against the spec and move to its position (see ``state.py``)."""
         self.seek(*resume_point(state, self.spec, allow_changes))

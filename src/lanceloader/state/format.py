@@ -95,11 +95,18 @@ ORDER_KEYS: dict[str, tuple[type, ...]] = {
     "seed": (int,),
 }
 MIX_KEYS: dict[str, tuple[type, ...]] = {
-    "sources": (dict,), "quotas": (dict,), "epoch": (str,), "offsets": (dict,),
-    "source_column": (str, _NONE), "run_length": (int,),
+    "sources": (dict,),
+    "quotas": (dict,),
+    "epoch": (str,),
+    "offsets": (dict,),
+    "source_column": (str, _NONE),
+    "run_length": (int,),
 }
 WORKER_KEYS: dict[str, tuple[type, ...]] = {
-    "id": (int,), "count": (int,), "start": (int,), "batches": (int,),
+    "id": (int,),
+    "count": (int,),
+    "start": (int,),
+    "batches": (int,),
 }
 
 
@@ -113,16 +120,24 @@ def order_settings(source: Any, order: Any, num_rows: int | None = None) -> dict
     ``source`` is None for samplers over a plain length) and the ``Order``'s."""
     no_filter = {"filter": None, "splits": None, "split": None, "split_key": None}
     rows = {**no_filter, **(source.settings() if source is not None else {})}
-    return {"rows": order.num_rows if num_rows is None else num_rows, **rows,
-            "shuffle": order.shuffle, "block_size": order.block_size, "window": order.window,
-            "seed": order.seed}
+    return {
+        "rows": order.num_rows if num_rows is None else num_rows,
+        **rows,
+        "shuffle": order.shuffle,
+        "block_size": order.block_size,
+        "window": order.window,
+        "seed": order.seed,
+    }
 
 
 def fingerprint(dataset: str | None, version: int | None, order: dict[str, Any]) -> str:
     """A short stable hash of what defines the stream's samples: dataset identity, version and
     order settings."""
-    blob = json.dumps({"dataset": dataset, "version": version, "order": order},
-                      sort_keys=True, separators=(",", ":")).encode()
+    blob = json.dumps(
+        {"dataset": dataset, "version": version, "order": order},
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
     return hashlib.blake2b(blob, digest_size=8).hexdigest()
 
 
@@ -152,8 +167,9 @@ class StreamSpec:
 
     def plan(self, start: int = 0) -> Plan:
         """This rank's plan for an epoch that starts at global sample ``start``."""
-        return Plan(self.num_rows, self.batch_size, self.world_size, self.rank, self.drop_last,
-                    start)
+        return Plan(
+            self.num_rows, self.batch_size, self.world_size, self.rank, self.drop_last, start
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -178,8 +194,9 @@ class StreamSpec:
         }
 
 
-def resume_point(saved: Any, spec: StreamSpec, allow_changes: tuple[str, ...] | list[str] = ()
-                 ) -> tuple[int, int]:
+def resume_point(
+    saved: Any, spec: StreamSpec, allow_changes: tuple[str, ...] | list[str] = ()
+) -> tuple[int, int]:
     """Check ``saved`` against ``spec`` and return its ``(epoch, sample)``.
 
     Raises :class:`StateMismatchError` naming every difference that matters (both sides, and the
@@ -219,7 +236,9 @@ def resume_point(saved: Any, spec: StreamSpec, allow_changes: tuple[str, ...] | 
     if saved["format"] == 1:
         _logger.warning(
             "loaded a format-1 loader state: it carries no dataset identity, so it was checked "
-            "by URI, version and order only; state_dict() now writes format %d", FORMAT)
+            "by URI, version and order only; state_dict() now writes format %d",
+            FORMAT,
+        )
     return epoch, sample
 
 
@@ -275,11 +294,16 @@ def _check_mix(mix: Any) -> None:
         if set(values) != names or not all(type(v) is int for v in values.values()):
             raise StateMismatchError(
                 f"{where}[{key!r}] must give an int for each source {sorted(names)}, got "
-                f"{values!r}: the state was edited or damaged")
-    if not all(isinstance(s, dict) and set(s) == {"dataset", "version", "order"}
-               for s in mix["sources"].values()):
-        raise StateMismatchError(f"{where}['sources'] must hold each source's dataset, version "
-                                 "and order: the state was edited or damaged")
+                f"{values!r}: the state was edited or damaged"
+            )
+    if not all(
+        isinstance(s, dict) and set(s) == {"dataset", "version", "order"}
+        for s in mix["sources"].values()
+    ):
+        raise StateMismatchError(
+            f"{where}['sources'] must hold each source's dataset, version "
+            "and order: the state was edited or damaged"
+        )
 
 
 def _check_types(saved: dict[str, Any], keys: dict[str, tuple[type, ...]], where: str) -> None:
@@ -297,29 +321,36 @@ def _check_types(saved: dict[str, Any], keys: dict[str, tuple[type, ...]], where
             )
 
 
-def _dataset_problems(saved: dict[str, Any], spec: StreamSpec, allow: tuple[str, ...]
-                      ) -> list[str]:
+def _dataset_problems(saved: dict[str, Any], spec: StreamSpec, allow: tuple[str, ...]) -> list[str]:
     if spec.uri is None:  # a sampler over a plain number of rows: no dataset to compare
         return []
     uri, version, identity = saved["uri"], saved["version"], saved.get("dataset")
     if saved["format"] == 1:
         if (uri, version) != (spec.uri, spec.version):
-            return [f"dataset: state has {uri!r} version {version}, this loader reads "
-                    f"{spec.uri!r} version {spec.version}" + _version_hint(version)]
+            return [
+                f"dataset: state has {uri!r} version {version}, this loader reads "
+                f"{spec.uri!r} version {spec.version}" + _version_hint(version)
+            ]
         return []
     if version != spec.version:
-        return [f"dataset version: state has version {version} of {uri!r}, this loader reads "
-                f"version {spec.version} of {spec.uri!r}" + _version_hint(version)]
+        return [
+            f"dataset version: state has version {version} of {uri!r}, this loader reads "
+            f"version {spec.version} of {spec.uri!r}" + _version_hint(version)
+        ]
     if identity != spec.dataset:
-        return [f"dataset identity: state has dataset {identity} at {uri!r}, this loader reads "
-                f"dataset {spec.dataset} at {spec.uri!r} (both version {version}): these are "
-                "different data (re-created, or overwritten and cleaned up), so the state's "
-                "samples do not exist here. Point the loader at the dataset the state came from, "
-                "or start without the state"]
+        return [
+            f"dataset identity: state has dataset {identity} at {uri!r}, this loader reads "
+            f"dataset {spec.dataset} at {spec.uri!r} (both version {version}): these are "
+            "different data (re-created, or overwritten and cleaned up), so the state's "
+            "samples do not exist here. Point the loader at the dataset the state came from, "
+            "or start without the state"
+        ]
     if not same_location(uri, spec.uri) and "uri" not in allow:
-        return [f"dataset location: state has {uri!r}, this loader reads {spec.uri!r}; it is "
-                f"the same dataset (identity {identity}, version {version}), copied or moved. "
-                "Pass allow_changes=('uri',) to resume on it"]
+        return [
+            f"dataset location: state has {uri!r}, this loader reads {spec.uri!r}; it is "
+            f"the same dataset (identity {identity}, version {version}), copied or moved. "
+            "Pass allow_changes=('uri',) to resume on it"
+        ]
     return []
 
 
@@ -350,8 +381,10 @@ def same_location(saved: str | None, current: str | None) -> bool:
 
 
 def _version_hint(version: int | None) -> str:
-    return (f" (pass version={version} to the loader to read the version the state was taken "
-            "on, if the dataset still has it)")
+    return (
+        f" (pass version={version} to the loader to read the version the state was taken "
+        "on, if the dataset still has it)"
+    )
 
 
 def save_state(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
@@ -385,8 +418,9 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     except FileNotFoundError:
         raise FileNotFoundError(f"no loader state at {os.fspath(path)!r}") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{os.fspath(path)!r} is not a loader state (invalid JSON: {exc})") from exc
+        raise ValueError(
+            f"{os.fspath(path)!r} is not a loader state (invalid JSON: {exc})"
+        ) from exc
     if not (isinstance(state, dict) and "format" in state):
         raise ValueError(f"{os.fspath(path)!r} holds JSON that is not a loader state")
     return state
-

@@ -30,7 +30,10 @@ def demo_table(rows: int, start: int = 0, seed: int = 0) -> pa.Table:
     ids = np.arange(start, start + rows, dtype=np.int64)
     x = rng.standard_normal((rows, 64), dtype=np.float32)
     words = np.array(WORDS)
-    text = [f"{a} {b} {i}" for i, a, b in zip(ids.tolist(), words[ids % 10], words[(ids // 10) % 10], strict=True)]
+    text = [
+        f"{a} {b} {i}"
+        for i, a, b in zip(ids.tolist(), words[ids % 10], words[(ids // 10) % 10], strict=True)
+    ]
     return pa.table(
         {
             "id": ids,

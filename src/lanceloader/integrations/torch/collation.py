@@ -109,9 +109,11 @@ def split_rows(batch: Any) -> list[Any]:
     [{'a': tensor(1), 'b': {'c': 'x'}}, {'a': tensor(2), 'b': {'c': 'y'}}]
     """
     return batch_rows(
-        batch, "torch's default collate",
+        batch,
+        "torch's default collate",
         "have the transform return a RecordBatch or a dict of columns, or pass "
-        "collate_fn=lanceloader.torch.collate to the DataLoader (it keeps the batch as is)")
+        "collate_fn=lanceloader.torch.collate to the DataLoader (it keeps the batch as is)",
+    )
 
 
 def collate(samples: Any) -> Any:
@@ -199,8 +201,10 @@ def _leaves(value: Any) -> Iterator[Any]:
 
 def _packable(value: Any) -> bool:
     if type(value) is torch.Tensor:
-        return value.device.type == "cpu" and value.layout == torch.strided and not (
-            value.requires_grad
+        return (
+            value.device.type == "cpu"
+            and value.layout == torch.strided
+            and not (value.requires_grad)
         )
     return type(value) is np.ndarray and value.dtype.kind in "biufcmM"
 
@@ -266,13 +270,16 @@ def _new_path() -> Path:
     if _prefix is None or _prefix[0] != os.getpid():
         parent = multiprocessing.parent_process()  # the training process, whatever started us
         training = parent.pid if parent is not None and parent.pid else os.getpid()
-        _prefix = (os.getpid(), lifetime.shm_name("batch", training, os.getpid(),
-                                                  uuid.uuid4().hex[:8]))
+        _prefix = (
+            os.getpid(),
+            lifetime.shm_name("batch", training, os.getpid(), uuid.uuid4().hex[:8]),
+        )
         lifetime.remove_orphans()
         watch_training_process()
         # multiprocessing runs these finalizers when a worker exits (it skips atexit).
-        multiprocessing.util.Finalize(None, _remove_worker_files, args=(_prefix[1],),
-                                      exitpriority=10)
+        multiprocessing.util.Finalize(
+            None, _remove_worker_files, args=(_prefix[1],), exitpriority=10
+        )
     return SHM_DIR / f"{_prefix[1]}-{next(_counter)}"
 
 
@@ -305,8 +312,6 @@ def _remove_worker_files(prefix: str) -> None:
     lifetime.remove_prefix(prefix)
 
 
-
-
 def _remove_files_of_my_workers(pid: int) -> None:
     """At the training process's exit, after multiprocessing has stopped its workers: what a
     killed worker left behind."""
@@ -315,5 +320,6 @@ def _remove_files_of_my_workers(pid: int) -> None:
 
 
 # Priority below 0: runs after multiprocessing has terminated and joined the daemon workers.
-multiprocessing.util.Finalize(None, _remove_files_of_my_workers, args=(os.getpid(),),
-                              exitpriority=-10)
+multiprocessing.util.Finalize(
+    None, _remove_files_of_my_workers, args=(os.getpid(),), exitpriority=-10
+)

@@ -115,8 +115,9 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
             return
         watch_training_process()
         threads = self._threads or (1 if in_worker else loader.num_workers)
-        stream = Stream(loader.reading(threads), c.epoch, c.plan, batches, loader.recorder,
-                        loader.log_every)
+        stream = Stream(
+            loader.reading(threads), c.epoch, c.plan, batches, loader.recorder, loader.log_every
+        )
         try:
             for batch in stream:
                 if self._token == token:
@@ -156,7 +157,9 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
         slot = _worker_slot()
         spec = self._cursor.spec
         same = (saved["id"], saved["count"]) == slot and (
-            state["batch_size"], state["world_size"], state["drop_last"]
+            state["batch_size"],
+            state["world_size"],
+            state["drop_last"],
         ) == (spec.batch_size, spec.world_size, spec.drop_last)
         if not same:
             raise StateMismatchError(
@@ -185,5 +188,5 @@ def _refuse_auto_collation(caller: Any, batch_size: int) -> None:
             "DataLoader(IterableDataset(...)) was given a batch_size: the dataset yields whole "
             f"batches (batch_size={batch_size} rows each), so the DataLoader would stack several "
             "of them into one. Pass batch_size=None to the DataLoader (and set the batch size "
-            "on the IterableDataset)")
-
+            "on the IterableDataset)"
+        )

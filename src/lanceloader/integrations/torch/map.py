@@ -124,11 +124,20 @@ class MapDataset(torch.utils.data.Dataset):
         check_on_error(on_error, max_skip_fraction)
         self.on_error, self.max_skip_fraction = on_error, max_skip_fraction
         self.conversion = check_output(with_fill_nulls(output, fill_nulls))
-        refuse_random_starts(clips, "MapDataset",
-                             "ll.Loader or lanceloader.torch.IterableDataset")
-        self.source = RowsSettings(columns, filter, version, storage_options, splits, split,
-                                   split_key, cache, cache_size, clips=clips,
-                                   blobs=blobs).build(dataset)
+        refuse_random_starts(clips, "MapDataset", "ll.Loader or lanceloader.torch.IterableDataset")
+        self.source = RowsSettings(
+            columns,
+            filter,
+            version,
+            storage_options,
+            splits,
+            split,
+            split_key,
+            cache,
+            cache_size,
+            clips=clips,
+            blobs=blobs,
+        ).build(dataset)
         if self.transform is None:
             check_schema(self.source.schema_table().schema, self.conversion)
             self.source.check_nulls(self.conversion)
@@ -181,8 +190,14 @@ class MapDataset(torch.utils.data.Dataset):
         # samples of a sequential order; random_map draws per position).
         order = Order(len(self))
         task = ReadTask(0, range(1), positions, (len(positions),))
-        work = BatchWork(self.source, order, self.transform, self.conversion,
-                         on_error=self.on_error, max_skip_fraction=self.max_skip_fraction)
+        work = BatchWork(
+            self.source,
+            order,
+            self.transform,
+            self.conversion,
+            on_error=self.on_error,
+            max_skip_fraction=self.max_skip_fraction,
+        )
         return Rows(work(task).batches[0])
 
     def _positions(self, indices: Any) -> np.ndarray:
@@ -279,10 +294,17 @@ class _ReadAhead:
         ds, order, plan = self._dataset, hint.order, hint.plan
         self._key, self._next, self._stride = key, hint.batch, _worker_slot()[1]
         output: Any = ds.conversion  # BatchWork converts with to_output, which takes either
-        work = BatchWork(ds.source, order, ds.transform, output, on_error=ds.on_error,
-                         max_skip_fraction=ds.max_skip_fraction)
-        per_read = batches_per_read(order.random_reads, plan.batch_size, ds.transform is not None,
-                                    ds.source.bytes_per_row)
+        work = BatchWork(
+            ds.source,
+            order,
+            ds.transform,
+            output,
+            on_error=ds.on_error,
+            max_skip_fraction=ds.max_skip_fraction,
+        )
+        per_read = batches_per_read(
+            order.random_reads, plan.batch_size, ds.transform is not None, ds.source.bytes_per_row
+        )
         reading = Reading(work, num_workers=1, batches_per_read=per_read, reads_in_flight=1)
         batches = range(hint.batch, len(plan), self._stride)
         self._stream = Stream(reading, hint.epoch, plan, batches, ds.recorder)

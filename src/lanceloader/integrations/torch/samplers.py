@@ -63,20 +63,32 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
         world_size: int | None,
         drop_last: bool,
     ) -> None:
-        check_numbers(batch_size=batch_size, shuffle_block_size=shuffle_block_size, seed=seed,
-                      shuffle_window=shuffle_window)
+        check_numbers(
+            batch_size=batch_size,
+            shuffle_block_size=shuffle_block_size,
+            seed=seed,
+            shuffle_window=shuffle_window,
+        )
         check_bool("shuffle", shuffle)
         check_bool("drop_last", drop_last)
         self.num_rows, source = _describe(data_source_or_len)
         rank, world_size = resolve_rank_world(rank, world_size)
-        self.order = Order.from_options(self.num_rows, shuffle, shuffle_block_size,
-                                        shuffle_window, seed)
-        self._cursor = Cursor(StreamSpec(
-            num_rows=self.num_rows, order=order_settings(source, self.order, self.num_rows),
-            batch_size=batch_size, world_size=world_size, rank=rank, drop_last=bool(drop_last),
-            uri=source.dataset_name.uri if source else None,
-            version=source.dataset_name.version if source else None,
-            dataset=source.dataset_name.identity if source else None))
+        self.order = Order.from_options(
+            self.num_rows, shuffle, shuffle_block_size, shuffle_window, seed
+        )
+        self._cursor = Cursor(
+            StreamSpec(
+                num_rows=self.num_rows,
+                order=order_settings(source, self.order, self.num_rows),
+                batch_size=batch_size,
+                world_size=world_size,
+                rank=rank,
+                drop_last=bool(drop_last),
+                uri=source.dataset_name.uri if source else None,
+                version=source.dataset_name.version if source else None,
+                dataset=source.dataset_name.identity if source else None,
+            )
+        )
         # torch makes iterators it never advances (a DataLoader calls iter(sampler) twice when
         # it starts), so the newest iterator moves the cursor (``_token``) and replaces the
         # previous one at the same place unless that one was advanced (``_consumed``), in which
@@ -145,7 +157,7 @@ class _PlanSampler(torch.utils.data.Sampler):  # type: ignore[type-arg]
                 offset = 0
                 for b, size in zip(batches, sizes, strict=True):
                     if self._token == token:  # count it before handing it out: torchdata
-                        c.advance()           # snapshots then
+                        c.advance()  # snapshots then
                     yield self._wrap(positions[offset : offset + size], plan, epoch, b)
                     offset += size
         finally:  # finished, or broken out of (torch's rule: the rest of that epoch is dropped):

@@ -53,8 +53,9 @@ def fits_whole(estimate: float, cap: int) -> bool:
 def temporary_path(path: Path) -> Path:
     """The temporary file that reserves ``path``'s room while this thread writes it: named by
     this PID namespace, process and thread (:func:`writer_alive` reads them back)."""
-    return path.with_name(f"{TEMPORARY}{lifetime.NAMESPACE}-{os.getpid()}-"
-                          f"{threading.get_ident()}-{path.name}")
+    return path.with_name(
+        f"{TEMPORARY}{lifetime.NAMESPACE}-{os.getpid()}-{threading.get_ident()}-{path.name}"
+    )
 
 
 def writer_alive(entry: str) -> bool:
@@ -65,7 +66,7 @@ def writer_alive(entry: str) -> bool:
     >>> writer_alive(temporary_path(Path("cache/piece.arrow")).name)  # this process's
     True
     """
-    parts = entry[len(TEMPORARY):].split("-")
+    parts = entry[len(TEMPORARY) :].split("-")
     if len(parts) < 3 or parts[0] != lifetime.NAMESPACE or not parts[1].isdigit():
         return True
     try:
@@ -77,8 +78,9 @@ def writer_alive(entry: str) -> bool:
     return True
 
 
-def evictions(files: list[tuple[float, int, str]], used: int, size: int, cap: int
-              ) -> tuple[list[str], int]:
+def evictions(
+    files: list[tuple[float, int, str]], used: int, size: int, cap: int
+) -> tuple[list[str], int]:
     """The files to remove, least recently used first, for ``size`` more bytes to fit under
     ``cap`` when ``used`` bytes are taken, and the bytes taken once they are removed; ``files``
     are (access time, size, path). All of them, and still too many bytes, when live

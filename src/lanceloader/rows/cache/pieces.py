@@ -127,9 +127,20 @@ from lanceloader.rows.cache.files import (
 )
 
 __all__ = [
-    "AUTO", "FILL_FRACTION", "MIN_PIECE_ROWS", "PIECE_BYTES", "SUFFIX", "CacheError",
-    "CacheLockTimeout", "DiskCache", "MemoryCache", "check_sealed",
-    "fragment_key", "make_cache", "piece_name", "piece_rows",
+    "AUTO",
+    "FILL_FRACTION",
+    "MIN_PIECE_ROWS",
+    "PIECE_BYTES",
+    "SUFFIX",
+    "CacheError",
+    "CacheLockTimeout",
+    "DiskCache",
+    "MemoryCache",
+    "check_sealed",
+    "fragment_key",
+    "make_cache",
+    "piece_name",
+    "piece_rows",
 ]
 
 # Arrow bytes a piece aims at: big enough that a download is a few large requests (each column
@@ -170,9 +181,13 @@ def fragment_key(metadata: Any, columns: list[str], schema: pa.Schema) -> str:
     """A name for one fragment's data in ``columns``: it changes with any file of the fragment,
     its deletions, the projection or a column's type, and with nothing else (not the URI)."""
     deletion = metadata.deletion_file
-    parts = [metadata.id, metadata.physical_rows, [f.path for f in metadata.files],
-             None if deletion is None else [deletion.id, deletion.num_deleted_rows],
-             [(c, str(schema.field(c).type)) for c in columns]]
+    parts = [
+        metadata.id,
+        metadata.physical_rows,
+        [f.path for f in metadata.files],
+        None if deletion is None else [deletion.id, deletion.num_deleted_rows],
+        [(c, str(schema.field(c).type)) for c in columns],
+    ]
     blob = json.dumps(parts, separators=(",", ":"), default=str).encode()
     return hashlib.blake2b(blob, digest_size=12).hexdigest()
 
@@ -190,31 +205,40 @@ def make_cache(cache: object, cache_size: object) -> DiskCache | MemoryCache | N
     """The cache a user asked for: ``None``, ``"memory"`` or a directory (str or path), with
     ``cache_size`` bytes (default: half the free disk space of the directory, or half the
     memory available, when the cache is made)."""
-    if cache_size is not None and (isinstance(cache_size, bool) or not isinstance(cache_size, int)
-                                   or cache_size < 1):
-        raise ValueError(f"cache_size must be a number of bytes >= 1 (e.g. 50 * 2**30), got "
-                         f"{cache_size!r}")
+    if cache_size is not None and (
+        isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1
+    ):
+        raise ValueError(
+            f"cache_size must be a number of bytes >= 1 (e.g. 50 * 2**30), got {cache_size!r}"
+        )
     if cache is None:
         if cache_size is not None:
-            raise ValueError("cache_size= needs cache=, a directory (e.g. '/nvme/lance-cache') "
-                             "or 'memory'")
+            raise ValueError(
+                "cache_size= needs cache=, a directory (e.g. '/nvme/lance-cache') or 'memory'"
+            )
         return None
     if cache == AUTO:
-        raise ValueError("cache='auto' is chosen by the Loader from the order and the data's "
-                         "size (rows/cache/auto.py): here pass None, 'memory' or a directory")
+        raise ValueError(
+            "cache='auto' is chosen by the Loader from the order and the data's "
+            "size (rows/cache/auto.py): here pass None, 'memory' or a directory"
+        )
     if cache == "memory":
         if cache_size is None:
             cache_size = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
         return MemoryCache(cache_size)
     if not isinstance(cache, str | os.PathLike):
-        raise TypeError(f"cache must be 'auto', None, 'memory' or a directory, got the "
-                        f"{type(cache).__name__} {cache!r}")
+        raise TypeError(
+            f"cache must be 'auto', None, 'memory' or a directory, got the "
+            f"{type(cache).__name__} {cache!r}"
+        )
     root = Path(cache)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"cache={os.fspath(cache)!r}: cannot create the cache directory "
-                         f"({exc.strerror}); give a writable local directory") from exc
+        raise ValueError(
+            f"cache={os.fspath(cache)!r}: cannot create the cache directory "
+            f"({exc.strerror}); give a writable local directory"
+        ) from exc
     if cache_size is None:
         cache_size = shutil.disk_usage(root).free // 2
     disk = DiskCache(root, cache_size, in_memory=in_memory_filesystem(root))
@@ -264,8 +288,9 @@ class MemoryCache:
     def fill(self, name: str, load: Callable[[], pa.Table], block: bool) -> pa.Table | None:
         return self.fill_piece(name, load, block)[0]
 
-    def fill_piece(self, name: str, load: Callable[[], pa.Table], block: bool
-                   ) -> tuple[pa.Table | None, bool]:
+    def fill_piece(
+        self, name: str, load: Callable[[], pa.Table], block: bool
+    ) -> tuple[pa.Table | None, bool]:
         """The piece, and whether it is kept (see ``DiskCache.fill_piece``)."""
         with self._lock:
             loading = self._loading.setdefault(name, threading.Lock())

@@ -222,7 +222,8 @@ def _media_index(inner: Source, spec: Clips, offsets: np.ndarray, sizes: np.ndar
         return made[0].to_bytes()
 
     data, _ = inner.cache.load_or_make(
-        inner.cache_key("clip-index", spec.kind, spec.column, *index_names(spec)), make)
+        inner.cache_key("clip-index", spec.kind, spec.column, *index_names(spec)), make
+    )
     return made[0] if made else MediaIndex.from_bytes(data)
 
 

@@ -58,8 +58,11 @@ class ClipRead:
             if video:  # the clips' bytes are on their way while the rows' columns are read
                 fetches = self._fetch_video(media, offsets, starts, pool)
             rows = self._rows_of(unique, epoch, pool)
-            clips, decode_s = (self._decode_fetched(fetches) if fetches is not None
-                               else self._read_audio(media, offsets, starts))
+            clips, decode_s = (
+                self._decode_fetched(fetches)
+                if fetches is not None
+                else self._read_audio(media, offsets, starts)
+            )
             inner = wait_fetched(rows) if rows is not None else None
             io = self.ds.io_stats_incremental()  # Lance's I/O since the last read took its count
             done = True
@@ -90,8 +93,15 @@ class ClipRead:
         rows.set_result(source.inner.read_rows(unique, epoch))
         return rows
 
-    def _out(self, clips: np.ndarray, starts: np.ndarray, inner: Read | None,
-             where: np.ndarray, io: Any, decode_s: float) -> Read:
+    def _out(
+        self,
+        clips: np.ndarray,
+        starts: np.ndarray,
+        inner: Read | None,
+        where: np.ndarray,
+        io: Any,
+        decode_s: float,
+    ) -> Read:
         """The read's rows (the clips, their starts, the rows' columns) and everything it did:
         the inner read's, Lance's since the last read, the ranges read past Lance."""
         source = self.source
@@ -99,8 +109,13 @@ class ClipRead:
         if inner is not None:
             table = as_table(inner.rows).select(source.row_columns).take(pa.array(where))
             columns = {c: table.column(c) for c in source.row_columns}
-        out = pa.table({self.spec.column: tensor_array(clips),
-                        "clip_start": pa.array(starts, pa.int64()), **columns})
+        out = pa.table(
+            {
+                self.spec.column: tensor_array(clips),
+                "clip_start": pa.array(starts, pa.int64()),
+                **columns,
+            }
+        )
         return Read(
             out.cast(source.schema) if out.schema != source.schema else out,
             (inner.io_bytes if inner else 0) + io.read_bytes + self.io.bytes,
@@ -210,8 +225,9 @@ class ClipRead:
             for i in chunk:
                 clip = fetches.clips[i]
                 parts = [(o, got[(offset, o, n)]) for offset, o, n in clip.ranges]
-                decode_s += self._decode_video(video, parts, clip.info, clip.size,
-                                               clip.clip, out[i])
+                decode_s += self._decode_video(
+                    video, parts, clip.info, clip.size, clip.clip, out[i]
+                )
         return out, decode_s
 
     def _decode_video(
@@ -266,7 +282,9 @@ class ClipRead:
         spec = self.spec
         assert isinstance(spec, AudioClips)
         ranges, unique = import_audio_ranges(), np.unique(media)
-        found = ranges.indexes_from_table(self.source.index.table.take(pa.array(unique)), spec.column)
+        found = ranges.indexes_from_table(
+            self.source.index.table.take(pa.array(unique)), spec.column
+        )
         indexes = dict(zip(unique.tolist(), found, strict=True))
         sizes = self.source.index.table.column("size").to_numpy()
         clips = list(zip(media.tolist(), offsets.tolist(), starts.tolist(), strict=True))

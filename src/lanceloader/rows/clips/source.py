@@ -111,19 +111,9 @@ from lanceloader.rows.clips.windows import (
     clip_windows,
     video_clips,
 )
-from lanceloader.rows.dataset import (
-    check_columns,
-    is_object_store,
-    open_dataset,
-)
+from lanceloader.rows.dataset import check_columns, is_object_store, open_dataset
 from lanceloader.rows.lance.source import Source
-from lanceloader.rows.protocol import (
-    Read,
-    ReadHints,
-    RowsBase,
-    RowsFacts,
-    empty_table,
-)
+from lanceloader.rows.protocol import Read, ReadHints, RowsBase, RowsFacts, empty_table
 
 # the stage's names, with those of two of its helper modules (importable here too); the media
 # index's (MediaIndex, build_index, ClipError) are rows/clips/index.py's
@@ -144,9 +134,6 @@ __all__ = [
     "fetch_threads",
     "video_clips",
 ]
-
-
-
 
 
 def clip_source(
@@ -183,12 +170,19 @@ def clip_source(
         storage_options=storage_options,
         **rows,
     )
-    return ClipSource(inner, spec, seed, row_columns, auto=rows.get("cache", AUTO) == AUTO,
-                      cache_size=rows.get("cache_size"))
+    return ClipSource(
+        inner,
+        spec,
+        seed,
+        row_columns,
+        auto=rows.get("cache", AUTO) == AUTO,
+        cache_size=rows.get("cache_size"),
+    )
 
 
-def clips_cache(inner: Source, index: MediaIndex, auto: bool, cache_size: int | None
-                ) -> tuple[Any, str]:
+def clips_cache(
+    inner: Source, index: MediaIndex, auto: bool, cache_size: int | None
+) -> tuple[Any, str]:
     """The cache the clips' byte ranges go through and why: the inner source's, or with the
     automatic cache a choice made again on what they hold, the media's bytes."""
     if auto:
@@ -198,10 +192,11 @@ def clips_cache(inner: Source, index: MediaIndex, auto: bool, cache_size: int | 
         # makes caching them pay; local ranges come from the page cache.
         media = int(pc.sum(index.table.column("size")).as_py() or 0)
         if is_object_store(inner.uri):
-            return auto_cache(False, True, media + inner.bytes_per_row * inner.num_rows,
-                              cache_size)
-        return None, ("auto: none for the clips (local media are read by byte range; a cache "
-                      "would only copy them)")
+            return auto_cache(False, True, media + inner.bytes_per_row * inner.num_rows, cache_size)
+        return None, (
+            "auto: none for the clips (local media are read by byte range; a cache "
+            "would only copy them)"
+        )
     return inner.cache, inner.cache_choice
 
 
@@ -368,9 +363,12 @@ class ClipSource(RowsBase):
     @property
     def facts(self) -> RowsFacts:
         inner = self.inner.facts
-        return RowsFacts(cache_choice=self.cache_choice,
-                         cache_per_process=isinstance(self.cache, MemoryCache),
-                         plan_origin=inner.plan_origin, short_media=self.short_media)
+        return RowsFacts(
+            cache_choice=self.cache_choice,
+            cache_per_process=isinstance(self.cache, MemoryCache),
+            plan_origin=inner.plan_origin,
+            short_media=self.short_media,
+        )
 
     def blob_files(self, column: str, offsets: pa.Array, buffer_size: int) -> list[Any]:
         """The media rows' other blob columns read as files (the inner Lance rows')."""
@@ -381,9 +379,11 @@ class ClipSource(RowsBase):
         (audio: sample, at the file's own rate), drawn for ``epoch`` where clips are
         ``per_video``/``per_file``."""
         positions = np.asarray(positions, np.int64)
-        return {**self.inner.lineage(self.windows.media(positions), epoch),
-                "position": positions,
-                "clip_start": self.windows.starts(positions, self.seed, epoch)}
+        return {
+            **self.inner.lineage(self.windows.media(positions), epoch),
+            "position": positions,
+            "clip_start": self.windows.starts(positions, self.seed, epoch),
+        }
 
     def schema_table(self) -> pa.Table:
         return empty_table(self.schema)

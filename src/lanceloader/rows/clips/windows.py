@@ -320,8 +320,10 @@ def refuse_random_starts(clips: VideoClips | AudioClips | None, reader: str, ins
     """A reader by index (no epoch) takes every clip: refuse clips with random starts, naming
     the reader that has an epoch to draw them from (``instead``)."""
     if clips is not None and clips.random_starts:
-        raise ValueError(f"{reader}(clips=...) takes every clip (an index has no epoch to draw "
-                         f"per_video/per_file starts from); use {instead} for random clips")
+        raise ValueError(
+            f"{reader}(clips=...) takes every clip (an index has no epoch to draw "
+            f"per_video/per_file starts from); use {instead} for random clips"
+        )
 
 
 def clips_of(settings: dict[str, Any]) -> VideoClips | AudioClips:

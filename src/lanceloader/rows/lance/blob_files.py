@@ -85,8 +85,9 @@ class BlobLocations:
     size: np.ndarray
     paths: tuple[str, ...]
 
-    def read_ranges(self, requests: list[tuple[int, int, int]], io: StorageIO
-                    ) -> list[bytes] | None:
+    def read_ranges(
+        self, requests: list[tuple[int, int, int]], io: StorageIO
+    ) -> list[bytes] | None:
         """The bytes of each ``(row offset, offset in the blob, length)``, in order, or
         ``None`` when one of them is not located here (the caller asks Lance for all)."""
         if not requests:

@@ -41,11 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from lanceloader.batch.nulls import BLOB_FILE_KEY
-from lanceloader.rows.lance.inline_blobs import (
-    fragment_files,
-    inline_plan,
-    read_inline,
-)
+from lanceloader.rows.lance.inline_blobs import fragment_files, inline_plan, read_inline
 from lanceloader.rows.protocol import StorageIO, batch_rows
 
 BLOB_EXTENSION_NAME = "lance.blob.v2"
@@ -241,8 +237,6 @@ class _Pinned(Protocol):
     def dataset(self) -> lance.LanceDataset: ...
 
 
-
-
 def read_blob_payloads(
     dataset: lance.LanceDataset,
     column: str,
@@ -315,8 +309,7 @@ def binary_array(values: list[bytes | None]) -> pa.LargeBinaryArray:
 
 
 def attach_blobs(
-    table: pa.Table, offsets: np.ndarray, choices: Mapping[str, str], source: _Pinned,
-    io: StorageIO,
+    table: pa.Table, offsets: np.ndarray, choices: Mapping[str, str], source: _Pinned, io: StorageIO
 ) -> pa.Table:
     """``table`` (rows as Lance read them, at Lance row ``offsets``, in that order) with each
     blob column as its choice makes it (see :func:`rows_schema`). ``"bytes"`` columns are read
@@ -341,8 +334,7 @@ def attach_blobs(
 
 
 def blob_files(
-    batch: pa.RecordBatch | pa.Table, column: str, buffer_size: int = 512 * 1024,
-    rows: Any = None,
+    batch: pa.RecordBatch | pa.Table, column: str, buffer_size: int = 512 * 1024, rows: Any = None
 ) -> list[lance.BlobFile | None]:
     """File-like ``lance.BlobFile`` objects for the rows of ``batch``'s ``column`` (a column
     read with ``blobs={column: "file"}``), in row order, ``None`` for a null blob. Each reads
@@ -391,8 +383,9 @@ def blob_files(
     return rows.blob_files(column, offsets, buffer_size)
 
 
-def take_blob_files(dataset: lance.LanceDataset, column: str, offsets: pa.Array,
-                    buffer_size: int) -> list[lance.BlobFile | None]:
+def take_blob_files(
+    dataset: lance.LanceDataset, column: str, offsets: pa.Array, buffer_size: int
+) -> list[lance.BlobFile | None]:
     """``lance.BlobFile`` objects of ``column`` at the Lance row ``offsets`` of ``dataset``
     (``None`` where the offset is null: a null blob)."""
     valid = np.asarray(offsets.is_valid().to_numpy(zero_copy_only=False))

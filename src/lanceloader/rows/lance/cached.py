@@ -79,23 +79,36 @@ class CachedReads:
     the row offsets the filter and split keep (``None``: every row); ``on_store``: an object
     store (every piece a read wants is filled: a take costs a round trip there)."""
 
-    def __init__(self, source: _Lance, fragments: list[Any], starts: np.ndarray,
-                 selected: np.ndarray | None, on_store: bool) -> None:
+    def __init__(
+        self,
+        source: _Lance,
+        fragments: list[Any],
+        starts: np.ndarray,
+        selected: np.ndarray | None,
+        on_store: bool,
+    ) -> None:
         self.source, self.on_store = source, on_store
         self.piece_rows = policy.piece_rows(source.bytes_per_row)
         schema = source.schema_table().schema
-        self.fragment_keys = [policy.fragment_key(f.metadata, source.columns, schema)
-                              for f in fragments]
+        self.fragment_keys = [
+            policy.fragment_key(f.metadata, source.columns, schema) for f in fragments
+        ]
         per_fragment = [-(-int(n) // self.piece_rows) for n in np.diff(starts)]
         self.piece_base = np.cumsum([0, *per_fragment], dtype=np.int64)
         # where offsets lie among the pieces (numbered as piece_base counts them)
-        self.pieces_at = Intervals(np.concatenate(
-            [np.arange(a, b, self.piece_rows) for a, b in itertools.pairwise(starts)]
-            + [starts[-1:]]))
+        self.pieces_at = Intervals(
+            np.concatenate(
+                [np.arange(a, b, self.piece_rows) for a, b in itertools.pairwise(starts)]
+                + [starts[-1:]]
+            )
+        )
         self.piece_fragment = np.repeat(np.arange(len(fragments)), np.diff(self.piece_base))
         sizes = np.diff(self.pieces_at.starts)
-        chosen = sizes if selected is None else \
-            np.bincount(self.pieces_at.of(selected), minlength=len(sizes))
+        chosen = (
+            sizes
+            if selected is None
+            else np.bincount(self.pieces_at.of(selected), minlength=len(sizes))
+        )
         self.sizes = sizes
         self.share = chosen / np.maximum(sizes, 1)  # of each piece, the rows selected
         kept = sizes[self.share >= policy.FILL_FRACTION].sum() * source.bytes_per_row
@@ -114,8 +127,9 @@ class CachedReads:
             return self.source.schema_table().slice(0, 0), 0
         piece = self.pieces_at.of(offsets)
         row = offsets - self.pieces_at.starts[piece]  # row in its piece
-        order = (np.arange(len(piece)) if bool(np.all(piece[1:] >= piece[:-1]))
-                 else group_order(piece))
+        order = (
+            np.arange(len(piece)) if bool(np.all(piece[1:] >= piece[:-1])) else group_order(piece)
+        )
         grouped = piece[order]
         breaks = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
         grouped_rows = row[order]  # each group's rows in its piece: slices, no NumPy call
@@ -132,7 +146,8 @@ class CachedReads:
             if kept is not None and self._take(kept, p, group, rows, True, found):
                 continue
             sliver = b - a < policy.FILL_FRACTION * self.sizes[p] or (
-                len(distinct(offsets[group])) < policy.FILL_FRACTION * self.sizes[p])
+                len(distinct(offsets[group])) < policy.FILL_FRACTION * self.sizes[p]
+            )
             if not self._worth_filling(p, sliver, fills):
                 found.direct.append(group)
                 continue
@@ -160,10 +175,19 @@ class CachedReads:
         fits and the read has fills left, and the cache would keep it."""
         if self.share[p] < policy.FILL_FRACTION or (sliver and not (self.fits and fills)):
             return False
-        return bool(self.source.cache.keeps(self.name(p), self.sizes[p] * self.source.bytes_per_row))
+        return bool(
+            self.source.cache.keeps(self.name(p), self.sizes[p] * self.source.bytes_per_row)
+        )
 
-    def _take(self, kept: pa.Table | PieceFile, p: int, request: np.ndarray, rows: np.ndarray,
-              counted: bool, found: _Placed) -> bool:
+    def _take(
+        self,
+        kept: pa.Table | PieceFile,
+        p: int,
+        request: np.ndarray,
+        rows: np.ndarray,
+        counted: bool,
+        found: _Placed,
+    ) -> bool:
         """Place the request's rows (``rows`` in piece ``p``) of a kept piece; False when its
         file proved damaged (dropped)."""
         if isinstance(kept, PieceFile):  # the record batches holding the rows
@@ -178,8 +202,15 @@ class CachedReads:
         found.cached += len(request) if counted else 0
         return True
 
-    def _fill(self, p: int, group: np.ndarray, rows: np.ndarray, block: bool, found: _Placed,
-              io: StorageIO) -> bool:
+    def _fill(
+        self,
+        p: int,
+        group: np.ndarray,
+        rows: np.ndarray,
+        block: bool,
+        found: _Placed,
+        io: StorageIO,
+    ) -> bool:
         """Fill piece ``p`` and place the group's rows (a damaged file: once more); False when
         another reader is filling it and ``block`` is False."""
         for _ in range(2):
@@ -199,9 +230,12 @@ class CachedReads:
 
         def piece_table() -> pa.Table:
             _ = source.dataset  # opened in this process (a worker opens it at its first miss)
-            return reaching_store(lambda: source.read_fragment(fragment, start, self.piece_rows,
-                                                               io),
-                                  source.uri, source.storage_options)
+            return reaching_store(
+                lambda: source.read_fragment(fragment, start, self.piece_rows, io),
+                source.uri,
+                source.storage_options,
+            )
+
         return piece_table
 
     def _assemble(self, found: _Placed, offsets: np.ndarray, io: StorageIO) -> pa.Table:
@@ -210,13 +244,16 @@ class CachedReads:
         source = self.source
         if found.direct:
             request = np.concatenate(found.direct)
-            found.parts.append(reaching_store(
-                lambda: source.read_offsets(offsets[request], io), source.uri,
-                source.storage_options))
+            found.parts.append(
+                reaching_store(
+                    lambda: source.read_offsets(offsets[request], io),
+                    source.uri,
+                    source.storage_options,
+                )
+            )
             found.wheres.append(None)
             found.placed.append(request)
-        if len(found.parts) == 1 and is_identity(found.placed[0]) and \
-                not source.cache.copies_out:
+        if len(found.parts) == 1 and is_identity(found.placed[0]) and not source.cache.copies_out:
             # one piece, in order: a slice when it can (never of a piece held for a directory
             # in memory: every read of the process shares it, and a tensor of it is writable)
             where = found.wheres[0]

@@ -125,8 +125,9 @@ class FragmentTails:
                 self._bytes -= self._slivers.pop(old)[2]
             entry[0].set()
 
-    def read_run(self, lo: int, hi: int, starts: np.ndarray,
-                 read: Callable[[int, int], pa.Table]) -> pa.Table:
+    def read_run(
+        self, lo: int, hi: int, starts: np.ndarray, read: Callable[[int, int], pa.Table]
+    ) -> pa.Table:
         """The rows of positions ``[lo, hi)`` (``read(a, b)`` reads positions ``[a, b)``), with
         the sliver it begins with taken from the read before (or read here when nobody
         promised it) and the few rows past ``hi`` to its fragment's end read along and left

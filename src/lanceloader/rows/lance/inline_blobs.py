@@ -256,8 +256,7 @@ def inline_plan(
 
 
 def read_inline(
-    files: FragmentFiles, plan: InlineRuns, validity: pa.Buffer | None, nulls: int,
-    io: StorageIO,
+    files: FragmentFiles, plan: InlineRuns, validity: pa.Buffer | None, nulls: int, io: StorageIO
 ) -> pa.LargeBinaryArray:
     """The payloads ``plan`` locates as one ``large_binary`` array: one buffer from Arrow's
     pool, filled by one scatter ``preadv`` per run (per :data:`IOV_MAX` pieces), the gaps
@@ -322,5 +321,3 @@ def read_fully(fd: int, pieces: list[memoryview], at: int, path: str | None) -> 
             )
         got += n
     return at + want
-
-

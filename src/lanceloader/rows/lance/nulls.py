@@ -66,8 +66,10 @@ def check_nulls(source: _Scanned, conversion: Any) -> None:
         return
     nulls = " OR ".join(f"`{name}` IS NULL" for name in columns)
     try:
-        table = ds.to_table(columns=["_rowoffset", *columns], filter=nulls if source.filter is None
-                            else f"({source.filter}) AND ({nulls})")
+        table = ds.to_table(
+            columns=["_rowoffset", *columns],
+            filter=nulls if source.filter is None else f"({source.filter}) AND ({nulls})",
+        )
     except Exception as exc:  # an unusual name or type: the batches still check
         _logger.debug("lanceloader: no construction-time null scan of %r: %s", source.uri, exc)
         return
@@ -82,7 +84,12 @@ def check_nulls(source: _Scanned, conversion: Any) -> None:
         if null.any():
             first = offsets[null][:1]
             field = rows_schema.field(name)
-            raise nulls_error(name, field.type, int(null.sum()),
-                              source.num_rows,
-                              f"Lance row {int(first[0])}, {source.describe_offsets(first)}",
-                              source.filter, is_blob_file(field))
+            raise nulls_error(
+                name,
+                field.type,
+                int(null.sum()),
+                source.num_rows,
+                f"Lance row {int(first[0])}, {source.describe_offsets(first)}",
+                source.filter,
+                is_blob_file(field),
+            )

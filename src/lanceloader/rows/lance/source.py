@@ -149,24 +149,29 @@ class Source(RowsBase):
     ) -> None:
         check_storage_options(storage_options)
         auto = isinstance(cache, str) and cache == AUTO
-        self.cache: DiskCache | MemoryCache | None = make_cache(None if auto else cache,
-                                                                None if auto else cache_size)
+        self.cache: DiskCache | MemoryCache | None = make_cache(
+            None if auto else cache, None if auto else cache_size
+        )
         # what the cache is, and why (stats()): given, or chosen by cache="auto"
-        self.cache_choice: str = ("none (cache=None)" if cache is None else
-                                  "auto" if auto else f"{self.cache!r} (given)")
+        self.cache_choice: str = (
+            "none (cache=None)" if cache is None else "auto" if auto else f"{self.cache!r} (given)"
+        )
         check_optional_str("filter", filter, "'label = 3'")
         check_optional_str("split", split, "'train'")
         check_optional_str("split_key", split_key, "'id'")
         if isinstance(version, bool) or not isinstance(version, numbers.Integral | str | None):
-            raise TypeError(f"version must be a version number, a tag or None (the latest); got "
-                            f"the {type(version).__name__} {version!r}")
+            raise TypeError(
+                f"version must be a version number, a tag or None (the latest); got "
+                f"the {type(version).__name__} {version!r}"
+            )
         self.storage_options = dict(storage_options) if storage_options else None
         version = int(version) if isinstance(version, numbers.Integral) else version
         ds = open_dataset(dataset, version, self.storage_options)
         self._fragments = ds.get_fragments()
         metadata = [f.metadata for f in self._fragments]  # once: 14 us a fragment
-        self.dataset_name = DatasetName(local_uri(ds.uri), ds.version,
-                                        dataset_identity(ds.schema, metadata))
+        self.dataset_name = DatasetName(
+            local_uri(ds.uri), ds.version, dataset_identity(ds.schema, metadata)
+        )
         self._version: int = ds.version
         self.schema: pa.Schema = ds.schema
         self.columns: list[str] = check_columns(columns, ds.schema)
@@ -187,8 +192,9 @@ class Source(RowsBase):
         self._on_store = is_object_store(self.uri)
         self._store_fragment_positions: np.ndarray | None = None
         self._fragment_ids = [f.fragment_id for f in self._fragments]
-        self._fragment_starts = np.cumsum([0] + [f.count_rows() for f in self._fragments],
-                                          dtype=np.int64)
+        self._fragment_starts = np.cumsum(
+            [0] + [f.count_rows() for f in self._fragments], dtype=np.int64
+        )
         self._fragments_at = Intervals(self._fragment_starts)  # before any read (its errors)
         self.plan_origin = "none"
         self._rows: np.ndarray | None = select_rows(self, ds)
@@ -197,8 +203,11 @@ class Source(RowsBase):
             self._opening().opened([sampled])  # its file's metadata is in ds's cache now
         if auto:  # decided once the rows and their size are known
             self.cache, self.cache_choice = auto_cache(
-                random_order, is_object_store(self.uri), self.bytes_per_row * self.num_rows,
-                cache_size)
+                random_order,
+                is_object_store(self.uri),
+                self.bytes_per_row * self.num_rows,
+                cache_size,
+            )
         self._units: list[Unit] = []  # what the cache's pieces are cut from (_cached_reads)
         self.cached = None if self.cache is None else self._cached_reads(metadata)
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
@@ -210,16 +219,18 @@ class Source(RowsBase):
     def _cached_reads(self, metadata: list[Any]) -> CachedReads:
         """The reads through the cache (``rows/lance/cached.py``), its pieces cut from cache
         units: a fragment, or a run of consecutive small ones (``rows/lance/units.py``)."""
-        self._units, starts = cache_units(metadata, np.diff(self._fragment_starts),
-                                          piece_rows(self.bytes_per_row))
+        self._units, starts = cache_units(
+            metadata, np.diff(self._fragment_starts), piece_rows(self.bytes_per_row)
+        )
         return CachedReads(self, self._units, starts, self._rows, self._on_store)
 
     def cache_key(self, kind: str, *extra: Any) -> str:
         """The cache name of an array derived from this source's rows (the filter/split plan,
         a packing's lengths): ``kind`` plus a hash of the identity, filter, split and
         ``extra``, so every rank and process reading the same rows finds the same file."""
-        key = json.dumps([self.identity, self.filter, self.splits, self.split, self.split_key,
-                          *extra])
+        key = json.dumps(
+            [self.identity, self.filter, self.splits, self.split, self.split_key, *extra]
+        )
         return f"{kind}-" + hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
 
     # --- pickling and per-process reopening ---------------------------------------------
@@ -248,7 +259,8 @@ class Source(RowsBase):
             # that reads concurrently (Grain calls from many threads) sees either nothing (and
             # opens its own: harmless) or a dataset with its fragments, never one without.
             ds = lance.dataset(
-                self.uri, version=self.version,
+                self.uri,
+                version=self.version,
                 storage_options=object_store_options(self.uri, self.storage_options),
             )
             self._fragments = ds.get_fragments()
@@ -313,8 +325,14 @@ class Source(RowsBase):
                 # all from the cache: Lance not opened here
                 return Read(table, past.bytes, past.reads, cached, damaged, cache_fills=fills)
             io = self._ds.io_stats_incremental()
-            return Read(table, io.read_bytes + past.bytes, io.read_iops + past.reads,
-                        cached, damaged, cache_fills=fills)
+            return Read(
+                table,
+                io.read_bytes + past.bytes,
+                io.read_iops + past.reads,
+                cached,
+                damaged,
+                cache_fills=fills,
+            )
         except (ReadError, *NOT_READ_FAILURES):
             raise
         except BaseException as exc:
@@ -332,16 +350,26 @@ class Source(RowsBase):
 
     def settings(self) -> dict[str, Any]:
         """Which rows the positions are (``state["order"]``): the filter and the split."""
-        return {"filter": self.filter, "splits": self.splits, "split": self.split,
-                "split_key": self.split_key}
+        return {
+            "filter": self.filter,
+            "splits": self.splits,
+            "split": self.split,
+            "split_key": self.split_key,
+        }
 
-    def read_error(self, exc: BaseException, positions: np.ndarray | None = None, *,
-                   offsets: np.ndarray | None = None) -> ReadError:
+    def read_error(
+        self,
+        exc: BaseException,
+        positions: np.ndarray | None = None,
+        *,
+        offsets: np.ndarray | None = None,
+    ) -> ReadError:
         """The :class:`ReadError` for ``exc``, raised while reading ``positions`` (or the Lance
         row ``offsets``)."""
         if offsets is None:
-            offsets = self.row_offsets(positions if positions is not None
-                                       else np.zeros(0, np.int64))
+            offsets = self.row_offsets(
+                positions if positions is not None else np.zeros(0, np.int64)
+            )
         return read_error(self, exc, offsets, self._fragment_of(offsets), self._fragment_ids)
 
     def _fragment_of(self, offsets: np.ndarray) -> np.ndarray:
@@ -356,14 +384,16 @@ class Source(RowsBase):
     def describe_offsets(self, offsets: np.ndarray, limit: int = 4) -> str:
         """:meth:`describe_rows` of Lance row offsets."""
         offsets = np.sort(offsets)
-        return describe_offsets(offsets, self._fragment_of(offsets), self._fragment_starts,
-                                self._fragment_ids, limit)
+        return describe_offsets(
+            offsets, self._fragment_of(offsets), self._fragment_starts, self._fragment_ids, limit
+        )
 
     def _read_local(self, positions: np.ndarray, io: StorageIO) -> tuple[pa.Table, int]:
         """The rows at ``positions`` and how many of them came from the cache."""
         if self.cached is not None:
             return self.cached.read(self.row_offsets(positions), io)
         if self._on_store and is_run(positions):  # a sequential read: slivers shared
+
             def read() -> pa.Table:
                 return self._read_run(int(positions[0]), int(positions[-1]) + 1, io)
         else:
@@ -371,6 +401,7 @@ class Source(RowsBase):
 
             def read() -> pa.Table:
                 return self.read_offsets(offsets, io)
+
         # a gone object store fails in seconds, not after Lance's retries
         return reaching_store(read, self.uri, self.storage_options), 0
 
@@ -382,7 +413,8 @@ class Source(RowsBase):
         if starts is None:
             starts = self._store_fragment_positions = self.fragment_positions()
         return self._sharing().read_run(
-            lo, hi, starts, lambda a, b: self.read_offsets(self.row_offsets(np.arange(a, b)), io))
+            lo, hi, starts, lambda a, b: self.read_offsets(self.row_offsets(np.arange(a, b)), io)
+        )
 
     def read_offsets(self, offsets: np.ndarray, io: StorageIO) -> pa.Table:
         """The rows at Lance ``offsets`` (any order, duplicates allowed), from Lance (not the
@@ -404,8 +436,7 @@ class Source(RowsBase):
         unit = self._units[index]
         table = read_unit(self.dataset, self._fragments, unit, self.columns, start, rows)
         first = int(self._fragment_starts[unit.first]) + start
-        return attach_blobs(table, np.arange(first, first + table.num_rows), self.blobs, self,
-                            io)
+        return attach_blobs(table, np.arange(first, first + table.num_rows), self.blobs, self, io)
 
     def _read_sorted(self, offsets: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         """Read sorted unique offsets from Lance; returns the rows and, per row, its index in
@@ -415,9 +446,15 @@ class Source(RowsBase):
             fragments = distinct(self._fragment_of(offsets)).tolist()
             with self._opening().reading(fragments):  # a file's metadata fetched once
                 return ds.take(offsets, columns=self.columns), np.arange(len(offsets))
-        return read_sorted_local(ds, self._fragments, self._fragment_starts,
-                                 self._fragment_of(offsets), offsets, self.columns,
-                                 self.schema_table().slice(0, 0))
+        return read_sorted_local(
+            ds,
+            self._fragments,
+            self._fragment_starts,
+            self._fragment_of(offsets),
+            offsets,
+            self.columns,
+            self.schema_table().slice(0, 0),
+        )
 
     def _sharing(self) -> FragmentTails:
         """This process's :class:`FragmentTails` (made here after unpickling)."""
@@ -447,21 +484,31 @@ class Source(RowsBase):
         order is Lance range reads alone; through a cache a shuffled read gathers from pieces;
         on an object store, where each data file's rows begin."""
         cached = self.cache is not None
-        return ReadHints(waits_on_storage=not cached, cached=cached, gathers=cached,
-                         fragment_starts=self.fragment_positions() if self._on_store else None)
+        return ReadHints(
+            waits_on_storage=not cached,
+            cached=cached,
+            gathers=cached,
+            fragment_starts=self.fragment_positions() if self._on_store else None,
+        )
 
     @property
     def facts(self) -> RowsFacts:
-        return RowsFacts(cache_choice=self.cache_choice,
-                         cache_per_process=isinstance(self.cache, MemoryCache),
-                         plan_origin=self.plan_origin, blobs=self.blobs)
+        return RowsFacts(
+            cache_choice=self.cache_choice,
+            cache_per_process=isinstance(self.cache, MemoryCache),
+            plan_origin=self.plan_origin,
+            blobs=self.blobs,
+        )
 
     def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]:
         """The ledger's columns: the dataset, the positions, and each row's offset in the
         pinned version and Lance ``_rowid`` there."""
         offsets = self.row_offsets(positions)
-        return {**super().lineage(positions, epoch), "row_offset": offsets,
-                "row_id": self.row_ids(offsets)}
+        return {
+            **super().lineage(positions, epoch),
+            "row_offset": offsets,
+            "row_id": self.row_ids(offsets),
+        }
 
     def row_ids(self, offsets: np.ndarray) -> pa.Array:
         """Lance's ``_rowid`` of the rows at ``offsets`` in the pinned version, in order: Lance
@@ -476,8 +523,10 @@ class Source(RowsBase):
         ``"file"`` column holds), on the pinned dataset opened in this process with its storage
         options (their reads count in its next read's I/O)."""
         if self.blobs.get(column) != "file":
-            raise ValueError(f"blob_files: column {column!r} of {self.uri!r} is not read as "
-                             f"files; read it with blobs={{{column!r}: 'file'}}")
+            raise ValueError(
+                f"blob_files: column {column!r} of {self.uri!r} is not read as "
+                f"files; read it with blobs={{{column!r}: 'file'}}"
+            )
         return take_blob_files(self.dataset, column, offsets, buffer_size)
 
     def check_nulls(self, conversion: Any) -> None:
@@ -487,8 +536,9 @@ class Source(RowsBase):
 
     def schema_table(self) -> pa.Table:
         """An empty table with the projected schema."""
-        return empty_table(rows_schema(self.schema, self.columns, self.blobs, self.uri,
-                                       self.version))
+        return empty_table(
+            rows_schema(self.schema, self.columns, self.blobs, self.uri, self.version)
+        )
 
     def __repr__(self) -> str:
         return (

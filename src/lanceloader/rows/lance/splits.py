@@ -51,7 +51,9 @@ def key_hashes(keys: pa.Array | pa.ChunkedArray | np.ndarray) -> np.ndarray:
     return mix64(np.asarray(keys).astype(np.uint64) ^ _SALT)
 
 
-def split_mask(keys: pa.Array | pa.ChunkedArray | np.ndarray, splits: dict[str, float], split: str) -> np.ndarray:
+def split_mask(
+    keys: pa.Array | pa.ChunkedArray | np.ndarray, splits: dict[str, float], split: str
+) -> np.ndarray:
     """Boolean mask of the keys that belong to ``split``."""
     check_splits(splits, split)
     # Top 53 bits of the hash as a float in [0, 1): uniform, and exact in a double.
