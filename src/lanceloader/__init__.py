@@ -26,7 +26,7 @@ from lanceloader.rows.dataset import ReadError
 from lanceloader.rows.lance.blobs import blob_files
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mix import Mix
-from lanceloader.rows.packed import pack
+from lanceloader.rows.packing import pack
 from lanceloader.rows.protocol import DatasetName, Read, RowsBase
 from lanceloader.state.format import StateMismatchError, load_state, save_state
 from lanceloader.write.convert import ConvertSummary, convert

@@ -46,7 +46,7 @@ from lanceloader.pipeline import (
 )
 from lanceloader.rows.clips.source import AudioClips, VideoClips
 from lanceloader.rows.ordered import OrderedSource
-from lanceloader.rows.packed import Packing, PackPlan
+from lanceloader.rows.packing import Packing, PackPlan
 from lanceloader.state.cursor import Cursor
 
 

@@ -51,7 +51,8 @@ from lanceloader.rows.clips.source import AudioClips, VideoClips, clip_source
 from lanceloader.rows.clips.windows import clips_of
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mix import Mix
-from lanceloader.rows.packed import PackedSource, Packing
+from lanceloader.rows.packed import PackedSource
+from lanceloader.rows.packing import Packing
 from lanceloader.rows.protocol import RowsBase, RowSource
 from lanceloader.state.format import StreamSpec, check_keys, order_settings
 

@@ -219,7 +219,7 @@ def test_a_missing_bucket_and_an_unreachable_endpoint_are_named(s3, remote: str)
 )
 def test_credential_and_region_errors_are_named(message: str, cause: str) -> None:
     """Errors moto does not produce (it accepts any key in any region), as S3 words them."""
-    from lanceloader.rows.dataset import object_store_hint
+    from lanceloader.rows.store import object_store_hint
 
     assert cause in object_store_hint(message, "s3://b/d.lance", {"region": "us-east-1"})
 
@@ -494,7 +494,7 @@ def test_a_store_that_refuses_connections_ends_in_a_read_error_within_seconds(
 def test_a_store_whose_name_does_not_resolve_is_given_up_within_seconds(s3) -> None:
     """A real Lance call on an endpoint whose host name cannot resolve (``.invalid``: resolution
     fails locally, no traffic) is abandoned at the first probe."""
-    from lanceloader.rows.dataset import StoreUnreachable, reaching_store
+    from lanceloader.rows.store import StoreUnreachable, reaching_store
 
     options = {**s3.storage_options, "endpoint": "http://lanceloader-gone.invalid:9000"}
     uri = "s3://bucket1/data.lance"
@@ -512,7 +512,7 @@ def test_a_store_whose_name_does_not_resolve_is_given_up_within_seconds(s3) -> N
 def test_the_probe_tells_a_gone_store_from_a_slow_one() -> None:
     """Refused and unresolvable are gone; a server that accepts and never answers is not (Lance's
     request timeouts stay in charge of it)."""
-    from lanceloader.rows.dataset import store_unreachable
+    from lanceloader.rows.store import store_unreachable
 
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))

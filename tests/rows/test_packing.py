@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lanceloader as ll
-from lanceloader.rows.packed import pack_plan, pack_tokens
+from lanceloader.rows.packing import pack_plan, pack_tokens
 
 
 @settings(max_examples=200, deadline=None)

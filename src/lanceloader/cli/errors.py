@@ -12,7 +12,8 @@ import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
-from lanceloader.rows.dataset import ReadError, is_object_store, strip_rust_paths
+from lanceloader.rows.dataset import ReadError, strip_rust_paths
+from lanceloader.rows.store import is_object_store
 from lanceloader.write.convert import IMAGE_SUFFIXES, is_lance_dataset
 from lanceloader.write.media import media_kind
 

@@ -29,9 +29,9 @@ import numpy as np
 from lanceloader.engine.work import BatchWork
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan, ReadTask, read_tasks
-from lanceloader.rows.dataset import is_object_store
 from lanceloader.rows.lance.fragment_tails import SLIVER_FRACTION
 from lanceloader.rows.protocol import RowSource
+from lanceloader.rows.store import is_object_store
 
 
 def stream_tasks(

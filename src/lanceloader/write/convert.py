@@ -58,13 +58,8 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from lanceloader.arguments import check_int, check_storage_options
-from lanceloader.rows.dataset import (
-    clean_message,
-    is_object_store,
-    object_store_hint,
-    object_store_options,
-    redact_exception,
-)
+from lanceloader.rows.dataset import clean_message, redact_exception
+from lanceloader.rows.store import is_object_store, object_store_hint, object_store_options
 from lanceloader.write.folders import LANCE_ENTRIES, LANCE_INPUT, is_lance_dataset
 from lanceloader.write.image_checks import IMAGE_CHECKS
 from lanceloader.write.runs import (

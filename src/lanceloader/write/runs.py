@@ -33,7 +33,7 @@ from typing import Any
 
 import lance
 
-from lanceloader.rows.dataset import is_object_store
+from lanceloader.rows.store import is_object_store
 from lanceloader.write.folders import LANCE_ENTRIES
 
 LOCK_ATTEMPTS = 10  # a lock file removed by its holder between our open and flock: try again

@@ -111,9 +111,10 @@ from lanceloader.rows.clips.windows import (
     clip_windows,
     video_clips,
 )
-from lanceloader.rows.dataset import check_columns, is_object_store, open_dataset
+from lanceloader.rows.dataset import check_columns, open_dataset
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.protocol import Read, ReadHints, RowsBase, RowsFacts, empty_table
+from lanceloader.rows.store import is_object_store
 
 # the stage's names, with those of two of its helper modules (importable here too); the media
 # index's (MediaIndex, build_index, ClipError) are rows/clips/index.py's

@@ -32,9 +32,9 @@ import pyarrow as pa
 
 from lanceloader.rows.cache import pieces as policy  # the keeping policy, read at each use
 from lanceloader.rows.cache.files import DamagedFile, PieceFile, rows_at
-from lanceloader.rows.dataset import reaching_store
 from lanceloader.rows.gather import gather_rows, group_order
 from lanceloader.rows.protocol import Intervals, StorageIO, distinct, is_identity
+from lanceloader.rows.store import reaching_store
 
 
 class _Lance(Protocol):

@@ -8,15 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from lanceloader.rows.dataset import (
-    NOT_READ_FAILURES,
-    ReadError,
-    clean_message,
-    is_object_store,
-    object_store_hint,
-    redact_exception,
-)
+from lanceloader.rows.dataset import NOT_READ_FAILURES, ReadError, clean_message, redact_exception
 from lanceloader.rows.protocol import StorageIO
+from lanceloader.rows.store import is_object_store, object_store_hint
 
 _logger = logging.getLogger("lanceloader")
 

@@ -12,7 +12,7 @@ import numpy as np
 from lanceloader.batch.checks import null_checked_columns, nulls_error
 from lanceloader.batch.nulls import is_blob_file
 from lanceloader.lifecycle import forksafe
-from lanceloader.rows.dataset import is_object_store
+from lanceloader.rows.store import is_object_store
 
 # The scan reads at most this many bytes of a local dataset's columns (1M rows of three 4-8 byte
 # columns, 20 MB: 10 ms); beyond, or on object storage, nulls are found in the batch that holds

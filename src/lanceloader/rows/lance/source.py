@@ -37,7 +37,6 @@ import hashlib
 import json
 import numbers
 import os
-import threading
 from typing import Any
 
 import lance
@@ -54,10 +53,7 @@ from lanceloader.rows.dataset import (
     ReadError,
     check_columns,
     dataset_identity,
-    is_object_store,
-    object_store_options,
     open_dataset,
-    reaching_store,
 )
 from lanceloader.rows.lance.blobs import (
     attach_blobs,
@@ -75,6 +71,7 @@ from lanceloader.rows.lance.describe import (
 from lanceloader.rows.lance.first_reads import FirstReads
 from lanceloader.rows.lance.fragment_tails import FragmentTails
 from lanceloader.rows.lance.nulls import check_nulls
+from lanceloader.rows.lance.pinned import PinnedDataset
 from lanceloader.rows.lance.plan import bytes_per_row, select_rows
 from lanceloader.rows.lance.sorted_read import read_sorted_local
 from lanceloader.rows.lance.units import Unit, cache_units, read_unit
@@ -95,12 +92,11 @@ from lanceloader.rows.protocol import (
     sorted_unique,
     to_record_batch,
 )
+from lanceloader.rows.store import is_object_store, reaching_store
 from lanceloader.state.format import local_uri
 
-_MAKING = threading.Lock()  # one FragmentTails per Source and process, whichever thread asks
 
-
-class Source(RowsBase):
+class Source(PinnedDataset, RowsBase):
     """One Lance dataset, pinned to one version, with columns, filter and split applied once.
 
     Args:
@@ -234,40 +230,6 @@ class Source(RowsBase):
         return f"{kind}-" + hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
 
     # --- pickling and per-process reopening ---------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for live in ("_ds", "_fragments", "_reader", "_first_reads", "_tails"):
-            state[live] = None  # opened anew in each process
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    @property
-    def dataset(self) -> lance.LanceDataset:
-        """The pinned dataset, opened in this process (reopened after fork, spawn or unpickling)."""
-        if forksafe.tainted():
-            raise RuntimeError(
-                f"process {os.getpid()} was forked from a process that had already used Lance; "
-                "Lance would hang or crash here. Read rows with Source.read()/read_table() (they "
-                "go through a clean helper process), or start this process with 'forkserver' or "
-                "'spawn'"
-            )
-        if self._ds is None or self._pid != os.getpid():
-            # Opened into locals and published fragments first, the process id last: a thread
-            # that reads concurrently (Grain calls from many threads) sees either nothing (and
-            # opens its own: harmless) or a dataset with its fragments, never one without.
-            ds = lance.dataset(
-                self.uri,
-                version=self.version,
-                storage_options=object_store_options(self.uri, self.storage_options),
-            )
-            self._fragments = ds.get_fragments()
-            self._first_reads = None  # a new dataset object: no file metadata cached yet
-            self._ds = ds
-            self._pid = os.getpid()
-        return self._ds
 
     # --- reading ------------------------------------------------------------------------
 
@@ -455,23 +417,6 @@ class Source(RowsBase):
             self.columns,
             self.schema_table().slice(0, 0),
         )
-
-    def _sharing(self) -> FragmentTails:
-        """This process's :class:`FragmentTails` (made here after unpickling)."""
-        tails = self._tails
-        if tails is None:
-            with _MAKING:
-                tails = self._tails
-                if tails is None:
-                    tails = self._tails = FragmentTails()
-        return tails
-
-    def _opening(self) -> FirstReads:
-        """This process's :class:`FirstReads` (made here after unpickling)."""
-        first = self._first_reads
-        if first is None:
-            first = self._first_reads = FirstReads()
-        return first
 
     @property
     def version(self) -> int:
