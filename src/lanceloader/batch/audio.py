@@ -22,11 +22,11 @@ import numpy as np
 import pyarrow as pa
 
 from lanceloader.batch.augment import sample_rng
+from lanceloader.batch.row_keys import current_row_keys
 from lanceloader.batch.transforms import (
     BatchTransform,
     ErrorPolicy,
     check_column,
-    current_row_keys,
     row_at,
     tensor_array,
     with_column,

@@ -34,13 +34,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.batch.transforms import (
-    BatchTransform,
-    ErrorPolicy,
-    current_row_keys,
-    map_each,
-    rows_to_batch,
-)
+from lanceloader.batch.row_keys import current_row_keys
+from lanceloader.batch.transforms import BatchTransform, ErrorPolicy, map_each, rows_to_batch
 
 RowFn = Callable[[dict[str, Any], np.random.Generator], Mapping[str, Any]]
 

@@ -29,15 +29,15 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+
+from lanceloader.batch.row_keys import keys_if_set
 
 Transform = Callable[[Any], Any]
 OnError = str | Callable[[BaseException, Mapping[str, Any]], None]
@@ -279,7 +279,7 @@ class Compose(BatchTransform):
     stages: tuple[Transform, ...]
 
     def apply(self, batch: Any, errors: ErrorPolicy) -> Any:
-        keys = getattr(_row_keys, "current", None)
+        keys = keys_if_set()
         for stage in self.stages:
             before = len(errors.skipped_rows)
             batch = (
@@ -288,61 +288,6 @@ class Compose(BatchTransform):
             if keys is not None and len(errors.skipped_rows) > before:  # rows left the batch
                 keys.drop(errors.skipped_rows[before:])
         return batch
-
-
-# --- which sample each row is ------------------------------------------------------------------
-
-
-@dataclass
-class RowKeys:
-    """The stream position of each row of the batch being transformed: the loader's seed, the
-    epoch and each row's global sample index. Set by the worker around a batch's transform
-    (:func:`row_keys`), read by transforms that draw random numbers per row
-    (``ll.random_map``), so their draws depend on the sample, never on the worker."""
-
-    seed: int
-    epoch: int | np.ndarray  # one epoch for the batch, or each row's (a mix source's rows)
-    samples: np.ndarray
-
-    def epochs(self) -> np.ndarray:
-        """Each row's epoch."""
-        return np.broadcast_to(np.asarray(self.epoch, dtype=np.int64), self.samples.shape)
-
-    def drop(self, rows: list[int]) -> None:
-        """Forget the keys of ``rows`` (skipped: they left the batch)."""
-        if isinstance(self.epoch, np.ndarray):
-            self.epoch = np.delete(self.epoch, rows)
-        self.samples = np.delete(self.samples, rows)
-
-
-_row_keys = threading.local()
-
-
-@contextlib.contextmanager
-def row_keys(seed: int, epoch: int | np.ndarray, samples: np.ndarray) -> Iterator[RowKeys]:
-    """Make ``RowKeys(seed, epoch, samples)`` the current batch's keys in this thread."""
-    keys = RowKeys(seed, epoch, np.asarray(samples, dtype=np.int64))
-    previous = getattr(_row_keys, "current", None)
-    _row_keys.current = keys
-    try:
-        yield keys
-    finally:
-        _row_keys.current = previous
-
-
-def current_row_keys(rows: int) -> RowKeys:
-    """The keys of the batch being transformed in this thread; outside a loader (a transform
-    called by hand), rows ``0 .. rows - 1`` of epoch 0 with seed 0."""
-    keys = getattr(_row_keys, "current", None)
-    if keys is None:
-        return RowKeys(0, 0, np.arange(rows, dtype=np.int64))
-    if len(keys.samples) != rows:
-        raise ValueError(
-            f"this batch has {rows} rows but the loader gave {len(keys.samples)} samples: a "
-            "transform before this one changed the number of rows (changes_rows=True), so rows "
-            "can no longer be matched to their samples; put random transforms before it"
-        )
-    return keys
 
 
 def compose(*transforms: Transform | Sequence[Any] | None) -> Compose:

@@ -27,13 +27,9 @@ import numpy as np
 import pyarrow as pa
 
 from lanceloader.batch.output import Conversion, as_conversion, to_output
+from lanceloader.batch.row_keys import row_keys
 from lanceloader.batch.tensors import to_framework
-from lanceloader.batch.transforms import (
-    DEFAULT_MAX_SKIP_FRACTION,
-    OnError,
-    apply_transform,
-    row_keys,
-)
+from lanceloader.batch.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError, apply_transform
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import ReadTask
 from lanceloader.rows.dataset import ReadError

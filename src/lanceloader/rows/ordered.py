@@ -23,12 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lanceloader.batch.transforms import (
-    TransformOutputError,
-    apply_transform,
-    row_keys,
-    transform_name,
-)
+from lanceloader.batch.row_keys import row_keys
+from lanceloader.batch.transforms import TransformOutputError, apply_transform, transform_name
 from lanceloader.ordering.order import Order
 from lanceloader.rows.protocol import (
     Read,
