@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -72,19 +73,7 @@ def gather_rows(
     """
     schema = _checked_parts(parts, wheres, places, n)
     views = [column_views(part) for part in parts]
-    # A part whose rows each have exactly one place is scattered in its own order (one pass
-    # over its rows: a mix's parts); others are gathered (a cache's pieces: a few rows each).
-    scatter: list[np.ndarray | Strides | None] = [
-        place if where is None else scatter_targets(where, place, len(part))
-        for part, where, place in zip(parts, wheres, places, strict=True)
-    ]
-    for k, stride in enumerate(strides or ()):
-        if stride is not None and wheres[k] is None:
-            scatter[k] = stride
-    runs = [
-        run_of(len(part), where, place)
-        for part, where, place in zip(parts, wheres, places, strict=True)
-    ]
+    scatter, runs = _copy_plans(parts, wheres, places, strides)
     columns: list[pa.Array | pa.ChunkedArray] = []
     inverse: pa.Array | None = None
     for i, field in enumerate(schema):
@@ -111,6 +100,30 @@ def gather_rows(
         joined = pa.chunked_array([c for column in taken for c in column.chunks], field.type)
         columns.append(joined.take(inverse))
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _copy_plans(
+    parts: list[pa.Table],
+    wheres: list[np.ndarray | None],
+    places: list[np.ndarray],
+    strides: list[Strides | None] | None,
+) -> tuple[list[np.ndarray | Strides | None], list[Any]]:
+    """How each part's fixed-width rows are copied: a part whose rows each have exactly one
+    place is scattered in its own order (one pass over its rows: a mix's parts; by strides
+    where given), others are gathered (a cache's pieces: a few rows each); and each part's
+    run of consecutive rows to consecutive places, if it is one (a slice copy)."""
+    scatter: list[np.ndarray | Strides | None] = [
+        place if where is None else scatter_targets(where, place, len(part))
+        for part, where, place in zip(parts, wheres, places, strict=True)
+    ]
+    for k, stride in enumerate(strides or ()):
+        if stride is not None and wheres[k] is None:
+            scatter[k] = stride
+    runs = [
+        run_of(len(part), where, place)
+        for part, where, place in zip(parts, wheres, places, strict=True)
+    ]
+    return scatter, runs
 
 
 def _checked_parts(
