@@ -79,7 +79,7 @@ import lanceloader as ll
 from lanceloader.ordering.interleave import Interleave, locate
 from lanceloader.ordering.plan import read_tasks
 from lanceloader.rows.gather import gather_rows
-from lanceloader.rows.packed import pack_plan, pack_tokens
+from lanceloader.rows.packing import pack_plan, pack_tokens
 from lanceloader.rows.protocol import Read, as_table
 
 BATCH = 256
