@@ -58,7 +58,7 @@ class DecodeImages(BatchTransform):
         col = encoded_column(batch, self.column)
         out: np.ndarray | None = None
         kept: list[int] = []
-        decode = self._decode
+        decode = self.decode_one
         for i, data in enumerate(row_views(col)):  # no bytes object per row
             try:
                 slot = out[len(kept)] if out is not None else None
@@ -88,7 +88,7 @@ class DecodeImages(BatchTransform):
             rows, self.output_column, tensor_array(images.astype(self.dtype, copy=False))
         )
 
-    def _decode(
+    def decode_one(
         self, data: bytes | np.ndarray | None, into: np.ndarray | None, size: tuple[int, int] | None
     ) -> np.ndarray:
         """One image (bytes, or a ``uint8`` array viewing them) as ``[H, W, C]`` uint8 of

@@ -93,7 +93,7 @@ def decode_on_device(d: Any, batch: pa.RecordBatch, errors: ErrorPolicy) -> dict
         for i in range(len(images)):
             try:
                 if images[i] is None:  # not a JPEG, or refused by the GPU: the CPU path
-                    array = d._decode(encoded[i], None, None)
+                    array = d.decode_one(encoded[i], None, None)
                     images[i] = torch.from_numpy(array).permute(2, 0, 1).to(device)
                 first = first or tuple(images[i].shape)
                 if d.size is None and tuple(images[i].shape) != first:
