@@ -102,7 +102,11 @@ def start_pool_script(tmp_path, then: str) -> tuple[subprocess.Popen, list[int]]
     script = tmp_path / "run.py"
     script.write_text(
         textwrap.dedent(f"""
-        import sys, time
+        import signal, sys, time
+        # Ctrl-C as a script started from a shell has it, whatever this test process inherited
+        # to it (a blocked or ignored SIGINT is inherited across fork and exec)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
         import workerfns
         from lanceloader.engine.processes import ProcessPool
