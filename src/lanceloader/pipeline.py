@@ -404,13 +404,18 @@ def check_settings(
         raise ValueError(f"worker_type must be 'thread' or 'process', got {workers.worker_type!r}")
 
 
-def refuse_rows_settings(rows: RowsSettings) -> None:
-    """Rows given as rows have their columns, filter and cache already: say so for any given."""
-    given = [
+def given_rows_settings(rows: RowsSettings) -> list[str]:
+    """The names of the rows settings given other than their defaults."""
+    return [
         f.name
         for f in dataclasses.fields(rows)
         if getattr(rows, f.name) is not None and getattr(rows, f.name) != f.default
     ]
+
+
+def refuse_rows_settings(rows: RowsSettings) -> None:
+    """Rows given as rows have their columns, filter and cache already: say so for any given."""
+    given = given_rows_settings(rows)
     if given:
         raise ValueError(
             f"Loader(rows) got {', '.join(given)}: rows given as an object of the "
@@ -420,11 +425,7 @@ def refuse_rows_settings(rows: RowsSettings) -> None:
 
 def refuse_mix_settings(rows: RowsSettings, order: OrderSettings) -> None:
     """A mix takes what to read and its order from its sources: say so for any given here."""
-    given = [
-        f.name
-        for f in dataclasses.fields(rows)
-        if getattr(rows, f.name) is not None and getattr(rows, f.name) != f.default
-    ]
+    given = given_rows_settings(rows)
     given += [
         name
         for name, value, default in (
