@@ -15,6 +15,7 @@ from lanceloader.batch.transforms import TooManyRowErrors, TransformOutputError,
 from lanceloader.engine.processes import WorkerDiedError
 from lanceloader.engine.stats import Stats
 from lanceloader.engine.stream import EpochIterator, LoaderInUseError, StallError
+from lanceloader.headroom import Headroom, headroom
 from lanceloader.integrations.tensorflow import as_tf_dataset
 from lanceloader.ledger import Ledger
 from lanceloader.loader import Loader
@@ -40,6 +41,7 @@ __all__ = [
     "ConvertSummary",
     "DatasetName",
     "EpochIterator",
+    "Headroom",
     "Ledger",
     "Loader",
     "LoaderInUseError",
@@ -64,6 +66,7 @@ __all__ = [
     "convert",
     "decode_audio",
     "decode_images",
+    "headroom",
     "load_state",
     "map_rows",
     "materialize",
