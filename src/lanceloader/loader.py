@@ -60,6 +60,10 @@ class Loader:
         columns: columns to read; default all.
         filter: SQL predicate, evaluated once against the pinned version.
         version: dataset version (number or tag) to pin; default the latest at construction.
+        follow: follow the table as it grows: each epoch reads the newest version at its start
+            (rows delivered in an epoch never again in it; rows appended during an epoch come
+            in the next), and the state records each adoption so a resume replays them; see
+            the guide's "Growing tables" and :mod:`lanceloader.rows.lance.follow`.
         storage_options: object-store options passed to Lance.
         splits: ``{"train": 0.9, "val": 0.1}``: deterministic named splits; with ``split``.
         split: which split this loader reads.
@@ -135,6 +139,7 @@ class Loader:
         columns: list[str] | None = None,
         filter: str | None = None,
         version: int | str | None = None,
+        follow: bool = False,
         storage_options: dict[str, str] | None = None,
         splits: dict[str, float] | None = None,
         split: str | None = None,
@@ -183,6 +188,7 @@ class Loader:
                 pack,
                 clips,
                 blobs,
+                follow,
             ),
             OrderSettings(shuffle, shuffle_block_size, shuffle_window, seed),
             Batching(batch_size, drop_last, rank, world_size),
@@ -227,6 +233,12 @@ class Loader:
     def ordered_source(self, name: str) -> OrderedSource:
         """This loader's rows, order and transform as a source of a :class:`~lanceloader.Mix`
         (its batch size, workers and output are the mix's loader's business)."""
+        if "follow" in self.source.settings():
+            raise ValueError(
+                f"source {name!r} of a Mix follows its table (follow=True): a mix of "
+                "followed tables is not supported yet (its interleave is planned over fixed "
+                "row counts); pin the version (follow=False) of each source"
+            )
         return OrderedSource(
             name, self.source, self.order, self.transform, self._pipeline.steps.on_error
         )
@@ -272,6 +284,7 @@ class Loader:
         stepped more than once, ``set_epoch`` and ``load_state_dict`` stay quiet.
         """
         self._live.check_idle("iter()", self, self._cursor)
+        self._adopt_at_epoch_start()
         return self._live.start(
             EpochIterator(
                 self.reading(self.num_workers), self._cursor, self.recorder, self.log_every
@@ -291,6 +304,7 @@ class Loader:
         >>> loader.peek()["x"].shape, loader.epoch, len(list(loader))
         ((4, 64), 0, 3)
         """
+        self._adopt_at_epoch_start()
         c = self._cursor
         epoch, plan, batch = c.epoch, c.plan, c.done
         if c.at_end:  # the next batch comes after this epoch's empty remainder
@@ -298,6 +312,17 @@ class Loader:
         if len(plan) == 0:
             raise ValueError(f"{self!r} has no batches to peek at (an epoch has none)")
         return self._pipeline.batch(epoch, plan, batch)
+
+    def _adopt_at_epoch_start(self) -> None:
+        """At an epoch's sample 0, the rows that epoch reads (``follow=True``: the table's
+        newest version, its adoption recorded in the state); mid-epoch, never."""
+        c = self._cursor
+        if c.start or c.done:
+            return
+        source = self.source.at_epoch_start(c.epoch)
+        if source is not self.source:
+            self._pipeline = self._pipeline.reading_rows(source)
+            self._cursor = Cursor(self._pipeline.spec(), epoch=c.epoch)
 
     def mixing_report(self, batches: int = 200, places: int = 100) -> MixingReport:
         """How well the current epoch's order mixes the dataset, and how many reads it costs,

@@ -78,6 +78,7 @@ class RowsSettings:
     pack: Packing | None = None
     clips: VideoClips | AudioClips | None = None
     blobs: dict[str, str] | None = None  # blob columns: "bytes" (default), "file", "descriptor"
+    follow: bool = False  # each epoch reads the table's newest version (rows/lance/follow.py)
 
     @classmethod
     def of_state(
@@ -115,15 +116,21 @@ class RowsSettings:
                 "pack= and clips= both give the samples (packed token rows, or "
                 "media clips); a Loader takes one of them"
             )
+        if self.follow and (self.pack is not None or self.clips is not None):
+            raise ValueError(
+                "follow=True reads each epoch from the table's newest version, which a "
+                "packing or clip plan made once does not follow yet: pin the version "
+                "(follow=False) with pack= or clips="
+            )
         settings = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("pack", "clips")
+            if f.name not in ("pack", "clips", "follow")
         }
         settings["random_order"] = random_order
         if self.clips is not None:
             return clip_source(dataset, self.clips, seed, **settings)
-        source = Source(dataset, **settings)
+        source = Source(dataset, **settings, follow=self.follow)
         return source if self.pack is None else PackedSource(source, self.pack)
 
 
@@ -319,10 +326,10 @@ class Pipeline:
         allow = tuple(a for a in allow_changes if a != "weights")
         if source is self.source:
             return self, state, allow
-        pipeline = dataclasses.replace(
-            self, source=source, order=dataclasses.replace(self.order, num_rows=source.num_rows)
-        )
+        pipeline = self.reading_rows(source)
         spec = pipeline.spec()
+        if spec.order == state["order"] and sample == state["sample"]:
+            return pipeline, state, allow  # the state's own rows (a followed table's version)
         return (
             pipeline,
             {
@@ -334,6 +341,13 @@ class Pipeline:
                 "sample": sample,
             },
             allow,
+        )
+
+    def reading_rows(self, source: RowSource) -> Pipeline:
+        """This pipeline reading ``source`` (another version of a followed table, a mix with
+        other weights) in an order of its length."""
+        return dataclasses.replace(
+            self, source=source, order=dataclasses.replace(self.order, num_rows=source.num_rows)
         )
 
     def batch(self, epoch: int, plan: Plan, index: int) -> Any:

@@ -25,6 +25,8 @@ What a kind declares:
 * ``describe_rows(positions)`` (for errors) and ``lineage(positions, epoch)`` (for the ledger:
   the rows of the dataset(s) that the positions are);
 * ``resumed(state, allow_changes)``: the rows that continue a state (pure);
+* ``at_epoch_start(epoch)``: the rows an epoch reads, asked as it starts at sample 0 (the rows
+  themselves, or a followed Lance table's newest version: ``rows/lance/follow.py``);
 * ``hints`` (:class:`ReadHints`: how the engine sizes and cuts reads, plain data) and
   ``facts`` (:class:`RowsFacts`: what ``stats()`` and the Loader report);
 * ``check_nulls(conversion)``: refuse nulls a conversion cannot hold, at construction, where a
@@ -176,6 +178,8 @@ class RowSource(Protocol):
         self, state: dict[str, Any], allow_changes: tuple[str, ...]
     ) -> tuple[RowSource, int]: ...
 
+    def at_epoch_start(self, epoch: int) -> RowSource: ...
+
     def check_nulls(self, conversion: Any) -> None: ...
 
     def blob_files(self, column: str, offsets: pa.Array, buffer_size: int) -> list[Any]: ...
@@ -235,6 +239,10 @@ class RowsBase:
     def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]) -> tuple[Self, int]:
         """These rows continue any state of them (a mix whose weights changed may not)."""
         return self, state["sample"]
+
+    def at_epoch_start(self, epoch: int) -> Self:
+        """Every epoch reads these rows (a followed Lance table may read a newer version)."""
+        return self
 
     def check_nulls(self, conversion: Any) -> None:
         """Nothing to scan at construction: the batch that holds a null raises."""

@@ -15,6 +15,7 @@ from lanceloader.integrations.grain.processes import make_grain_flags_readable
 from lanceloader.integrations.grain.states import batches_delivered, worker_states
 from lanceloader.loader import Loader
 from lanceloader.pipeline import TENSOR_OUTPUTS
+from lanceloader.rows.lance.follow import refuse_following
 from lanceloader.state.cursor import Cursor
 from lanceloader.state.format import StateMismatchError
 
@@ -85,6 +86,7 @@ class IterDataset(grain.IterDataset):  # type: ignore[misc]
             self.loader = Loader(
                 dataset, 256 if batch_size is None else batch_size, **loader_kwargs
             )
+        refuse_following(self.loader.source, "grain IterDataset")
         if num_epochs is not None:
             check_int("num_epochs", num_epochs, minimum=0)
         if threads is not None:

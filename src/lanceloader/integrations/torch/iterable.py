@@ -18,6 +18,7 @@ from lanceloader.engine.stream import Stream
 from lanceloader.integrations.torch.collation import pack_for_transfer, watch_training_process
 from lanceloader.integrations.torch.map import _worker_slot
 from lanceloader.loader import Loader
+from lanceloader.rows.lance.follow import refuse_following
 from lanceloader.state.cursor import Cursor
 from lanceloader.state.format import StateMismatchError
 
@@ -71,6 +72,7 @@ class IterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-ar
                 "the DataLoader's num_workers"
             )
         self.loader = Loader(dataset, batch_size, **loader_kwargs)
+        refuse_following(self.loader.source, "IterableDataset")
         self._threads: int | None = loader_kwargs.get("num_workers")
         # The cursor counts this process's batches: plan batches without DataLoader workers,
         # this worker's own batches inside one. ``_fresh``: the next iteration continues exactly

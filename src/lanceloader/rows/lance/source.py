@@ -43,7 +43,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.arguments import check_optional_str, check_storage_options
+from lanceloader.arguments import check_bool, check_optional_str, check_storage_options
 from lanceloader.lifecycle import forksafe
 from lanceloader.rows.cache.auto import auto_cache
 from lanceloader.rows.cache.disk import DiskCache
@@ -69,6 +69,7 @@ from lanceloader.rows.lance.describe import (
     warn_empty,
 )
 from lanceloader.rows.lance.first_reads import FirstReads
+from lanceloader.rows.lance.follow import FOLLOW, Following, FollowsTable
 from lanceloader.rows.lance.fragment_tails import FragmentTails
 from lanceloader.rows.lance.nulls import check_nulls
 from lanceloader.rows.lance.pinned import PinnedDataset
@@ -96,7 +97,7 @@ from lanceloader.rows.store import is_object_store, reaching_store
 from lanceloader.state.format import local_uri
 
 
-class Source(PinnedDataset, RowsBase):
+class Source(PinnedDataset, FollowsTable, RowsBase):
     """One Lance dataset, pinned to one version, with columns, filter and split applied once.
 
     Args:
@@ -122,6 +123,8 @@ class Source(PinnedDataset, RowsBase):
         blobs: how blob columns are read, ``{column: "bytes" | "file" | "descriptor"}``;
             default ``"bytes"`` (the payloads, ``large_binary``). See
             :mod:`lanceloader.rows.lance.blobs`.
+        follow: follow the table as it grows: each epoch reads the newest version at its start
+            (:mod:`lanceloader.rows.lance.follow`); ``version`` is then the first epoch's.
 
     Attributes set at construction: ``plan_origin``, how the filter/split row list was got:
     ``"none"`` (no filter or split), ``"scan"`` (this process scanned the dataset) or
@@ -142,6 +145,7 @@ class Source(PinnedDataset, RowsBase):
         cache_size: int | None = None,
         blobs: dict[str, str] | None = None,
         random_order: bool = True,
+        follow: bool = False,
     ) -> None:
         check_storage_options(storage_options)
         auto = isinstance(cache, str) and cache == AUTO
@@ -176,6 +180,7 @@ class Source(PinnedDataset, RowsBase):
         self.splits = dict(splits) if splits else None
         self.split = split
         self.split_key = split_key
+        self._given = {"cache": cache, "cache_size": cache_size, "random_order": random_order}
         self._pid = os.getpid()
         self._ds = ds
         self._reader: forksafe.CleanReader | None = None
@@ -207,7 +212,9 @@ class Source(PinnedDataset, RowsBase):
         self._units: list[Unit] = []  # what the cache's pieces are cut from (_cached_reads)
         self.cached = None if self.cache is None else self._cached_reads(metadata)
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
-        if self.num_rows == 0:
+        check_bool("follow", follow)
+        self.follow = Following.starting(ds.version, self.num_rows) if follow else None
+        if self.num_rows == 0 and not follow:  # a followed table may fill later
             warn_empty(self, int(self._fragment_starts[-1]))
 
     # --- construction -------------------------------------------------------------------
@@ -228,8 +235,6 @@ class Source(PinnedDataset, RowsBase):
             [self.identity, self.filter, self.splits, self.split, self.split_key, *extra]
         )
         return f"{kind}-" + hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
-
-    # --- pickling and per-process reopening ---------------------------------------------
 
     # --- reading ------------------------------------------------------------------------
 
@@ -311,12 +316,15 @@ class Source(PinnedDataset, RowsBase):
         return damaged_fragment(self, offsets, self._fragment_of(offsets))
 
     def settings(self) -> dict[str, Any]:
-        """Which rows the positions are (``state["order"]``): the filter and the split."""
+        """Which rows the positions are (``state["order"]``): the filter and the split, and a
+        followed table's history of adoptions."""
+        follow = {} if self.follow is None else {FOLLOW: self.follow.settings()}
         return {
             "filter": self.filter,
             "splits": self.splits,
             "split": self.split,
             "split_key": self.split_key,
+            **follow,
         }
 
     def read_error(

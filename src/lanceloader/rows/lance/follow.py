@@ -1,0 +1,326 @@
+"""Following a growing Lance table: each epoch reads the newest version at the epoch's start.
+
+With ``Loader(uri, follow=True)`` the rows of an epoch are one version of the table, pinned for
+the whole epoch as without following; when an epoch starts at its sample 0 (its first
+``iter()`` or ``peek()``), the loader looks for a newer version and, if there is one, adopts it:
+that epoch's order is a new plan over the new version's rows (``ordering/order.py``: a pure
+function of seed, epoch and row count). So rows delivered in an epoch are never delivered again
+in it, and rows appended during epoch ``e`` are delivered in epoch ``e + 1``.
+
+What the state records (``state["order"]["follow"]``, :class:`Following`): the last epoch
+whose start looked (``checked``) and the adoptions, ``[epoch, version, rows, change]`` each
+(about 30 bytes). The state's own ``version`` and ``dataset`` are the current epoch's. A resume
+reads the state's version again, whatever the table's newest is now, and looks for a newer one
+only at the next epoch's start: the same rows in the same order as the uninterrupted run that
+adopted the same versions at the same epochs, on any number of ranks.
+
+What a new version is (:func:`change_between`, from the manifests' fragment metadata alone,
+no data read): ``"append"`` (every fragment of the old version unchanged and in place, new
+ones after it), or ``"rewrite"`` (rows deleted, fragments compacted or updated, the table
+overwritten). Both are adopted at an epoch start with a new plan over the new rows (deleted rows
+are gone from it; a rewrite is logged at WARNING naming what changed). Refused, with the fix:
+a rewrite under named splits keyed by row offset (offsets shift, rows would change splits),
+and a version whose projected columns changed type or vanished.
+
+Example::
+
+    >>> import lance, pyarrow as pa, tempfile                      # doctest: +SKIP
+    >>> uri = tempfile.mkdtemp() + "/t.lance"
+    >>> _ = lance.write_dataset(pa.table({"id": range(8)}), uri)
+    >>> loader = ll.Loader(uri, batch_size=4, follow=True)
+    >>> _ = lance.write_dataset(pa.table({"id": [8, 9]}), uri, mode="append")
+    >>> [len(list(loader)) for _ in range(2)]                        # 8 rows, then 10
+    [2, 3]
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from lanceloader.rows.dataset import file_paths, open_dataset
+from lanceloader.state.format import StateMismatchError
+
+if TYPE_CHECKING:
+    from lanceloader.rows.lance.source import Source
+
+FOLLOW = "follow"  # the key of the following history in state["order"]
+CHANGES = ("start", "append", "rewrite")
+_logger = logging.getLogger("lanceloader")
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """Epoch ``epoch`` was the first to read ``version`` (``rows`` rows after filter and split),
+    which was a ``change`` of the version before: ``"start"`` (the version the loader was built
+    on), ``"append"`` or ``"rewrite"``."""
+
+    epoch: int
+    version: int
+    rows: int
+    change: str
+
+
+@dataclass(frozen=True)
+class Following:
+    """A followed table's history: the last epoch whose start looked for a newer version, and
+    the adoptions in run order (the last one's version is the current epoch's).
+
+    >>> f = Following.starting(version=3, rows=100).adopted(2, 5, 120, "append")
+    >>> f.settings()
+    {'checked': 2, 'adoptions': [[0, 3, 100, 'start'], [2, 5, 120, 'append']]}
+    """
+
+    checked: int
+    adoptions: tuple[Adoption, ...]
+
+    @classmethod
+    def starting(cls, version: int, rows: int) -> Following:
+        """The history of a loader built on ``version``: epoch 0's start has looked."""
+        return cls(0, (Adoption(0, version, rows, "start"),))
+
+    def looked(self, epoch: int) -> Following:
+        """Epoch ``epoch``'s start looked and found no newer version."""
+        return Following(max(self.checked, epoch), self.adoptions)
+
+    def adopted(self, epoch: int, version: int, rows: int, change: str) -> Following:
+        """Epoch ``epoch``'s start adopted ``version``."""
+        return Following(epoch, (*self.adoptions, Adoption(epoch, version, rows, change)))
+
+    def rows_in(self, epoch: int) -> int:
+        """The rows of an epoch up to the last one looked at: those of the version it read."""
+        return [a.rows for a in self.adoptions if a.epoch <= epoch][-1]
+
+    def settings(self) -> dict[str, Any]:
+        """The JSON-safe section of ``state["order"]`` (in the fingerprint)."""
+        return {
+            "checked": self.checked,
+            "adoptions": [[a.epoch, a.version, a.rows, a.change] for a in self.adoptions],
+        }
+
+    @classmethod
+    def of_settings(cls, section: Any) -> Following:
+        """The history a state's ``order["follow"]`` section holds, checked (a damaged one
+        raises :class:`StateMismatchError` naming it)."""
+        where = "state['order']['follow']"
+        try:
+            checked, rows = section["checked"], section["adoptions"]
+            adoptions = tuple(Adoption(*a) for a in rows)
+        except (TypeError, KeyError, IndexError) as exc:
+            raise StateMismatchError(
+                f"{where} must be {{'checked': epoch, 'adoptions': [[epoch, version, rows, "
+                f"change], ...]}}, got {section!r}: the state was edited or damaged"
+            ) from exc
+        numbers = [checked] + [n for a in adoptions for n in (a.epoch, a.version, a.rows)]
+        epochs = [a.epoch for a in adoptions]
+        if (
+            not adoptions
+            or not all(type(n) is int and n >= 0 for n in numbers)
+            or any(a.change not in CHANGES for a in adoptions)
+            or epochs != sorted(set(epochs))
+            or epochs[-1] > checked
+        ):
+            raise StateMismatchError(
+                f"{where} = {section!r} is not a history of adoptions (epochs ascending, "
+                f"each change one of {CHANGES}, none after 'checked'): the state was edited "
+                "or damaged"
+            )
+        return cls(checked, adoptions)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a new version is of an old one: ``kind`` is ``"same"`` (the same data: a version
+    that changed only indices, tags or settings), ``"append"`` or ``"rewrite"``; ``detail``
+    names what changed."""
+
+    kind: str
+    detail: str
+
+
+def fragment_names(metadata: list[Any]) -> list[tuple[Any, ...]]:
+    """What names each fragment's rows: id, physical rows, data files and deletion file (as
+    :func:`~lanceloader.rows.dataset.dataset_identity` reads them), from the manifest alone."""
+    names = []
+    for meta in metadata:
+        deletion = meta.deletion_file
+        deleted = None if deletion is None else (deletion.id, deletion.num_deleted_rows)
+        names.append((meta.id, meta.physical_rows, tuple(file_paths(meta)), deleted))
+    return names
+
+
+def change_between(old: list[Any], new: list[Any]) -> Change:
+    """Whether the fragments ``new`` (a version's metadata) are those of ``old`` unchanged and
+    in place, then others (an append: every old row keeps its offset), and if not, what
+    changed: fragments gone (compaction, a delete of whole fragments, an overwrite), rewritten
+    (an update, compaction), or with rows deleted."""
+    before, after = fragment_names(old), fragment_names(new)
+    if before == after:
+        return Change("same", "the same fragments")
+    if after[: len(before)] == before:
+        added = sum(n[1] for n in after[len(before) :])
+        return Change("append", f"{len(after) - len(before)} fragments of {added} rows appended")
+    now = {n[0]: n for n in after}
+    gone = [n[0] for n in before if n[0] not in now]
+    kept = [(n, now[n[0]]) for n in before if n[0] in now]
+    rewritten = [was[0] for was, is_ in kept if was[:3] != is_[:3]]
+    deleted = [was[0] for was, is_ in kept if was[:3] == is_[:3] and was[3] != is_[3]]
+    parts = [
+        f"{what} {_ids(ids)}"
+        for what, ids in (
+            ("fragments gone (compaction, deletes or an overwrite):", gone),
+            ("fragments rewritten (an update or compaction):", rewritten),
+            ("rows deleted in fragments", deleted),
+        )
+        if ids
+    ]
+    return Change("rewrite", "; ".join(parts) or "the fragments were reordered")
+
+
+def _ids(ids: list[Any], limit: int = 6) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return f"[{shown}{', ...' if len(ids) > limit else ''}] ({len(ids)})"
+
+
+def at_epoch_start(source: Source, epoch: int) -> Source:
+    """The rows epoch ``epoch`` reads, asked as it starts at sample 0: ``source`` itself when
+    that epoch's start has looked already (a resume replays the state's history), else the
+    table's newest version (``source`` with the look recorded when there is none newer)."""
+    follow = source.follow
+    if follow is None or epoch <= follow.checked:
+        return source
+    newest = open_dataset(source.uri, None, source.storage_options)
+    if newest.version == source.version:
+        return source.following(follow.looked(epoch))
+    old = [f.metadata for f in source.dataset.get_fragments()]
+    change = change_between(old, [f.metadata for f in newest.get_fragments()])
+    refuse_change(source, newest.version, change)
+    adopted = source.at_version(newest.version)
+    refuse_new_columns(source, adopted)
+    kind = "append" if change.kind == "same" else change.kind
+    log = _logger.warning if kind == "rewrite" else _logger.info
+    log(
+        "lanceloader: epoch %d reads version %d of %r (%d rows; version %d had %d): %s%s",
+        epoch,
+        adopted.version,
+        source.uri,
+        adopted.num_rows,
+        source.version,
+        source.num_rows,
+        change.detail,
+        ": a new plan over the new version's rows" if kind == "rewrite" else "",
+    )
+    return adopted.following(follow.adopted(epoch, adopted.version, adopted.num_rows, kind))
+
+
+def refuse_change(source: Source, version: int, change: Change) -> None:
+    """A rewrite under splits keyed by row offset would move rows between splits: refused."""
+    if change.kind == "rewrite" and source.splits and source.split_key is None:
+        raise ValueError(
+            f"follow=True: version {version} of {source.uri!r} is not an append of version "
+            f"{source.version} ({change.detail}), and the splits {source.splits} are keyed by "
+            "row offset, which a delete or compaction shifts: rows would move between splits "
+            "(a validation row could reach training). Key the splits by a column "
+            "(split_key='id'), or pin the version (follow=False)"
+        )
+
+
+def refuse_new_columns(old: Source, new: Source) -> None:
+    """The projected columns must keep their types: the output checks were made on them."""
+    before, after = old.schema_table().schema, new.schema_table().schema
+    if not before.equals(after):
+        raise ValueError(
+            f"follow=True: version {new.version} of {old.uri!r} changed the columns read "
+            f"({before.names} as {[str(t) for t in before.types]} in version {old.version}, "
+            f"{[str(t) for t in after.types]} now): the batches would change shape mid-run. "
+            "Pin the version (follow=False) or build a new Loader for the new schema"
+        )
+
+
+def resumed_following(source: Source, state: dict[str, Any]) -> Source:
+    """The rows that continue ``state`` of a followed table: the state's version (not the
+    table's newest), with the state's history. A state without a history (a pinned loader's)
+    leaves ``source`` as it is: the order check then names the difference."""
+    section = state["order"].get(FOLLOW)
+    if section is None:
+        return source
+    history = Following.of_settings(section)
+    version = state["version"]
+    if version == source.version:
+        return source.following(history)
+    try:
+        rows = source.at_version(version)
+    except ValueError as exc:
+        raise StateMismatchError(
+            f"the state's epoch {state['epoch']} reads version {version} of {source.uri!r} "
+            f"(follow=True adopted it at epoch {history.adoptions[-1].epoch}), which cannot be "
+            f"read now ({exc}). Keep the versions a run may resume from (Lance's "
+            "cleanup_old_versions removes them; tag one with ds.tags.create), or resume from "
+            "a state saved at a later epoch"
+        ) from exc
+    return rows.following(history)
+
+
+def with_history(source: Source, history: Following | None) -> Source:
+    """``source`` (the same version's rows, sharing its dataset, cache and plan) with
+    ``history``: a shallow copy (``copy.copy`` would drop the live dataset, as pickling does)."""
+    twin = copy.copy(source.__dict__)
+    rows = object.__new__(type(source))
+    rows.__dict__.update(twin)
+    rows.follow = history
+    return rows
+
+
+class FollowsTable:
+    """What a :class:`~lanceloader.rows.lance.source.Source` does with ``follow=True`` (see the
+    module's text), mixed into it; the Source sets ``follow`` (``None`` when pinned) and
+    ``_given`` (the settings :meth:`at_version` builds another version's rows with)."""
+
+    follow: Following | None
+    _given: dict[str, Any]
+
+    def at_epoch_start(self, epoch: int) -> Source:
+        """The rows epoch ``epoch`` reads, asked as it starts at sample 0: these, or with
+        ``follow=True`` the table's newest version (:func:`at_epoch_start`)."""
+        return at_epoch_start(cast("Source", self), epoch)
+
+    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]) -> tuple[Source, int]:
+        """These rows continue any state of them; a followed table's, at the state's version
+        with its history (:func:`resumed_following`)."""
+        rows = cast("Source", self)
+        if self.follow is None:
+            return rows, state["sample"]
+        return resumed_following(rows, state), state["sample"]
+
+    def at_version(self, version: int) -> Source:
+        """These settings' rows of ``version`` of the same table, pinned (no history)."""
+        rows = cast("Source", self)
+        return type(rows)(
+            rows.uri,
+            rows.columns,
+            rows.filter,
+            version,
+            rows.storage_options,
+            rows.splits,
+            rows.split,
+            rows.split_key,
+            blobs=rows.blobs,
+            **self._given,
+        )
+
+    def following(self, history: Following | None) -> Source:
+        """These rows with the following ``history`` (a copy sharing the dataset and cache)."""
+        return with_history(cast("Source", self), history)
+
+
+def refuse_following(rows: Any, what: str) -> None:
+    """``what`` (an adapter with a cursor of its own) keeps epochs of one size: refuse rows that
+    follow a table."""
+    if FOLLOW in rows.settings():
+        raise ValueError(
+            f"{what} plans its epochs over the rows it was built with, and its Loader follows "
+            "its table (follow=True), whose epochs change size: iterate the Loader itself "
+            "(for batch in loader), or pin the version (follow=False)"
+        )
