@@ -12,6 +12,8 @@ may form one slot (exact within ±1 run). No I/O here: :mod:`lanceloader.rows.mi
 from __future__ import annotations
 
 import functools
+import heapq
+import itertools
 import math
 import numbers
 from collections.abc import Mapping
@@ -46,29 +48,39 @@ def rational_weights(weights: list[float]) -> list[int]:
 
 
 @functools.lru_cache(maxsize=64)
-def interleave(quotas: tuple[int, ...]) -> np.ndarray:
-    """One period of the interleave: the source of each of the ``sum(quotas)`` slots.
+def interleave(quotas: tuple[int, ...], slots: int | None = None) -> np.ndarray:
+    """One period of the interleave: the source of each of the ``sum(quotas)`` slots (of the
+    first ``slots`` of them only, when given: a piece of a schedule shorter than a period).
 
     Earliest deadline first over the sources' next samples that are due: after slot *t* source
-    *k* has given ``t q_k / P`` samples within ±1, at every *t* (see the module docstring).
+    *k* has given ``t q_k / P`` samples within ±1, at every *t* (see the module docstring). Two
+    heaps (released samples by deadline, the others by release), ties to the lower source:
+    O(slots log sources), ~1.5 µs a slot.
 
-    >>> interleave((2, 1)).tolist(), interleave((1, 1, 2)).tolist()
-    ([0, 0, 1], [2, 0, 1, 2])
+    >>> interleave((2, 1)).tolist(), interleave((1, 1, 2)).tolist(), interleave((7, 2, 1), 4)
+    ([0, 0, 1], [2, 0, 1, 2], array([0, 0, 0, 1], dtype=int32))
     """
     period = sum(quotas)
+    slots = period if slots is None else min(slots, period)
+    table = np.empty(slots, np.int32)
     given = [0] * len(quotas)
-    slots = np.empty(period, np.int32)
-    for t in range(1, period + 1):
-        best, due = -1, 0
-        for k, q in enumerate(quotas):
-            c = given[k]
-            if c < q and c * period < t * q:  # released: its sample may come at slot t
-                deadline = -(-(c + 1) * period // q)
-                if best < 0 or deadline < due:
-                    best, due = k, deadline
-        slots[t - 1] = best
-        given[best] += 1
-    return slots
+    ready = [(-(-period // q), k) for k, q in enumerate(quotas) if q]  # (deadline, source)
+    heapq.heapify(ready)
+    waiting: list[tuple[int, int]] = []  # (release slot, source)
+    for t in range(1, slots + 1):
+        while waiting and waiting[0][0] <= t:
+            k = heapq.heappop(waiting)[1]
+            heapq.heappush(ready, (-(-(given[k] + 1) * period // quotas[k]), k))
+        k = heapq.heappop(ready)[1]
+        table[t - 1] = k
+        c = given[k] = given[k] + 1
+        q = quotas[k]
+        release = c * period // q + 1  # its next sample may come from this slot on
+        if release <= t:
+            heapq.heappush(ready, (-(-(c + 1) * period // q), k))
+        else:
+            heapq.heappush(waiting, (release, k))
+    return table
 
 
 @dataclass(frozen=True)
@@ -77,7 +89,9 @@ class Interleave:
     many samples of each source precede it. Pure and O(1) per sample.
 
     ``run`` consecutive samples form one slot (``run=1``: each sample is a slot): the
-    interleave schedules runs, so each source's count is exact within ±1 run.
+    interleave schedules runs, so each source's count is exact within ±1 run. ``slots``: only
+    the first that many slots are ever asked for (a short piece of a schedule), so only those
+    are scheduled.
 
     >>> il = Interleave((2, 1))
     >>> il.source_of(np.arange(6)).tolist(), il.count(1, np.array([0, 3, 6])).tolist()
@@ -89,37 +103,48 @@ class Interleave:
 
     quotas: tuple[int, ...]
     run: int = 1
+    slots: int | None = None
 
     @property
     def period(self) -> int:
         """Slots of one period (``sum(quotas)``; ``run`` samples each)."""
         return sum(self.quotas)
 
+    @property
+    def table(self) -> np.ndarray:
+        """The period's slots (its first ``slots``, if limited)."""
+        return interleave(self.quotas, self.slots)
+
     @functools.cached_property
-    def _prefix(self) -> np.ndarray:
-        slots = interleave(self.quotas)
-        onehot = np.zeros((self.period + 1, len(self.quotas)), np.int64)
-        onehot[np.arange(1, self.period + 1), slots] = 1
-        return np.cumsum(onehot, axis=0)
+    def _slots_of(self) -> list[np.ndarray]:
+        """Each source's slots in the period, ascending (counts by binary search: O(P) memory,
+        where a table of prefix counts would take O(P x sources))."""
+        table = self.table
+        order = np.argsort(table, kind="stable")
+        bounds = np.searchsorted(table[order], np.arange(len(self.quotas) + 1))
+        return [order[a:b] for a, b in itertools.pairwise(bounds)]
 
     def source_of(self, samples: np.ndarray) -> np.ndarray:
-        return interleave(self.quotas)[(np.asarray(samples) // self.run) % self.period]
+        return self.table[(np.asarray(samples) // self.run) % self.period]
 
     def count(self, k: int, n: np.ndarray | int) -> np.ndarray:
         """Samples of source ``k`` among the first ``n`` mixed samples."""
         slots, rest = np.divmod(np.asarray(n, dtype=np.int64), self.run)
-        whole = (slots // self.period) * self.quotas[k] + self._prefix[slots % self.period, k]
+        whole = (slots // self.period) * self.quotas[k] + np.searchsorted(
+            self._slots_of[k], slots % self.period
+        )
         if self.run == 1:
             return whole
-        inside = interleave(self.quotas)[slots % self.period] == k  # the slot n lies in
-        return whole * self.run + np.where(inside, rest, 0)
+        at = slots % self.period
+        inside = self.table[np.minimum(at, len(self.table) - 1)] == k  # the slot n lies in
+        return whole * self.run + np.where(inside & (at < len(self.table)), rest, 0)
 
     def counts(self, n: int) -> list[int]:
         return [int(self.count(k, n)) for k in range(len(self.quotas))]
 
     def position_of(self, k: int, i: int) -> int:
         """The mixed sample that is source ``k``'s ``i``-th (0-based)."""
-        slots = np.flatnonzero(interleave(self.quotas) == k)
+        slots = self._slots_of[k]
         slot, rest = divmod(i, self.run)
         full, nth = divmod(slot, self.quotas[k])
         return (full * self.period + int(slots[nth])) * self.run + rest
@@ -304,7 +329,7 @@ def locate(
         and (n < 3 or bool(np.all(np.diff(stream) == 1)))
     ):
         slot = first // il.run
-        table = interleave(il.quotas)  # one period, turned to begin at the first slot
+        table = il.table  # one period, turned to begin at the first slot
         begins = [
             offsets[k] + epoch * per_epoch[k] + int(il.count(k, first)) for k in range(sources)
         ]
