@@ -21,6 +21,8 @@ from lanceloader.ledger import Ledger
 from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan
+from lanceloader.resume_check import check_resume
+from lanceloader.resume_report import ResumeCheckError, ResumeReport
 from lanceloader.rows.clips.index import ClipError
 from lanceloader.rows.clips.source import audio_clips, video_clips
 from lanceloader.rows.dataset import ReadError
@@ -51,6 +53,8 @@ __all__ = [
     "Plan",
     "Read",
     "ReadError",
+    "ResumeCheckError",
+    "ResumeReport",
     "RowsBase",
     "Source",
     "StallError",
@@ -62,6 +66,7 @@ __all__ = [
     "as_tf_dataset",
     "audio_clips",
     "blob_files",
+    "check_resume",
     "compose",
     "convert",
     "decode_audio",

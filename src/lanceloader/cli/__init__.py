@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from lanceloader.cli import bench, bench_clips, convert, demo, inspect
+from lanceloader.cli.check_resume import add_check_resume
 from lanceloader.cli.errors import INPUT_ERRORS as INPUT_ERRORS
 from lanceloader.cli.errors import CommandError, one_line
 from lanceloader.cli.errors import input_errors as input_errors
@@ -298,6 +299,7 @@ def parser() -> argparse.ArgumentParser:
     add_inspect(sub)
     add_convert(sub)
     add_ledger(sub)
+    add_check_resume(sub)
     return p
 
 

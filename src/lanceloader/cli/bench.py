@@ -29,8 +29,11 @@ from lanceloader.loader import Loader
 SAMPLE_EVERY_S = 0.1
 
 
-def import_transform(spec: str) -> Transform:
-    """The function named by ``module:function`` (``module:Class.method`` works too).
+def import_transform(
+    spec: str, option: str = "--transform", example: str = "mypackage.transforms:decode"
+) -> Transform:
+    """The function named by ``module:function`` (``module:Class.method`` works too); errors
+    name ``option`` and show ``example`` (``check-resume`` imports its loader factory so).
 
     The current directory goes on ``sys.path`` (as with ``python -m``; process workers inherit
     it), so ``mytransforms:decode`` finds ``./mytransforms.py``.
@@ -44,27 +47,23 @@ def import_transform(spec: str) -> Transform:
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise CommandError(
-            f"--transform must be module:function, e.g. mypackage.transforms:decode; got {spec!r}"
-        )
+        raise CommandError(f"{option} must be module:function, e.g. {example}; got {spec!r}")
     if os.getcwd() not in sys.path:  # as `python -m` does; process workers inherit it
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or whatever importing the module raised
         raise CommandError(
-            f"--transform {spec}: cannot import module {module_name!r} "
+            f"{option} {spec}: cannot import module {module_name!r} "
             f"({type(exc).__name__}: {exc}); is it on PYTHONPATH or in the current directory?"
         ) from exc
     value: Any = module
     for part in attr.split("."):
         if not hasattr(value, part):
-            raise CommandError(f"--transform {spec}: {module_name!r} has no attribute {attr!r}")
+            raise CommandError(f"{option} {spec}: {module_name!r} has no attribute {attr!r}")
         value = getattr(value, part)
     if not callable(value):
-        raise CommandError(
-            f"--transform {spec}: {attr!r} is a {type(value).__name__}, not a function"
-        )
+        raise CommandError(f"{option} {spec}: {attr!r} is a {type(value).__name__}, not a function")
     return value
 
 

@@ -1,0 +1,116 @@
+"""What :func:`lanceloader.check_resume` found: :class:`ResumeReport`, and the first place a
+resumed run differed from the uninterrupted one (:class:`Divergence`), each printable.
+
+Example::
+
+    >>> report = ResumeReport(runs=10, loads=30, elastic=12, epochs=2, world_sizes=(1, 2),
+    ...                       samples_compared=5000, not_comparable=0, seconds=1.0,
+    ...                       cpu_seconds=0.9)
+    >>> report.ok, str(report).split(":")[1]
+    (True, ' OK')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class ResumeCheckError(AssertionError):
+    """A resumed run delivered other rows than the uninterrupted one (``raise_if_failed``)."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first place an interrupted run differed from the reference."""
+
+    run: int
+    load: int  # the run's n-th load_state_dict (1: its first)
+    epoch: int
+    step: int  # global steps of the epoch before this one (across the run's resumes)
+    rank: int
+    world_size: int
+    what: str
+    samples: list[int] = field(default_factory=list)  # the global samples the batch should hold
+    expected: list[Any] = field(default_factory=list)
+    got: list[Any] = field(default_factory=list)
+    got_samples: list[int | None] = field(default_factory=list)  # where the got rows belong
+    schedule: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [
+            f"run {self.run}, load {self.load}: epoch {self.epoch}, step {self.step}, "
+            f"rank {self.rank} of {self.world_size}: {self.what}"
+        ]
+        if self.samples or self.expected or self.got:
+            lines += [
+                f"  expected samples {_span(self.samples)}: {_short(self.expected)}",
+                f"  got                {_short(self.got)}",
+                f"  which are the reference's samples {_span(self.got_samples)}",
+            ]
+        lines += ["  the run:", *(f"    {i + 1}. {s}" for i, s in enumerate(self.schedule))]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    """What :func:`check_resume` ran and found; ``ok`` when every delivered row matched."""
+
+    runs: int  # interrupted runs completed (the failing one included)
+    loads: int  # load_state_dict calls (each a resume), all ranks' counted once
+    elastic: int  # of those, onto another world size than the state was saved on
+    samples_compared: int
+    not_comparable: int  # samples no reference delivered (drop_last tails past a resume)
+    epochs: int
+    world_sizes: tuple[int, ...]
+    seconds: float
+    cpu_seconds: float  # this process's (thread workers included, process workers not)
+    divergence: Divergence | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+    def raise_if_failed(self) -> ResumeReport:
+        """Raise :class:`ResumeCheckError` (an ``AssertionError``) with this report's text if a
+        run diverged; else return the report."""
+        if self.divergence is not None:
+            raise ResumeCheckError(str(self))
+        return self
+
+    def __str__(self) -> str:
+        sizes = ", ".join(map(str, self.world_sizes))
+        ran = (
+            f"{self.runs:,} interrupted runs, {self.loads:,} resumes ({self.elastic:,} onto "
+            f"another world size), {self.epochs} epochs, world sizes {sizes}; "
+            f"{self.samples_compared:,} samples compared"
+        )
+        if self.not_comparable:
+            ran += f", {self.not_comparable:,} past the reference's drop_last tails not comparable"
+        took = f"{self.seconds:.1f} s ({self.cpu_seconds:.1f} CPU s)"
+        if self.divergence is None:
+            return f"check_resume: OK: {ran}, all equal to the uninterrupted run. {took}"
+        return f"check_resume: FAILED: {self.divergence}\n{ran} before this. {took}"
+
+
+def row_names(ids: np.ndarray | None, hashes: np.ndarray | None) -> list[Any]:
+    """How the report shows rows: their ids, or their hashes' first 8 hex digits."""
+    if ids is not None:
+        return ids.tolist()
+    return [] if hashes is None else [f"#{h:016x}"[:9] for h in hashes.tolist()]
+
+
+def _span(samples: Sequence[int | None]) -> str:
+    """``12..15`` for consecutive samples, else the list."""
+    first = samples[0] if samples else None
+    if first is not None and list(samples) == list(range(first, first + len(samples))):
+        return f"{first}..{first + len(samples) - 1}"
+    return _short(samples)
+
+
+def _short(values: Sequence[Any], most: int = 8) -> str:
+    shown = ", ".join(map(str, values[:most]))
+    return f"[{shown}{', ...' if len(values) > most else ''}] ({len(values)} rows)"
