@@ -1,0 +1,265 @@
+"""ll.check_resume: it finds the resume bugs users hit (each injected by a small subclass of a real
+Loader over a real Lance dataset) and passes the loader's correct compositions.
+
+The bugs: an off-by-one at resume; a state frozen after the first resume (HF datasets#8308:
+the second resume restarts from the first); a mixture's stage transition one step early after a
+resume (levanter#876). The compositions (a Hypothesis property): plain, block or full shuffle,
+filtered, split, packed, a Mix, thread workers, on N -> M world sizes and with drop_last.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lanceloader as ll
+
+ROWS = 240
+MIX_SAMPLES = 120  # a mix epoch's samples (fixed, so a weight change keeps the epoch's length)
+STAGE_AT = 48  # levanter#876's stage 2 starts at this global sample of epoch 0
+STAGES = ({"a": 3, "b": 1}, {"a": 1, "b": 3})
+ORDERS = {
+    "sequential": {},
+    "block": {"shuffle": True, "shuffle_block_size": 8, "shuffle_window": 2},
+    "full": {"shuffle": True},
+}
+
+
+@pytest.fixture(scope="module")
+def uris(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Two datasets: ``a`` (ids 0..239) and ``b`` (ids 10,000..10,159), 3 fragments each, with a
+    column ``v`` to filter on and token lists to pack."""
+    root = tmp_path_factory.mktemp("check_resume")
+    out = {}
+    for name, first, rows in (("a", 0, ROWS), ("b", 10_000, 160)):
+        rng = np.random.default_rng(first)
+        ids = np.arange(first, first + rows)
+        tokens = [
+            list(range(i * 100, i * 100 + n))
+            for i, n in zip(ids, rng.integers(1, 20, rows), strict=True)
+        ]
+        table = pa.table(
+            {"id": ids, "v": ids % 10, "tokens": pa.array(tokens, pa.list_(pa.int64()))}
+        )
+        out[name] = str(root / f"{name}.lance")
+        lance.write_dataset(table, out[name], max_rows_per_file=-(-rows // 3))
+    return out
+
+
+def loader(uri: str, rank: int, world: int, cls: type = ll.Loader, **kw: Any) -> Any:
+    kw = {"batch_size": 8, "columns": ["id", "v"], "num_workers": 1, **kw}
+    return cls(uri, rank=rank, world_size=world, **kw)
+
+
+# --- the injected bugs ---------------------------------------------------------------------
+
+
+class OffByOne(ll.Loader):
+    """Resumes one sample past the state's (a mid-epoch state: the end of an epoch stays)."""
+
+    def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
+        if state["sample"] < state["order"]["rows"]:
+            state = {**state, "sample": state["sample"] + 1}
+        super().load_state_dict(state, allow_changes)
+
+
+class Frozen(ll.Loader):
+    """datasets#8308: after the first resume, state_dict() keeps returning the loaded state."""
+
+    def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
+        super().load_state_dict(state, allow_changes)
+        self.frozen = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return getattr(self, "frozen", None) or super().state_dict()
+
+
+@pytest.mark.parametrize("ids", ["id", None])
+def test_a_correct_loader_passes(uris: dict[str, str], ids: str | None) -> None:
+    report = ll.check_resume(
+        lambda r, w: loader(uris["a"], r, w, shuffle=True, seed=3),
+        runs=30,
+        world_sizes=(2, 1, 3),
+        ids=ids,
+    )
+    assert report.raise_if_failed().ok, report
+    assert report.runs == 30 and report.loads >= 60 and report.elastic > 0
+    assert report.samples_compared > 30 * 8 and report.not_comparable == 0
+    assert str(report).startswith("check_resume: OK: 30 interrupted runs")
+
+
+@pytest.mark.parametrize("ids", ["id", None])
+def test_it_finds_an_off_by_one_at_resume(uris: dict[str, str], ids: str | None) -> None:
+    report = ll.check_resume(
+        lambda r, w: loader(uris["a"], r, w, cls=OffByOne, shuffle=True), ids=ids, runs=30
+    )
+    found = report.divergence
+    assert not report.ok and found is not None
+    assert found.what == "the rows differ from the uninterrupted run's"
+    assert found.got_samples[:-1] == [s + 1 for s in found.samples[:-1]]  # one sample on
+    assert found.load == 1 and len(found.got) == len(found.expected) == len(found.samples)
+    with pytest.raises(ll.ResumeCheckError, match=r"(?s)FAILED: run \d+, load 1: epoch"):
+        report.raise_if_failed()
+
+
+def test_it_finds_a_state_frozen_after_the_first_resume(uris: dict[str, str]) -> None:
+    report = ll.check_resume(lambda r, w: loader(uris["a"], r, w, cls=Frozen), ids="id", runs=30)
+    found = report.divergence
+    assert found is not None and found.load >= 2, report  # the first resume is fine
+    assert found.what == "the rows differ from the uninterrupted run's"
+    assert found.got_samples[0] is not None and found.got_samples[0] < found.samples[0]  # again
+    assert f"{found.load}. " in str(found)  # the stretch that went wrong is listed
+
+
+# --- levanter#876: a stage transition one step early -----------------------------------------
+
+
+class Staged:
+    """A two-stage mixture: ``STAGES[0]``'s weights until global sample ``STAGE_AT`` of epoch 0,
+    ``STAGES[1]``'s from there on, switched by saving the Mix loader's state and loading it into
+    a loader of the new weights (``allow_changes=("weights",)``). With ``early=True``, a resumed
+    loader switches one step early (levanter#876); the uninterrupted one is right either way."""
+
+    def __init__(self, uris: dict[str, str], rank: int, world: int, early: bool = False) -> None:
+        self.uris, self.rank, self.world_size, self.early = uris, rank, world, early
+        self.resumed = False
+        self.stage = 0
+        self.inner = self.build(0)
+
+    def build(self, stage: int) -> ll.Loader:
+        sources = {n: ll.Loader(u, columns=["id", "v"], shuffle=True) for n, u in self.uris.items()}
+        mix = ll.Mix(sources, weights=STAGES[stage], samples_per_epoch=MIX_SAMPLES)
+        return loader(mix, self.rank, self.world_size, columns=None)
+
+    def switch_at(self) -> int:
+        one_step = self.inner.batch_size * self.world_size
+        return STAGE_AT - one_step if self.early and self.resumed else STAGE_AT
+
+    def stage_of(self, state: dict[str, Any]) -> int:
+        return int(state["epoch"] > 0 or state["sample"] >= self.switch_at())
+
+    def switch(self) -> None:
+        state = self.inner.state_dict()
+        self.inner.close()
+        self.stage, self.inner = 1, self.build(1)
+        self.inner.load_state_dict(state, allow_changes=("weights",))
+
+    def __iter__(self) -> Any:
+        while True:
+            if self.stage == 0 and self.stage_of(self.inner.state_dict()):
+                self.switch()
+            it = iter(self.inner)
+            for batch in it:
+                yield batch
+                if self.stage == 0 and self.stage_of(self.inner.state_dict()):
+                    it.close()
+                    break
+            else:
+                return
+
+    def plan(self, start: int = 0) -> ll.Plan:
+        return self.inner.plan(start)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.resumed = True
+        self.stage = self.stage_of(state)
+        self.inner.close()
+        self.inner = self.build(self.stage)
+        self.inner.load_state_dict(state, allow_changes=("weights",))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_it_finds_a_stage_transition_one_step_early(uris: dict[str, str], early: bool) -> None:
+    report = ll.check_resume(
+        lambda r, w: Staged(uris, r, w, early), runs=40, world_sizes=(1,), ids="id"
+    )
+    if not early:
+        assert report.ok, report
+        return
+    found = report.divergence
+    assert found is not None, report
+    assert found.epoch == 0 and found.samples[0] == STAGE_AT - 8  # the step before stage 2
+
+
+# --- correct compositions --------------------------------------------------------------------
+
+
+@st.composite
+def compositions(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "order": draw(st.sampled_from(sorted(ORDERS))),
+        "filter": draw(st.sampled_from([None, "v <> 3"])),
+        "split": draw(st.booleans()),
+        "pack": draw(st.booleans()),
+        "mix": draw(st.booleans()),
+        "workers": draw(st.integers(1, 2)),
+        "world_sizes": tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))),
+        "drop_last": draw(st.booleans()),
+        "seed": draw(st.integers(0, 3)),
+    }
+
+
+def build(uris: dict[str, str], c: dict[str, Any], rank: int, world: int) -> ll.Loader:
+    rows = {
+        "filter": c["filter"],
+        "splits": {"train": 0.8, "val": 0.2} if c["split"] else None,
+        "split": "train" if c["split"] else None,
+        **({"pack": ll.pack("tokens", 24), "columns": ["tokens"]} if c["pack"] else {}),
+        **ORDERS[c["order"]],
+        "seed": c["seed"],
+    }
+    if c["mix"]:
+        sources = {n: ll.Loader(u, **{"columns": ["id", "v"], **rows}) for n, u in uris.items()}
+        data: Any = ll.Mix(sources, weights={"a": 2, "b": 1})
+        rows = {"columns": None}
+    else:
+        data = uris["a"]
+    return loader(data, rank, world, num_workers=c["workers"], drop_last=c["drop_last"], **rows)
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(c=compositions())
+def test_every_correct_composition_passes(uris: dict[str, str], c: dict[str, Any]) -> None:
+    report = ll.check_resume(
+        lambda r, w: build(uris, c, r, w), runs=4, world_sizes=c["world_sizes"], seed=c["seed"]
+    )
+    assert report.ok, report
+    assert report.samples_compared > 0
+
+
+def test_process_workers_pass(uris: dict[str, str]) -> None:
+    report = ll.check_resume(
+        lambda r, w: loader(uris["a"], r, w, shuffle=True, num_workers=2, worker_type="process"),
+        runs=2,
+        world_sizes=(1, 2),
+        resumes=2,
+        ids="id",
+        contents=True,
+    )
+    assert report.ok, report
+
+
+def test_bad_arguments_name_the_fix(uris: dict[str, str]) -> None:
+    make = lambda r, w: loader(uris["a"], r, w)  # noqa: E731
+    with pytest.raises(ValueError, match=r"world_sizes must be whole numbers >= 1"):
+        ll.check_resume(make, world_sizes=(0,))
+    with pytest.raises(ValueError, match=r"resumes must be a whole number >= 1, got 0"):
+        ll.check_resume(make, resumes=0)
+    with pytest.raises(ValueError, match=r"ids='nope' is not a column .*\['id', 'v'\]"):
+        ll.check_resume(make, ids="nope", runs=1)
+    with pytest.raises(ValueError, match=r"built a loader of rank 0 of 1: pass rank=rank"):
+        ll.check_resume(lambda r, w: loader(uris["a"], 0, 1), world_sizes=(2,))
