@@ -30,6 +30,7 @@ from lanceloader.arguments import check_int
 from lanceloader.batch.output import Conversion
 from lanceloader.batch.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError
 from lanceloader.distributed import resolve_rank_world
+from lanceloader.engine.pool import KeptPool
 from lanceloader.engine.stats import Recorder, Stats
 from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, EpochIterator, LiveIterator, Reading
 from lanceloader.engine.work import Transform
@@ -115,8 +116,14 @@ class Loader:
         num_workers: worker threads; default the number of cores, twice that for plain
             Lance rows read in order with no transform and no cache (those threads wait
             on Lance's own; see ``engine/sizing.default_workers``).
-        worker_type: ``"thread"`` (Lance, Arrow and most decoders release the GIL) or
-            ``"process"`` (pure-Python transforms; a clean forkserver, shared memory).
+        worker_type: ``"thread"`` (Lance, Arrow and most decoders release the GIL),
+            ``"process"`` (pure-Python transforms; a clean forkserver, shared memory) or
+            ``"ray"``: ``num_workers`` Ray actors, anywhere on the Ray cluster this process is
+            connected to (``ray.init()`` is called if it is not), build the batches, the same
+            bytes as local workers (guide: remote-workers.md).
+        ray_options: with ``worker_type="ray"``, each actor's Ray options: ``num_cpus``
+            (default 1), ``num_gpus``, ``memory``, ``resources``, ``scheduling_strategy``
+            (e.g. ``"SPREAD"``), ``runtime_env``.
         prefetch: batches prepared ahead; default ``2 * num_workers`` (two reads per worker
             with a transform). Work is whole reads, at least one per worker, which bounds the
             memory (see :mod:`lanceloader.engine.stream`).
@@ -165,6 +172,7 @@ class Loader:
         device_prefetch_bytes: int | None = None,
         num_workers: int | None = None,
         worker_type: str = "thread",
+        ray_options: Mapping[str, Any] | None = None,
         prefetch: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -196,11 +204,20 @@ class Loader:
             Output.of(
                 output, pin_memory, device, device_prefetch, device_prefetch_bytes, fill_nulls
             ),
-            Workers(num_workers, worker_type, prefetch, rows_per_read, log_every, stall_timeout),
+            Workers(
+                num_workers,
+                worker_type,
+                prefetch,
+                rows_per_read,
+                log_every,
+                stall_timeout,
+                ray_options,
+            ),
         )
         self.recorder = Recorder()
         self._cursor = Cursor(self._pipeline.spec())
         self._live = LiveIterator()  # held weakly; the cursor outlives it
+        self._pool = KeptPool()  # process workers, kept across epochs until close()
 
     # --- the stages, as assembled (read-only views of the pipeline) ---------------------
 
@@ -287,7 +304,11 @@ class Loader:
         self._adopt_at_epoch_start()
         return self._live.start(
             EpochIterator(
-                self.reading(self.num_workers), self._cursor, self.recorder, self.log_every
+                self.reading(self.num_workers),
+                self._cursor,
+                self.recorder,
+                self.log_every,
+                self._pool,
             ),
             self._cursor,
         )
@@ -359,12 +380,16 @@ class Loader:
         pipeline, state, allow = self._pipeline.resumed(state, allow_changes)
         cursor = Cursor(pipeline.spec())
         cursor.load_state_dict(state, allow)  # raises before anything of this loader changed
+        if pipeline is not self._pipeline:  # other rows: workers holding the old ones go
+            self._pool.close()
         self._pipeline, self._cursor = pipeline, cursor
         self._live.forget()
 
     def close(self) -> None:
-        """Stop the live iterator's workers (if any); the cursor stays where it stopped."""
+        """Stop the workers (the live iterator's; process workers kept between epochs); the
+        cursor stays where it stopped, and the next ``iter()`` starts workers again."""
         self._live.close()
+        self._pool.close()
 
     def __enter__(self) -> Loader:
         return self

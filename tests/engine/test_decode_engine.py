@@ -12,6 +12,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from lanceloader.engine.pool import Ordered
 from lanceloader.engine.processes import ProcessPool
 
 WAIT_S = 20.0  # a blocked task gives up after this long and says so
@@ -45,7 +46,7 @@ def test_a_busy_process_worker_is_not_dealt_the_next_task(tmp_path) -> None:
     task 2 on the same worker while the other worker idled (here: until the wait gave up); the
     worker with fewer unfinished tasks must get it."""
     tasks = iter([(str(tmp_path), x) for x in range(8)])
-    with ProcessPool(blocked_behind, tasks, num_workers=2, depth=4) as pool:
+    with Ordered(ProcessPool(blocked_behind, num_workers=2), tasks, depth=4) as pool:
         results = list(pool)
     assert [r["x"] for r in results] == list(range(8))  # still in task order
     assert all(r["waited"] for r in results), "task 4 waited behind the blocked task 2"
@@ -85,7 +86,7 @@ def test_a_process_workers_reads_reuse_freed_memory(tmp_path) -> None:
     rng = np.random.default_rng(0)
     values = [rng.bytes(VALUE_BYTES) for _ in range(READ_ROWS)]
     lance.write_dataset(pa.table({"image": pa.array(values, pa.binary())}), uri)
-    with ProcessPool(faults_per_read, iter([uri]), num_workers=1, depth=1) as pool:
+    with Ordered(ProcessPool(faults_per_read, num_workers=1), iter([uri]), depth=1) as pool:
         (result,) = list(pool)
     pages = READ_ROWS * VALUE_BYTES / 4096
     assert result["faults"] < pages / 4, (

@@ -7,7 +7,13 @@ import time
 import pytest
 
 from conftest import lanceloader_threads
-from lanceloader.engine.threads import OrderedPrefetcher
+from lanceloader.engine.pool import Ordered
+from lanceloader.engine.threads import ThreadPool
+
+
+def prefetch(fn, tasks, num_workers: int, depth: int) -> Ordered:
+    """The results of ``tasks`` from a thread pool of its own (closed at the end)."""
+    return Ordered(ThreadPool(fn, num_workers), tasks, depth)
 
 
 def slow_square(x: int) -> int:
@@ -17,7 +23,7 @@ def slow_square(x: int) -> int:
 
 @pytest.mark.parametrize("workers, depth", [(1, 1), (2, 1), (2, 5), (4, 3)])
 def test_results_come_in_task_order(workers: int, depth: int) -> None:
-    with OrderedPrefetcher(slow_square, iter(range(40)), workers, depth) as it:
+    with prefetch(slow_square, iter(range(40)), workers, depth) as it:
         assert list(it) == [x * x for x in range(40)]
 
 
@@ -30,7 +36,7 @@ def test_at_most_depth_tasks_in_flight() -> None:
         gate.wait(5)
         return x
 
-    it = OrderedPrefetcher(fn, iter(range(100)), num_workers=8, depth=3)
+    it = prefetch(fn, iter(range(100)), num_workers=8, depth=3)
     time.sleep(0.05)
     assert len(started) == 3 and it.in_flight == 3
     gate.set()
@@ -45,7 +51,7 @@ def test_worker_error_is_reraised_with_its_traceback_and_closes() -> None:
             raise KeyError("boom")
         return x
 
-    it = OrderedPrefetcher(fn, iter(range(10)), 2, 4)
+    it = prefetch(fn, iter(range(10)), 2, 4)
     assert [next(it) for _ in range(3)] == [0, 1, 2]
     with pytest.raises(KeyError, match="boom") as info:
         next(it)
@@ -56,7 +62,7 @@ def test_worker_error_is_reraised_with_its_traceback_and_closes() -> None:
 
 
 def test_close_is_idempotent_and_joins_threads() -> None:
-    it = OrderedPrefetcher(slow_square, iter(range(1000)), 2, 4)
+    it = prefetch(slow_square, iter(range(1000)), 2, 4)
     next(it)
     it.close()
     it.close()
@@ -65,7 +71,7 @@ def test_close_is_idempotent_and_joins_threads() -> None:
 
 def test_garbage_collection_closes() -> None:
     for _ in range(50):
-        it = OrderedPrefetcher(slow_square, iter(range(1000)), 2, 4)
+        it = prefetch(slow_square, iter(range(1000)), 2, 4)
         next(it)
         del it
     gc.collect()
@@ -74,6 +80,6 @@ def test_garbage_collection_closes() -> None:
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="num_workers"):
-        OrderedPrefetcher(slow_square, iter([]), 0, 1)
+        prefetch(slow_square, iter([]), 0, 1)
     with pytest.raises(ValueError, match="depth"):
-        OrderedPrefetcher(slow_square, iter([]), 1, 0)
+        prefetch(slow_square, iter([]), 1, 0)

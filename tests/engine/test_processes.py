@@ -17,12 +17,18 @@ import pytest
 import workerfns
 from conftest import lanceloader_threads
 from lanceloader.engine.pickling import check_picklable
+from lanceloader.engine.pool import Ordered
 from lanceloader.engine.processes import ProcessPool, WorkerDiedError
 
 
 def shm_files() -> set[str]:
     """Shared-memory files of the process pools this process ran (named by its pid)."""
     return {p.name for p in Path("/dev/shm").glob(f"lanceloader-pool-{os.getpid()}-*")}
+
+
+def ordered(fn, tasks, num_workers: int, depth: int) -> Ordered:
+    """The results of ``tasks`` from a pool of its own (closed at the end)."""
+    return Ordered(ProcessPool(fn, num_workers), tasks, depth)
 
 
 def open_fds() -> int:
@@ -38,7 +44,7 @@ def alive(pid: int) -> bool:
 
 
 def test_results_come_in_order_with_arrays_from_shared_memory() -> None:
-    with ProcessPool(workerfns.echo, iter(range(30)), num_workers=2, depth=4) as pool:
+    with ordered(workerfns.echo, iter(range(30)), num_workers=2, depth=4) as pool:
         results = list(pool)
     assert [r["x"] for r in results] == list(range(30))
     assert all(r["value"].shape == (100, 4) and r["value"][0, 0] == r["x"] for r in results)
@@ -53,8 +59,8 @@ def test_results_come_in_order_with_arrays_from_shared_memory() -> None:
 )
 def test_a_dead_worker_is_reported_quickly_and_nothing_leaks(fn, status: str) -> None:
     before_fds = open_fds()
-    pool = ProcessPool(fn, iter(range(20)), num_workers=2, depth=4)
-    pids = pool.pids
+    pool = ordered(fn, iter(range(20)), num_workers=2, depth=4)
+    pids = pool.pool.pids
     start = time.monotonic()
     with pytest.raises(WorkerDiedError, match=rf"worker process 1 \(pid \d+\) {status}"):
         list(pool)
@@ -67,15 +73,15 @@ def test_a_dead_worker_is_reported_quickly_and_nothing_leaks(fn, status: str) ->
 
 def test_an_exception_keeps_its_type_and_the_worker_traceback() -> None:
     with pytest.raises(ValueError, match="bad task 3") as info:
-        list(ProcessPool(workerfns.raise_on, iter(range(10)), 2, 2))
+        list(ordered(workerfns.raise_on, iter(range(10)), 2, 2))
     notes = "\n".join(info.value.__notes__)
     assert "in worker process 1" in notes and "raise_on" in notes
 
 
 def test_close_mid_way_stops_every_worker() -> None:
-    pool = ProcessPool(workerfns.slow, iter(range(100)), 2, 4)
+    pool = ordered(workerfns.slow, iter(range(100)), 2, 4)
     next(pool)
-    pids = pool.pids
+    pids = pool.pool.pids
     start = time.monotonic()
     pool.close()
     pool.close()
@@ -92,7 +98,7 @@ def test_what_cannot_be_copied_is_named_before_start_and_lambdas_travel_by_value
         r"create it inside the transform",
     ):
         check_picklable(lambda x: lock, "transform <lambda>")
-    with ProcessPool(lambda x: {"value": np.full(3, x * 2)}, iter(range(4)), 2, 2) as pool:
+    with ordered(lambda x: {"value": np.full(3, x * 2)}, iter(range(4)), 2, 2) as pool:
         assert [r["value"].tolist() for r in pool] == [[0, 0, 0], [2, 2, 2], [4, 4, 4], [6, 6, 6]]
 
 
@@ -109,10 +115,11 @@ def start_pool_script(tmp_path, then: str) -> tuple[subprocess.Popen, list[int]]
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
         import workerfns
+        from lanceloader.engine.pool import Ordered
         from lanceloader.engine.processes import ProcessPool
         if __name__ == "__main__":
-            pool = ProcessPool(workerfns.slow, iter(range(1000)), 2, 4)
-            print("pids", *pool.pids, flush=True)
+            pool = Ordered(ProcessPool(workerfns.slow, 2), iter(range(1000)), 4)
+            print("pids", *pool.pool.pids, flush=True)
     """)
         + textwrap.indent(textwrap.dedent(then), "    ")
     )
@@ -157,6 +164,6 @@ def test_a_task_that_cannot_be_sent_fails_in_the_consumer_not_as_a_wait() -> Non
     unpicklable one raises there, at once, and the pool is stopped."""
     tasks = iter([1, lambda: 2])  # a lambda cannot be pickled
     with pytest.raises(Exception, match="pickle") as info:
-        ProcessPool(workerfns.echo, tasks, num_workers=1, depth=2)
+        ordered(workerfns.echo, tasks, num_workers=1, depth=2)
     assert "lambda" in str(info.value)
     assert lanceloader_threads() == [] and shm_files() == set()

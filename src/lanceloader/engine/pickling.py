@@ -95,3 +95,58 @@ def _parts(obj: object) -> Iterator[tuple[str, object]]:
         yield from ((f"field {f.name!r}", getattr(obj, f.name)) for f in dataclasses.fields(obj))
     elif hasattr(obj, "__dict__") and not isinstance(obj, type | types.ModuleType):
         yield from ((f"attribute {k!r}", v) for k, v in vars(obj).items())
+
+
+# Arrays at least this large leave a worker's pickle (out of band: Shipment).
+OUT_OF_BAND_BYTES = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Shipment:
+    """What a process pool gives each worker at start: ``obj`` pickled (:func:`dumps`) with its
+    large buffers (NumPy arrays of at least :data:`OUT_OF_BAND_BYTES`: a filter's row list, a
+    table of fragments) left out of band, so the pool writes them once into shared memory and
+    the bytes sent to each worker stay small whatever the dataset's size
+    (:func:`~lanceloader.engine.transport.ship`).
+
+    ``obj`` is held, so its buffers stay alive at their addresses: :meth:`same` compares two
+    shipments by their pickles and by which memory their buffers are (the arrays a worker holds
+    are never changed in place), without reading the buffers.
+
+    >>> import numpy as np
+    >>> rows = np.arange(100_000)
+    >>> a, b = Shipment.of({"rows": rows}), Shipment.of({"rows": rows})
+    >>> len(a.data) < 200, len(a.buffers), a.same(b), a.same(Shipment.of({"rows": rows + 1}))
+    (True, 1, True, False)
+    """
+
+    obj: object
+    data: bytes
+    buffers: tuple[pickle.PickleBuffer, ...]
+
+    @classmethod
+    def of(cls, obj: object) -> Shipment:
+        buffers: list[pickle.PickleBuffer] = []
+
+        def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+            if buffer.raw().nbytes < OUT_OF_BAND_BYTES:
+                return True  # in band
+            buffers.append(buffer)
+            return False
+
+        data = cloudpickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+        return cls(obj, data, tuple(buffers))
+
+    def _places(self) -> list[tuple[int, int]]:
+        return [_address(b.raw()) for b in self.buffers]
+
+    def same(self, other: Shipment) -> bool:
+        """Whether a worker given ``other`` holds what one given this holds."""
+        return self.data == other.data and self._places() == other._places()
+
+
+def _address(view: memoryview) -> tuple[int, int]:
+    """Where a buffer's memory starts, and its length."""
+    import numpy as np  # (numpy is there whenever a buffer is)
+
+    return np.frombuffer(view, np.uint8).__array_interface__["data"][0], view.nbytes

@@ -1,18 +1,9 @@
 """Process workers: for transforms that hold the GIL, without fork hazards or pickled arrays.
 
-Workers are started by a **forkserver** whose server process imported Lance, Arrow and NumPy but
-never used them. A process that has done Lance I/O must not be forked (Lance's runtime threads do
-not survive ``fork``; see ``docs/fork-safety.md``), and spawning a fresh interpreter per worker
-costs seconds. Forking from that clean server costs milliseconds and is safe.
-
-Workers never run the user's main module: multiprocessing's "main module preparation" (the
-``init_main_from_path`` / ``init_main_from_name`` entries of the data a forkserver child gets
-before its process object, which make a ``spawn``/``forkserver`` child re-run the script as
-``__mp_main__``) is left out for these workers (:class:`WorkerProcess`). A script without an
-``if __name__ == "__main__":`` guard therefore runs its top-level code once, and a notebook (which
-has no main file) works alike. What a worker runs reaches it **by value** through ``cloudpickle``:
-functions and classes defined in ``__main__`` or a notebook cell, lambdas and closures travel
-with their code; what lives in an importable module travels by name, as with ``pickle``.
+A :class:`ProcessPool` is a :class:`~lanceloader.engine.pool.Pool` of forkserver processes
+(how they start and what they run: :mod:`lanceloader.engine.forkserver`). A loader keeps one
+across its epochs (:class:`~lanceloader.engine.pool.KeptPool`), so its workers keep what they
+opened and filled (the dataset, the cache's pieces) from one epoch to the next.
 
 Contract:
 
@@ -20,290 +11,219 @@ Contract:
   a worker slowed down (by a slow task, or by other processes taking its core) gets less work
   instead of holding back the others: with tasks dealt ``i % num_workers``, a worker stuck on
   the oldest task kept its later tasks queued while the others idled. Results are read as they
-  come from every worker and handed out in task order. At most ``depth`` tasks are in flight
-  (sent and not yet handed out, finished ones waiting their turn included).
+  come from every worker and taken in task order. The caller bounds the tasks in flight
+  (``in_flight``: submitted and not yet taken, finished ones waiting their turn included).
 * NumPy arrays in a result travel through shared memory (:mod:`lanceloader.engine.transport`):
-  the worker writes them into one ``/dev/shm`` file per task, the consumer maps it and unlinks it at once, and the arrays it
-  hands out view that mapping (no pickling, one copy in the worker). Everything else in a result
-  is pickled.
+  the worker writes them into one ``/dev/shm`` file per task, the consumer maps it and unlinks
+  it at once, and the arrays it hands out view that mapping (no pickling, one copy in the
+  worker). Everything else in a result is pickled.
 * A worker that dies (SIGKILL, ``os._exit``, a crash) is reported in the consumer at once, with
   its index, PID and exit status; an exception in a worker is re-raised in the consumer with the
-  worker's traceback as a note.
+  worker's traceback as a note. Either closes the pool.
 * The consumer's wait for a result wakes for signals and lasts at most ``stall_timeout``
-  seconds; then :class:`~lanceloader.engine.threads.Stalled` is raised with the stuck worker's stack
-  (written by ``faulthandler`` on SIGUSR1; a stopped process is reported as stopped).
+  seconds; then :class:`~lanceloader.engine.threads.Stalled` is raised with the stuck worker's
+  stack (written by ``faulthandler`` on SIGUSR1; a stopped process is reported as stopped).
+* ``discard()`` (a stream that stops before its end: ``break``, ``close()``) returns at once:
+  answers already there are dropped (their files unlinked), workers still busy with a task are
+  SIGKILLed (all at once; a task and those queued behind it would hold the next epoch back) and
+  started again when a task next needs them, and idle workers stay, with what they hold. No
+  result of a discarded task is ever taken.
 * ``close()`` returns within a fraction of a second whatever the workers are doing: idle workers
-  are told to exit, busy ones are SIGKILLed (all at once), every worker is joined, and this pool's
-  shared-memory files are removed. It is idempotent. Workers ignore SIGINT (the consumer handles
-  Ctrl-C and closes them).
-* Nothing outlives the consumer (:mod:`lanceloader.lifecycle.lifetime`): each worker watches the consumer
-  and, when it dies (even by SIGKILL), removes its shared-memory files and exits; a pool that
-  starts removes the files of consumers that died earlier.
+  are told to exit, busy ones are SIGKILLed (all at once), every worker is joined, and this
+  pool's shared-memory files are removed. It is idempotent, and runs on garbage collection and
+  at the interpreter's exit. Workers ignore SIGINT (the consumer handles Ctrl-C and closes them).
+* Nothing outlives the consumer (:mod:`lanceloader.lifecycle.lifetime`): each worker watches
+  the consumer and, when it dies (even by SIGKILL), removes its shared-memory files and exits; a
+  pool that starts removes the files of consumers that died earlier.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import faulthandler
-import io
-import itertools
 import multiprocessing as mp
 import os
 import pickle
 import queue
-import re
 import signal
 import threading
 import time
-import traceback
 import uuid
+import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
-from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import set_spawning_popen
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
-from lanceloader.engine.memory import reuse_freed_memory
-from lanceloader.engine.pickling import dumps
+from lanceloader.engine.forkserver import (
+    FRAME,
+    PRELOAD,
+    WorkerProcess,
+    forkserver_context,
+    start_forkserver,
+    task_thread,
+    worker_main,
+    worker_stack,
+)
+from lanceloader.engine.pickling import Shipment
 from lanceloader.engine.threads import Stalled, check_same_process
-from lanceloader.engine.transport import pack, unpack
+from lanceloader.engine.transport import ship, unpack
 from lanceloader.lifecycle import lifetime
-from lanceloader.lifecycle.lifetime import SHM_DIR, picklable_error
+from lanceloader.lifecycle.lifetime import SHM_DIR
+
+__all__ = ["PRELOAD", "ProcessPool", "WorkerDiedError", "forkserver_context", "start_forkserver"]
 
 # close(): how long idle workers get to exit after being told to, before every worker left is
 # SIGKILLed (busy ones hold nothing that needs a clean exit: their files are removed after).
 EXIT_S = 0.1
-STACK_SIGNAL = signal.SIGUSR1  # a worker's faulthandler writes its stack on this signal
-# The forkserver imports these once; its children start with them loaded. The first one silences
-# Lance's "not fork-safe" warning in the server only: forking it is safe, it never used Lance.
-PRELOAD = [
-    "lanceloader.lifecycle._forkserver",
-    "numpy",
-    "pyarrow",
-    "lance",
-    "cloudpickle",
-    "lanceloader.engine.work",
-]
-# What multiprocessing's preparation data uses to re-run the parent's main module in a child.
-MAIN_MODULE_KEYS = ("init_main_from_path", "init_main_from_name")
 
 
 class WorkerDiedError(RuntimeError):
     """A worker process exited without answering its task."""
 
 
-def forkserver_context() -> mp.context.BaseContext:
-    """The forkserver context, preloading Lance (imported, never used) when it first starts."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+class _Worker:
+    """One worker process: its process, the pipe its feeder thread sends tasks on (a send
+    blocks while the pipe is full, and the consumer must never wait there), the pipe its answers
+    come on, and how many of its tasks are unanswered."""
 
-
-def start_forkserver() -> None:
-    """Start the forkserver now, without waiting: its imports (~1 s) overlap with the caller's
-    work, and the first ``iter()`` only waits for what is left."""
-    forkserver_context()
-    forkserver.ensure_running()
-
-
-def preparation_data(name: str) -> dict[str, Any]:
-    """What a worker gets before its process object: multiprocessing's preparation data (name,
-    authkey, ``sys.path``, ``sys.argv``, working directory) less the main module entries, so the
-    worker never imports the user's script.
-
-    >>> sorted(set(preparation_data("w")) & set(MAIN_MODULE_KEYS))
-    []
-    """
-    data = spawn.get_preparation_data(name)
-    for key in MAIN_MODULE_KEYS:
-        data.pop(key, None)
-    return data
-
-
-class WorkerPopen(popen_forkserver.Popen):
-    """The forkserver's ``Popen`` with :func:`preparation_data` in place of the stdlib's: the
-    same launch (``popen_forkserver.Popen._launch``, the same from CPython 3.10 to its main branch)
-    without the main module preparation."""
-
-    def _launch(self, process_obj: Any) -> None:
-        prep_data = preparation_data(process_obj._name)
-        buf = io.BytesIO()
-        set_spawning_popen(self)
-        try:
-            reduction.dump(prep_data, buf)
-            reduction.dump(process_obj, buf)
-        finally:
-            set_spawning_popen(None)
-        # multiprocessing's own Popen internals (popen_forkserver.Popen._launch does the same)
-        self.sentinel, w = forkserver.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
-        # A duplicate of the data pipe's write end: the child's sentinel of this process.
-        parent_w = os.dup(w)
-        self.finalizer = util.Finalize(
-            self,
-            util.close_fds,  # type: ignore[attr-defined]
-            (parent_w, self.sentinel),
+    def __init__(self, index: int, work: tuple[Any, ...], prefix: str, owner: int) -> None:
+        ctx = forkserver_context()
+        task_recv, self.send = ctx.Pipe(duplex=False)
+        self.recv, result_send = ctx.Pipe(duplex=False)
+        self.proc = WorkerProcess(
+            target=worker_main,
+            name=f"lanceloader-process-{index}",
+            args=(work, task_recv, result_send, prefix, owner),
+            daemon=True,
         )
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = forkserver.read_signed(self.sentinel)
-
-
-class WorkerProcess(mp.context.ForkServerProcess):
-    """A forkserver process that does not re-run the user's main module (:class:`WorkerPopen`)."""
-
-    @staticmethod
-    def _Popen(process_obj: Any) -> WorkerPopen:  # multiprocessing's name
-        return WorkerPopen(process_obj)
-
-
-# --- the worker process --------------------------------------------------------------------
-
-
-def _worker_main(
-    fn_bytes: bytes, tasks: Connection, results: Connection, prefix: str, owner: int
-) -> None:
-    """Run tasks until told to stop, or until the consumer (``owner``) goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    reuse_freed_memory()
-    lifetime.watch_owner(owner)
-    # Appending: the consumer truncates the file before it asks for a stack.
-    stack_file = open(SHM_DIR / f"{prefix}-{os.getpid()}-stack", "a")  # noqa: SIM115
-    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
-    fn = pickle.loads(fn_bytes)
-    counter = itertools.count()
-    while True:
+        self.unfinished = 0
+        self.feed: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.feeder = threading.Thread(
+            target=_feed,
+            args=(self.feed, self.send),
+            daemon=True,
+            name=f"lanceloader-feeder-{index}",
+        )
         try:
-            message = tasks.recv()
-        except (EOFError, OSError):  # the consumer is gone: nobody will map what was sent
-            lifetime.remove_prefix(prefix)
-            return
-        if message is None:
-            return
-        index, task = message
-        path = SHM_DIR / f"{prefix}-{os.getpid()}-{next(counter)}"
-        try:
-            payload: tuple[Any, ...] = ("ok", index, *pack(fn(task), path), str(path))
-        except BaseException as exc:
-            path.unlink(missing_ok=True)
-            payload = (
-                "error",
-                index,
-                dumps(picklable_error(exc, dumps)),
-                traceback.format_exc(),
-                "",
-            )
-        try:
-            results.send(payload)
-        except (BrokenPipeError, OSError):
-            lifetime.remove_prefix(prefix)
-            return
+            self.proc.start()
+        except BaseException:
+            self.send.close()
+            self.recv.close()
+            raise
+        finally:
+            task_recv.close()
+            result_send.close()
+        self.feeder.start()
 
-
-# --- the pool -----------------------------------------------------------------------------
+    def release(self) -> None:
+        """After the process exited or was killed: join it, its feeder, close the pipes."""
+        self.proc.join()
+        self.feed.put(_STOP)
+        self.feeder.join(1.0)  # a send to a dead worker fails at once
+        self.proc.close()  # releases its sentinel file descriptor
+        self.send.close()
+        self.recv.close()
 
 
 class ProcessPool:
-    """Ordered results of ``fn`` over ``tasks`` from ``num_workers`` forkserver processes."""
+    """Results of ``fn`` over the tasks submitted, in order, from ``num_workers`` forkserver
+    processes (see the module text). ``start_bytes``: what each worker is sent at start."""
 
     def __init__(
         self,
-        fn: Callable[[Any], Any],
-        tasks: Iterator[Any],
+        fn: Callable[[Any], Any] | Shipment,
         num_workers: int,
-        depth: int,
         stall_timeout: float | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        self._tasks = tasks
-        self._depth = max(depth, num_workers)
-        self._stall_timeout = stall_timeout
+        self.stall_timeout = stall_timeout
+        self.shipment = fn if isinstance(fn, Shipment) else Shipment.of(fn)
         self._pid = os.getpid()
         self._closed = False
         lifetime.remove_orphans()
         self._prefix = lifetime.shm_name("pool", os.getpid(), uuid.uuid4().hex[:8])
         self._submitted = 0
         self._pending: deque[tuple[int, int, Any]] = deque()  # (index, worker, task), in order
-        self._unfinished = [0] * num_workers  # tasks sent to each worker, not yet answered
         self._done: dict[int, tuple[Any, BaseException | None]] = {}  # index -> (result, error)
-        ctx = forkserver_context()
-        fn_bytes = dumps(fn)
-        self._workers: list[tuple[mp.process.BaseProcess, Connection, Connection]] = []
-        # A task is sent by a feeder thread per worker: a send blocks while the pipe is full
-        # (a task of a big read is hundreds of KB), and the consumer must never wait there, or
-        # a worker stuck on its current task would block it beyond stall_timeout.
-        self._feeds: list[tuple[queue.SimpleQueue[Any], threading.Thread]] = []
+        self._workers: list[_Worker | None] = [None] * num_workers
+        self._work: tuple[Any, ...] = ()
         try:
+            self._work = ship(self.shipment, Path(SHM_DIR / f"{self._prefix}-work"))
+            self.start_bytes = len(pickle.dumps(self._work))
             for i in range(num_workers):
-                task_recv, task_send = ctx.Pipe(duplex=False)
-                result_recv, result_send = ctx.Pipe(duplex=False)
-                proc = WorkerProcess(
-                    target=_worker_main,
-                    name=f"lanceloader-process-{i}",
-                    args=(fn_bytes, task_recv, result_send, self._prefix, self._pid),
-                    daemon=True,
-                )
-                proc.start()
-                task_recv.close()
-                result_send.close()
-                self._workers.append((proc, task_send, result_recv))
-                feed: queue.SimpleQueue[Any] = queue.SimpleQueue()
-                feeder = threading.Thread(
-                    target=_feed,
-                    args=(feed, task_send),
-                    daemon=True,
-                    name=f"lanceloader-feeder-{i}",
-                )
-                feeder.start()
-                self._feeds.append((feed, feeder))
-            self._fill()
+                self._start(i)
         except BaseException:
             self.close()
             raise
+        _live.add(self)
+
+    def _start(self, i: int) -> _Worker:
+        worker = self._workers[i] = _Worker(i, self._work, self._prefix, self._pid)
+        return worker
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    @property
+    def owner(self) -> int:
+        """The process that started the pool (the only one that may use it)."""
+        return self._pid
 
     @property
     def in_flight(self) -> int:
+        """Tasks submitted and not yet taken."""
         return len(self._pending)
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p, _, _ in self._workers if not self._closed and p.pid is not None]
+        return [w.proc.pid for w in self._live_workers() if w.proc.pid is not None]
+
+    def _live_workers(self) -> list[_Worker]:
+        return [] if self._closed else [w for w in self._workers if w is not None]
+
+    def _unfinished(self, i: int) -> int:
+        worker = self._workers[i]
+        return 0 if worker is None else worker.unfinished
 
     def _least_busy(self) -> int:
         """The worker with the fewest unfinished tasks; among equals, the next in turn."""
         n = len(self._workers)
         turn = self._submitted % n
-        return min(range(n), key=lambda w: (self._unfinished[w], (w - turn) % n))
+        return min(range(n), key=lambda w: (self._unfinished(w), (w - turn) % n))
 
-    def _fill(self) -> None:
-        while len(self._pending) < self._depth:
-            task = next(self._tasks, None)
-            if task is None:
-                return
-            worker = self._least_busy()
-            # Pickled here, so that a task that cannot be sent fails in the consumer; a dead
-            # worker is reported by _collect.
-            self._feeds[worker][0].put(ForkingPickler.dumps((self._submitted, task)))
-            self._pending.append((self._submitted, worker, task))
-            self._unfinished[worker] += 1
-            self._submitted += 1
+    def submit(self, task: Any) -> None:
+        """Send ``task`` to the least busy worker (started again first if a discard stopped
+        it). Pickled here, so that a task that cannot be sent fails in the caller; a dead worker
+        is reported by :meth:`take`."""
+        check_same_process(self._pid)
+        if self._closed:
+            raise RuntimeError("this process pool is closed")
+        i = self._least_busy()
+        message = ForkingPickler.dumps((self._submitted, task))
+        worker = self._workers[i] or self._start(i)
+        worker.feed.put(message)
+        self._pending.append((self._submitted, i, task))
+        worker.unfinished += 1
+        self._submitted += 1
 
-    def __iter__(self) -> ProcessPool:
-        return self
-
-    def __next__(self) -> Any:
+    def take(self) -> Any:
+        """The oldest task's result (its error raised, the pool closed); waits at most
+        ``stall_timeout`` (:class:`~lanceloader.engine.threads.Stalled`)."""
         check_same_process(self._pid)
         if self._closed or not self._pending:
-            self.close()
-            raise StopIteration
+            raise RuntimeError("no task in flight to take a result of")
         index, worker, task = self._pending[0]
         try:
-            deadline = (
-                None if self._stall_timeout is None else time.monotonic() + self._stall_timeout
-            )
+            deadline = None if self.stall_timeout is None else time.monotonic() + self.stall_timeout
             while index not in self._done:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not self._collect(left):
@@ -313,7 +233,6 @@ class ProcessPool:
             if error is not None:
                 raise error
             self._collect(0.0)  # answers already there count before the next tasks are dealt
-            self._fill()
         except BaseException:
             self.close()
             raise
@@ -323,50 +242,68 @@ class ProcessPool:
         """Take every answer that arrives within ``timeout`` seconds (each worker's answers come
         in its order); False when none came. A worker that died with tasks unfinished is a
         :class:`WorkerDiedError` at once."""
-        busy = [w for w, n in enumerate(self._unfinished) if n]
         handles: dict[Any, int] = {
-            h: w for w in busy for h in (self._workers[w][2], self._workers[w][0].sentinel)
+            h: i
+            for i, w in enumerate(self._workers)
+            if w is not None and w.unfinished
+            for h in (w.recv, w.proc.sentinel)
         }
         ready = wait(list(handles), timeout=timeout)
-        for worker in sorted({handles[h] for h in ready}):
-            proc, _, conn = self._workers[worker]
-            while self._unfinished[worker] and conn.poll():  # answers sent before any exit
+        for i in sorted({handles[h] for h in ready}):
+            worker = self._workers[i]
+            assert worker is not None
+            while worker.unfinished and worker.recv.poll():  # answers sent before any exit
                 try:
-                    message = conn.recv()
+                    message = worker.recv.recv()
                 except EOFError:  # gone, its pipe closed
-                    proc.join(1.0)
-                    raise WorkerDiedError(_death_message(worker, proc)) from None
-                self._answer(worker, message)
-            if self._unfinished[worker] and proc.sentinel in ready:
-                proc.join(1.0)
-                raise WorkerDiedError(_death_message(worker, proc))
+                    worker.proc.join(1.0)
+                    raise WorkerDiedError(_death_message(i, worker.proc)) from None
+                worker.unfinished -= 1
+                self._answer(i, message)
+            if worker.unfinished and worker.proc.sentinel in ready:
+                worker.proc.join(1.0)
+                raise WorkerDiedError(_death_message(i, worker.proc))
         return bool(ready)
 
     def _answer(self, worker: int, message: tuple[Any, ...]) -> None:
         kind, index, a, b, path = message
-        self._unfinished[worker] -= 1
         if kind == "error":
             exc: BaseException = pickle.loads(a)
             if hasattr(exc, "add_note"):
-                exc.add_note(
-                    f"in worker process {worker} (pid {self._workers[worker][0].pid}):\n{b}"
-                )
+                pid = self._workers[worker].proc.pid  # type: ignore[union-attr]
+                exc.add_note(f"in worker process {worker} (pid {pid}):\n{b}")
             self._done[index] = (None, exc)
         else:  # mapped (and its file unlinked) now, whatever its turn
             self._done[index] = (unpack(a, b, Path(path)), None)
 
-    def _stalled(self, worker: int, task: Any) -> Stalled:
-        assert self._stall_timeout is not None
-        proc = self._workers[worker][0]
-        assert proc.pid is not None
-        stack = _task_thread(worker_stack(proc.pid, SHM_DIR / f"{self._prefix}-{proc.pid}-stack"))
+    def _stalled(self, i: int, task: Any) -> Stalled:
+        assert self.stall_timeout is not None
+        worker = self._workers[i]
+        assert worker is not None and worker.proc.pid is not None
+        pid = worker.proc.pid
+        stack = task_thread(worker_stack(pid, SHM_DIR / f"{self._prefix}-{pid}-stack"))
         return Stalled(
-            self._stall_timeout,
-            task,
-            f"worker process {worker} (pid {proc.pid})",
-            stack,
-            _FRAME.findall(stack),
+            self.stall_timeout, task, f"worker process {i} (pid {pid})", stack, FRAME.findall(stack)
         )
+
+    def discard(self) -> None:
+        """Forget every task in flight (see the module text): busy workers are killed, idle
+        ones stay. The pool takes new tasks after it."""
+        if self._closed or self._pid != os.getpid():
+            return
+        with contextlib.suppress(WorkerDiedError):
+            self._collect(0.0)  # a worker whose answers are all here is idle
+        busy = [(i, w) for i, w in enumerate(self._workers) if w is not None and w.unfinished]
+        for _, worker in busy:
+            with contextlib.suppress(OSError):
+                worker.proc.kill()
+        for i, worker in busy:
+            pid = worker.proc.pid
+            worker.release()
+            lifetime.remove_prefix(f"{self._prefix}-{pid}")  # its unread answers, its stack
+            self._workers[i] = None
+        self._pending.clear()
+        self._done.clear()
 
     def close(self) -> None:
         """Stop every worker at once and join them; remove this pool's files. Idempotent."""
@@ -375,11 +312,11 @@ class ProcessPool:
         self._closed = True
         if self._pid != os.getpid():
             return
-        busy = {worker for worker, n in enumerate(self._unfinished) if n}
-        for worker, (feed, _) in enumerate(self._feeds):
-            if worker not in busy:
-                feed.put(None)  # an idle worker exits by itself; busy ones are killed below
-        running = [p for p, _, _ in self._workers if p.exitcode is None]
+        workers = [w for w in self._workers if w is not None]
+        for worker in workers:
+            if not worker.unfinished:
+                worker.feed.put(None)  # an idle worker exits by itself; busy ones are killed
+        running = [w.proc for w in workers if w.proc.exitcode is None]
         deadline = time.monotonic() + EXIT_S
         while running and time.monotonic() < deadline:
             wait([p.sentinel for p in running], timeout=max(0.0, deadline - time.monotonic()))
@@ -387,16 +324,8 @@ class ProcessPool:
         for proc in running:  # busy: a read or a transform that would keep us waiting
             with contextlib.suppress(OSError):
                 proc.kill()
-        for proc, _, _ in self._workers:
-            proc.join()  # at once: exited or SIGKILLed
-        for feed, _ in self._feeds:
-            feed.put(_STOP)
-        for _, feeder in self._feeds:  # a send to a killed worker fails at once
-            feeder.join(1.0)
-        for proc, send, recv in self._workers:
-            proc.close()  # releases its sentinel file descriptor
-            send.close()
-            recv.close()
+        for worker in workers:
+            worker.release()
         lifetime.remove_prefix(self._prefix)
         self._pending.clear()
         self._done.clear()
@@ -413,6 +342,16 @@ class ProcessPool:
 
 
 _STOP = object()
+_live: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every live pool of this process at the interpreter's exit (a loader kept one):
+    workers told to exit, files removed, before multiprocessing's own exit handler."""
+    for pool in list(_live):
+        if pool._pid == os.getpid():
+            pool.close()
 
 
 def _feed(feed: queue.SimpleQueue[Any], conn: Connection) -> None:
@@ -454,39 +393,3 @@ def _death_message(worker: int, proc: mp.process.BaseProcess) -> str:
         f"worker process {worker} (pid {proc.pid}) {status} before returning its batch; "
         f"the loader stopped all workers. {cause}"
     )
-
-
-def worker_stack(pid: int, stack_file: Path, wait_s: float = 1.0) -> str:
-    """The Python stack of every thread of worker ``pid``, as its ``faulthandler`` writes it to
-    ``stack_file`` on :data:`STACK_SIGNAL`; or why it cannot be had (a stopped process runs no
-    handler)."""
-    state = lifetime.process_state(pid)
-    if state in ("T", "t"):
-        return (
-            f"(no stack: process {pid} is stopped (state {state}), e.g. by SIGSTOP, Ctrl-Z or "
-            "a debugger; SIGCONT continues it)\n"
-        )
-    try:
-        os.truncate(stack_file, 0)
-        os.kill(pid, STACK_SIGNAL)
-    except OSError as exc:
-        return f"(no stack: {exc})\n"
-    deadline, text = time.monotonic() + wait_s, ""
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        fresh = stack_file.read_text(errors="replace")
-        if fresh and fresh == text:  # written completely
-            break
-        text = fresh
-    return text or f"(no stack: process {pid} (state {state}) did not answer within {wait_s} s)\n"
-
-
-_FRAME = re.compile(r'File ".*", line \d+ in (\S+)')
-
-
-def _task_thread(stack: str) -> str:
-    """The thread of a faulthandler dump that runs tasks (the whole dump if none does)."""
-    for section in stack.split("\n\n"):
-        if "in _worker_main" in section:
-            return section.rstrip("\n") + "\n"
-    return stack

@@ -21,10 +21,17 @@ Contract of a :class:`Stream`:
   (:func:`~lanceloader.engine.memory.reuse_freed_memory`: glibc's thresholds at the ceiling
   of their own dynamic rule), so a read does not fault its pages in afresh.
 * Every task's cost and every delivered batch are recorded in the ``Recorder`` (``stats()``).
-* ``close()`` (idempotent; also on exhaustion, on error and on garbage collection) stops the pool
-  at once, whatever the workers are doing: queued reads are cancelled, busy process workers are
-  killed, busy threads finish their task detached and drop it. ``break``, an exception and Ctrl-C
-  in the training loop therefore return control within a fraction of a second.
+* The workers are a :class:`~lanceloader.engine.pool.Pool` (:func:`start_pool`): threads of the
+  stream's own, or processes: a loader's epochs share one process pool (``kept``, a
+  :class:`~lanceloader.engine.pool.KeptPool`), so its workers keep the dataset they opened and
+  the cache pieces they hold; other streams start their own.
+* ``close()`` (idempotent; also on exhaustion, on error and on garbage collection) lets go of
+  the pool at once, whatever the workers are doing: queued reads are cancelled, busy process
+  workers are killed, busy threads finish their task detached and drop it; a pool of the
+  stream's own is closed, a kept one keeps its idle workers, and no result of this stream's
+  tasks ever reaches the next stream. An error (Ctrl-C in the wait included) closes the pool
+  either way. ``break``, an exception and Ctrl-C in the training loop therefore return control
+  within a fraction of a second.
 * No batch for ``stall_timeout`` seconds raises :class:`StallError`, naming the batch, the stage,
   the worker and showing the worker's stack; ``None`` waits forever.
 
@@ -61,11 +68,14 @@ from typing import Any
 
 from lanceloader.batch.output import Conversion, to_output
 from lanceloader.engine.memory import TRAINING_TRIM_THRESHOLD, reuse_freed_memory
+from lanceloader.engine.pool import KeptPool, Ordered, Pool
 from lanceloader.engine.processes import ProcessPool
+from lanceloader.engine.stalls import StallError as StallError  # (public here)
+from lanceloader.engine.stalls import stall_error
 from lanceloader.engine.stats import Recorder, count_delivered, count_end
 from lanceloader.engine.tasks import stream_tasks
-from lanceloader.engine.threads import OrderedPrefetcher, Stalled
-from lanceloader.engine.work import BatchWork, TaskResult, stage_of
+from lanceloader.engine.threads import Stalled, ThreadPool
+from lanceloader.engine.work import BatchWork, TaskResult
 from lanceloader.ordering.plan import Plan
 from lanceloader.state.cursor import Cursor
 
@@ -75,58 +85,6 @@ _logger = logging.getLogger("lanceloader")
 # Lance's object-store requests give up well before this (source.OBJECT_STORE_TIMEOUTS), so it
 # only fires for a stuck worker: a transform waiting forever, a stopped process.
 DEFAULT_STALL_TIMEOUT = 300.0
-
-
-class StallError(TimeoutError):
-    """No batch came for ``stall_timeout`` seconds. The message names the batch, the stage
-    (read, transform, convert, ...) and the worker, and shows the worker's stack; attributes
-    ``batch``, ``epoch``, ``stage``, ``worker`` and ``stack`` hold the same."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        batch: int = -1,
-        epoch: int = -1,
-        stage: str = "",
-        worker: str = "",
-        stack: str = "",
-    ) -> None:
-        # StallError(message) alone works too: torch re-raises a DataLoader worker's error as
-        # type(exc)(formatted message).
-        super().__init__(message)
-        self.batch, self.epoch, self.stage, self.worker, self.stack = (
-            batch,
-            epoch,
-            stage,
-            worker,
-            stack,
-        )
-
-
-def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
-    """The user's error for a pool's :class:`~lanceloader.engine.threads.Stalled`."""
-    task = stalled.task
-    batch, epoch = task.batches[0], task.epoch
-    stage = stage_of(stalled.functions)
-    reads = (
-        f"batches {task.batches.start}-{task.batches[-1]}"
-        if len(task.batches) > 1
-        else f"batch {batch}"
-    )
-    message = (
-        f"no batch for {stalled.seconds:g} s (stall_timeout={stalled.seconds:g}): batch {batch} "
-        f"of epoch {epoch} is stuck in stage '{stage}' of {stalled.worker} (one of {workers} "
-        f"{worker_type} workers, reading {reads}). The loader stopped its workers. Its stack, "
-        f"most recent call {'first' if worker_type == 'process' else 'last'}:\n{stalled.stack}"
-        "Usual causes: a transform waiting on a lock, a queue or the network; an object store "
-        "that stopped answering; a worker process stopped by a signal or a debugger. Raise "
-        "stall_timeout= for steps that are slow but healthy, or pass stall_timeout=None to "
-        "wait forever."
-    )
-    return StallError(
-        message, batch=batch, epoch=epoch, stage=stage, worker=stalled.worker, stack=stalled.stack
-    )
 
 
 @dataclass(frozen=True)
@@ -148,6 +106,18 @@ class Reading:
     stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
 
 
+def start_pool(reading: Reading, work: BatchWork, kept: KeptPool | None) -> Pool[TaskResult]:
+    """The pool a stream's tasks run on: threads of its own, the loader's process pool
+    (``kept``: lent to the stream, kept after it), or processes of its own."""
+    if reading.worker_type != "process":
+        return ThreadPool(work, reading.num_workers, reading.stall_timeout)
+    if kept is None:
+        return ProcessPool(work, reading.num_workers, reading.stall_timeout)
+    pool = kept.pool_for(work, reading.num_workers)
+    pool.stall_timeout = reading.stall_timeout  # the consumer's wait: no worker holds it
+    return pool
+
+
 class Stream(Iterator[Any]):
     """The batches ``batches`` of ``plan`` in epoch ``epoch``, in order, from a pool of workers.
 
@@ -162,6 +132,7 @@ class Stream(Iterator[Any]):
         batches: range,
         recorder: Recorder,
         log_every: int | None = None,
+        kept: KeptPool | None = None,
     ) -> None:
         began = time.perf_counter()  # the loop waits from here: the stream's start is its wait
         self.epoch, self.plan, self.batches = epoch, plan, batches
@@ -177,9 +148,9 @@ class Stream(Iterator[Any]):
         tasks = stream_tasks(work, epoch, plan, reading.batches_per_read, batches)
         if reading.worker_type == "thread":  # this process reads
             reuse_freed_memory(TRAINING_TRIM_THRESHOLD)
-        pool = ProcessPool if reading.worker_type == "process" else OrderedPrefetcher
-        self._pool: OrderedPrefetcher[Any, TaskResult] | ProcessPool = pool(
-            work, tasks, reading.num_workers, reading.reads_in_flight, reading.stall_timeout
+        self._pool = start_pool(reading, work, kept)
+        self._results: Ordered[TaskResult] = Ordered(
+            self._pool, tasks, reading.reads_in_flight, keep=kept is not None
         )
         self._workers = (reading.num_workers, reading.worker_type)
         self._finish = reading.finish
@@ -202,7 +173,7 @@ class Stream(Iterator[Any]):
         asked = time.perf_counter()
         if not self._buffer:
             try:
-                result: TaskResult = next(self._pool)  # StopIteration at the end (pool closed)
+                result = next(self._results)  # StopIteration at the end (pool let go)
             except StopIteration:  # the loop waited for the end too (closing the workers)
                 now = time.perf_counter()
                 count_end(self._counters, now - asked, now - self._started)
@@ -239,7 +210,7 @@ class Stream(Iterator[Any]):
             result.io_bytes,
             result.io_iops,
             result.rows_skipped,
-            self._pool.in_flight + 1,
+            self._results.in_flight + 1,
             rows_cached=result.rows_cached,
             cache_damaged=result.cache_damaged,
             cache_fills=result.cache_fills,
@@ -263,12 +234,13 @@ class Stream(Iterator[Any]):
         )
 
     def close(self) -> None:
-        """Stop the pool (idempotent); the batches not yet delivered are dropped."""
-        self._pool.close()
+        """Stop (idempotent): the pool is closed, or a kept one has this stream's tasks in
+        flight discarded; the batches not yet delivered are dropped."""
+        self._results.close()
         self._buffer.clear()
 
     def __del__(self) -> None:
-        if hasattr(self, "_pool"):
+        if hasattr(self, "_results"):
             self.close()
 
     def __reduce__(self) -> Any:
@@ -333,7 +305,12 @@ class EpochIterator(Iterator[Any]):
     """
 
     def __init__(
-        self, reading: Reading, cursor: Cursor, recorder: Recorder, log_every: int | None = None
+        self,
+        reading: Reading,
+        cursor: Cursor,
+        recorder: Recorder,
+        log_every: int | None = None,
+        kept: KeptPool | None = None,
     ) -> None:
         self.handoff = Handoff()
         cursor.rebase()
@@ -346,7 +323,9 @@ class EpochIterator(Iterator[Any]):
             )
         self._cursor = cursor
         plan = cursor.plan
-        self.stream = Stream(reading, cursor.epoch, plan, range(len(plan)), recorder, log_every)
+        self.stream = Stream(
+            reading, cursor.epoch, plan, range(len(plan)), recorder, log_every, kept
+        )
         self.live = True
 
     @property

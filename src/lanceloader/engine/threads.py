@@ -1,19 +1,23 @@
-"""Prefetch: run tasks on a bounded pool of threads and yield their results strictly in task order.
+"""Thread workers: a :class:`~lanceloader.engine.pool.Pool` of threads in this process (Lance,
+Arrow and most decoders release the GIL), and :class:`Stalled`, what any pool raises for a task
+that takes too long.
 
-Contract:
+Contract of a :class:`ThreadPool`:
 
-* At most ``depth`` tasks are in flight (submitted and not yet handed to the consumer); a slow
-  consumer therefore bounds memory at ``depth`` task results.
-* Results come out in task order, whatever order the workers finish in.
-* A worker's exception is re-raised in the consumer, as the same exception object with its
-  original traceback; the pipeline is closed first.
-* The consumer's wait for a result wakes for signals (Ctrl-C arrives at once) and lasts at most
+* ``submit`` queues a task for the next free thread; ``take`` returns the oldest task's result,
+  whatever order the threads finish in. The caller bounds the tasks in flight (``in_flight``),
+  which bounds memory at that many task results.
+* A worker's exception is re-raised by ``take``, as the same exception object with its original
+  traceback; the pool is closed first.
+* The wait in ``take`` wakes for signals (Ctrl-C arrives at once) and lasts at most
   ``stall_timeout`` seconds: then :class:`Stalled` is raised with the stuck worker's stack.
+* ``discard()`` cancels the queued tasks; a thread busy with one finishes it detached (its result
+  dropped) and serves new tasks after it.
 * ``close()`` returns at once, whatever the workers are doing: queued tasks are cancelled, idle
   threads exit, and a thread busy with a task (a Lance read, a slow transform) finishes it
   *detached*: its result is dropped, and the thread exits after it. Threads are daemons, so a
-  task that never returns cannot block the interpreter's exit. ``close()`` runs on exhaustion, on
-  error, on ``with`` exit, and when the iterator is garbage-collected (``break``, Ctrl-C).
+  task that never returns cannot block the interpreter's exit. It runs on error, on ``with``
+  exit, and on garbage collection (a stream closes its pool at its end, ``break`` or Ctrl-C).
 * At interpreter exit every live pool is closed and its busy threads are waited for, at most
   :data:`EXIT_WAIT_S` in all: a daemon thread still inside Lance's native code when the
   interpreter finalizes is stopped by a forced unwind, which aborts the whole process ("FATAL:
@@ -21,7 +25,8 @@ Contract:
 
 Example::
 
-    >>> with OrderedPrefetcher(lambda x: x * x, iter(range(5)), num_workers=2, depth=3) as it:
+    >>> from lanceloader.engine.pool import Ordered
+    >>> with Ordered(ThreadPool(lambda x: x * x, num_workers=2), iter(range(5)), depth=3) as it:
     ...     list(it)
     [0, 1, 4, 9, 16]
 """
@@ -37,7 +42,7 @@ import time
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -113,7 +118,7 @@ def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
 
 EXIT_WAIT_S = 10.0  # at exit, for busy workers to finish their task (reads take ms to seconds)
 WORKER_NAME = "lanceloader-worker-"
-_live: weakref.WeakSet[OrderedPrefetcher[Any, Any]] = weakref.WeakSet()
+_live: weakref.WeakSet[ThreadPool[Any, Any]] = weakref.WeakSet()
 
 
 def _close_at_exit() -> None:
@@ -130,25 +135,16 @@ def _close_at_exit() -> None:
 atexit.register(_close_at_exit)
 
 
-class OrderedPrefetcher(Generic[T, R]):
-    """Apply ``fn`` to each task of ``tasks`` on ``num_workers`` threads, ``depth`` in flight."""
+class ThreadPool(Generic[T, R]):
+    """A :class:`~lanceloader.engine.pool.Pool` of ``num_workers`` threads applying ``fn``."""
 
     def __init__(
-        self,
-        fn: Callable[[T], R],
-        tasks: Iterator[T],
-        num_workers: int,
-        depth: int,
-        stall_timeout: float | None = None,
+        self, fn: Callable[[T], R], num_workers: int, stall_timeout: float | None = None
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        if depth < 1:
-            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
         self._fn = fn
-        self._tasks = tasks
-        self._depth = depth
-        self._stall_timeout = stall_timeout
+        self.stall_timeout = stall_timeout
         self._pending: deque[_Job] = deque()
         self._pid = os.getpid()
         self._closed = False
@@ -162,52 +158,58 @@ class OrderedPrefetcher(Generic[T, R]):
         for thread in self._threads:
             thread.start()
         _live.add(self)
-        self._fill()
 
-    def _fill(self) -> None:
-        while len(self._pending) < self._depth:
-            task = next(self._tasks, None)
-            if task is None:
-                return
-            job = _Job(self._fn, task)
-            self._pending.append(job)
-            self._jobs.put(job)
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def in_flight(self) -> int:
-        """Tasks submitted and not yet yielded."""
+        """Tasks submitted and not yet taken."""
         return len(self._pending)
 
-    def __iter__(self) -> OrderedPrefetcher[T, R]:
-        return self
+    def submit(self, task: T) -> None:
+        """Queue ``task`` for the next free thread."""
+        check_same_process(self._pid)
+        if self._closed:
+            raise RuntimeError("this thread pool is closed")
+        job = _Job(self._fn, task)
+        self._pending.append(job)
+        self._jobs.put(job)
 
-    def __next__(self) -> R:
+    def take(self) -> R:
+        """The oldest task's result (its error re-raised with its traceback, the pool closed);
+        waits at most ``stall_timeout`` (:class:`Stalled`)."""
         check_same_process(self._pid)
         if self._closed or not self._pending:
-            self.close()
-            raise StopIteration
+            raise RuntimeError("no task in flight to take a result of")
         job = self._pending[0]
         try:
-            if not job.done.wait(self._stall_timeout):
+            if not job.done.wait(self.stall_timeout):
                 stalled = self._stalled(job)
                 if not job.done.is_set():  # (not finished while the stack was taken)
                     raise stalled
             self._pending.popleft()
-            result = job.outcome()
+            return job.outcome()
         except BaseException:
             self.close()
             raise
-        self._fill()
-        return result
+
+    def discard(self) -> None:
+        """Forget every task in flight: queued ones are cancelled, busy threads finish theirs
+        detached from the pool (its result dropped) and then serve new tasks."""
+        for job in self._pending:
+            job.cancelled = True
+        self._pending.clear()
 
     def _stalled(self, job: _Job) -> Stalled:
-        assert self._stall_timeout is not None
+        assert self.stall_timeout is not None
         thread = job.thread
         frame = sys._current_frames().get(thread.ident) if thread and thread.ident else None
         if thread is None or frame is None:
             busy = [j for j in self._pending if j.thread is not None and not j.done.is_set()]
             return Stalled(
-                self._stall_timeout,
+                self.stall_timeout,
                 job.task,
                 "no worker (not started yet)",
                 f"(not started: all {len(self._threads)} worker threads are busy with "
@@ -220,7 +222,7 @@ class OrderedPrefetcher(Generic[T, R]):
             if not e.filename.endswith(("threading.py", __file__))
         ]
         return Stalled(
-            self._stall_timeout,
+            self.stall_timeout,
             job.task,
             f"worker thread {thread.name}",
             "".join(traceback.format_list(entries)),
@@ -232,9 +234,7 @@ class OrderedPrefetcher(Generic[T, R]):
         if self._closed:
             return
         self._closed = True
-        for job in self._pending:
-            job.cancelled = True
-        self._pending.clear()
+        self.discard()
         if self._pid != os.getpid():
             return
         for _ in self._threads:
@@ -243,7 +243,7 @@ class OrderedPrefetcher(Generic[T, R]):
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
-    def __enter__(self) -> OrderedPrefetcher[T, R]:
+    def __enter__(self) -> ThreadPool[T, R]:
         return self
 
     def __exit__(self, *exc: object) -> None:

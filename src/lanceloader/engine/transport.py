@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lanceloader.engine.pickling import dumps
+from lanceloader.engine.pickling import Shipment, dumps
 
 _ALIGN = 64
 
@@ -121,3 +121,28 @@ def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path
             count = math.prod(shape)  # np.prod of a small tuple costs ~4.6 us, 3 a batch
             arrays.append(np.frombuffer(buf, dt, count, offset).reshape(shape))
     return _join(pickle.loads(skeleton), arrays)
+
+
+def ship(shipment: Shipment, path: Path) -> tuple[bytes, list[tuple[int, int]], str]:
+    """What a worker's :func:`load_shipped` takes: ``shipment``'s pickle, and its out-of-band
+    buffers written once into the shared-memory file ``path`` (``(offset, length)`` each; the
+    pool that writes it removes it at its close). No file when there is no buffer."""
+    if not shipment.buffers:
+        return shipment.data, [], ""
+    views = [np.frombuffer(b.raw(), np.uint8) for b in shipment.buffers]
+    offsets = write_arrays(path, views)
+    return shipment.data, [(o, v.nbytes) for o, v in zip(offsets, views, strict=True)], str(path)
+
+
+def load_shipped(data: bytes, layout: list[tuple[int, int]], path: str) -> Any:
+    """The object :func:`ship` sent: its buffers view a private (copy-on-write) mapping of the
+    pool's file, so every worker shares its pages until one writes to them."""
+    if not layout:
+        return pickle.loads(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapping = mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+    view = memoryview(mapping)
+    return pickle.loads(data, buffers=[view[o : o + n] for o, n in layout])
