@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import lance
@@ -46,6 +46,7 @@ from lanceloader.pipeline import (
     Workers,
 )
 from lanceloader.rows.clips.source import AudioClips, VideoClips
+from lanceloader.rows.lance.follow import agreement, refuse_pending_look
 from lanceloader.rows.ordered import OrderedSource
 from lanceloader.rows.packing import Packing, PackPlan
 from lanceloader.state.cursor import Cursor
@@ -64,7 +65,9 @@ class Loader:
         follow: follow the table as it grows: each epoch reads the newest version at its start
             (rows delivered in an epoch never again in it; rows appended during an epoch come
             in the next), and the state records each adoption so a resume replays them; see
-            the guide's "Growing tables" and :mod:`lanceloader.rows.lance.follow`.
+            docs/growing-tables.md and :mod:`lanceloader.rows.lance.follow`. On several ranks
+            they must read the same version: rank 0's through ``torch.distributed``, or pass
+            ``agree(newest) -> version``, which returns the same version on every rank.
         storage_options: object-store options passed to Lance.
         splits: ``{"train": 0.9, "val": 0.1}``: deterministic named splits; with ``split``.
         split: which split this loader reads.
@@ -146,7 +149,7 @@ class Loader:
         columns: list[str] | None = None,
         filter: str | None = None,
         version: int | str | None = None,
-        follow: bool = False,
+        follow: bool | Callable[[int], int] = False,
         storage_options: dict[str, str] | None = None,
         splits: dict[str, float] | None = None,
         split: str | None = None,
@@ -196,7 +199,7 @@ class Loader:
                 pack,
                 clips,
                 blobs,
-                follow,
+                agreement(follow, world_size),
             ),
             OrderSettings(shuffle, shuffle_block_size, shuffle_window, seed),
             Batching(batch_size, drop_last, rank, world_size),
@@ -325,8 +328,12 @@ class Loader:
         >>> loader.peek()["x"].shape, loader.epoch, len(list(loader))
         ((4, 64), 0, 3)
         """
-        self._adopt_at_epoch_start()
         c = self._cursor
+        if self.world_size == 1:
+            self._adopt_at_epoch_start()
+            c = self._cursor
+        elif not (c.start or c.done):  # ranks agree on a followed table's version in iter()
+            refuse_pending_look(self.source, c.epoch)
         epoch, plan, batch = c.epoch, c.plan, c.done
         if c.at_end:  # the next batch comes after this epoch's empty remainder
             epoch, plan, batch = epoch + 1, self.plan(), 0

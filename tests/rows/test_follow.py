@@ -20,6 +20,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+from test_follow_resume import Rank0
 
 import lanceloader as ll
 from lanceloader.rows.lance.follow import Following, change_between
@@ -201,8 +202,9 @@ def test_resume_reads_the_state_version_not_the_newest(tmp_path) -> None:
     state = run.state_dict()
     write(uri, range(100, 110), mode="append")
     rest = [b["id"].tolist() for b in it]
+    board = Rank0()
     ranks = [
-        ll.Loader(uri, batch_size=2, shuffle=True, follow=True, rank=r, world_size=2)
+        ll.Loader(uri, batch_size=2, shuffle=True, follow=board.member(r), rank=r, world_size=2)
         for r in range(2)
     ]
     for loader in ranks:
@@ -319,3 +321,38 @@ def test_a_recreated_table_is_refused_though_its_version_number_matches(tmp_path
     write(uri, range(300, 320))
     with pytest.raises(StateMismatchError, match="dataset identity"):
         ll.Loader(uri, batch_size=4, follow=True).load_state_dict(state)
+
+
+def test_ranks_agree_on_a_version_appended_between_their_looks(tmp_path) -> None:
+    """An append lands after rank 0 built its Loader and before rank 1 did, then again between
+    their epoch starts: with an agreement both read rank 0's version, so the epoch's rows are
+    dealt out once; without one, several ranks are refused with the fix."""
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(30))
+    board = Rank0()
+
+    def rank(r: int) -> ll.Loader:
+        agree = board.member(r)
+        return ll.Loader(uri, batch_size=4, follow=agree, rank=r, world_size=2, num_workers=1)
+
+    first = rank(0)
+    write(uri, range(100, 110), mode="append")
+    ranks = [first, rank(1)]
+    assert once([i for r in ranks for i in epoch_ids(r)]) == set(range(30))
+    its = [iter(ranks[0])]
+    write(uri, range(200, 210), mode="append")
+    its.append(iter(ranks[1]))
+    got = [i for it in its for b in it for i in b["id"].tolist()]
+    assert once(got) == set(range(30)) | set(range(100, 110))
+    with pytest.raises(ValueError, match=r"follow=True on 2 ranks.*torch.distributed"):
+        ll.Loader(uri, batch_size=4, follow=True, rank=0, world_size=2)
+
+
+def test_peek_on_several_ranks_waits_for_the_epoch_start(tmp_path) -> None:
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(8))
+    loader = ll.Loader(uri, batch_size=2, follow=Rank0().member(0), rank=0, world_size=2)
+    assert loader.peek()["id"].tolist() == [0, 1]  # epoch 0: the version agreed at construction
+    epoch_ids(loader)
+    with pytest.raises(ValueError, match=r"peek\(\) at the start of epoch 1.*after iter\(\)"):
+        loader.peek()

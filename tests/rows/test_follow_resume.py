@@ -11,6 +11,8 @@ step it came at; a resume in between reads the state's version though the table 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,12 +72,32 @@ class Table:
             lance.dataset(self.uri).optimize.compact_files(target_rows_per_fragment=20)
 
 
+class Rank0:
+    """An agreement for ranks run in lock-step in one process, rank 0 first: rank 0's k-th call
+    chooses (its newest version), every other rank's k-th call returns that choice."""
+
+    def __init__(self) -> None:
+        self.choices: list[int] = []
+        self.calls: Counter[int] = Counter()
+
+    def member(self, rank: int) -> Callable[[int], int]:
+        def agree(newest: int) -> int:
+            k = self.calls[rank]
+            self.calls[rank] += 1
+            if rank == 0:
+                self.choices.append(newest)
+            return self.choices[k]
+
+        return agree
+
+
 def loaders(uri: str, world: int, batch: int, order: str, seed: int) -> list[ll.Loader]:
+    board = Rank0()
     return [
         ll.Loader(
             uri,
             batch_size=batch,
-            follow=True,
+            follow=board.member(rank) if world > 1 else True,
             rank=rank,
             world_size=world,
             seed=seed,

@@ -37,9 +37,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+import lance
+
+from lanceloader.arguments import check_bool
 from lanceloader.rows.dataset import file_paths, open_dataset
 from lanceloader.state.format import StateMismatchError
 
@@ -47,6 +52,8 @@ if TYPE_CHECKING:
     from lanceloader.rows.lance.source import Source
 
 FOLLOW = "follow"  # the key of the following history in state["order"]
+# agree(newest version this rank sees) -> the version every rank adopts (the same on each)
+Agreement = Callable[[int], int]
 CHANGES = ("start", "append", "rewrite")
 _logger = logging.getLogger("lanceloader")
 
@@ -191,7 +198,9 @@ def at_epoch_start(source: Source, epoch: int) -> Source:
     follow = source.follow
     if follow is None or epoch <= follow.checked:
         return source
-    newest = open_dataset(source.uri, None, source.storage_options)
+    newest = agreed_dataset(
+        open_dataset(source.uri, None, source.storage_options), source._agree, None
+    )
     if newest.version == source.version:
         return source.following(follow.looked(epoch))
     old = [f.metadata for f in source.dataset.get_fragments()]
@@ -280,6 +289,15 @@ class FollowsTable:
 
     follow: Following | None
     _given: dict[str, Any]
+    _agree: Agreement | None
+
+    def follow_settings(self) -> dict[str, Any]:
+        """``{"follow": history}`` for the rows' settings, or nothing when pinned."""
+        return {} if self.follow is None else {FOLLOW: self.follow.settings()}
+
+    def _agreeing(self, agree: Agreement | None) -> Source:
+        self._agree = agree
+        return cast("Source", self)
 
     def at_epoch_start(self, epoch: int) -> Source:
         """The rows epoch ``epoch`` reads, asked as it starts at sample 0: these, or with
@@ -308,7 +326,7 @@ class FollowsTable:
             rows.split_key,
             blobs=rows.blobs,
             **self._given,
-        )
+        )._agreeing(self._agree)
 
     def following(self, history: Following | None) -> Source:
         """These rows with the following ``history`` (a copy sharing the dataset and cache)."""
@@ -323,4 +341,78 @@ def refuse_following(rows: Any, what: str) -> None:
             f"{what} plans its epochs over the rows it was built with, and its Loader follows "
             "its table (follow=True), whose epochs change size: iterate the Loader itself "
             "(for batch in loader), or pin the version (follow=False)"
+        )
+
+
+def start_following(
+    follow: bool | Agreement, version: int, rows: int
+) -> tuple[Following | None, Agreement | None]:
+    """A Source's history and agreement for its ``follow`` argument: ``False`` (pinned),
+    ``True`` (the newest version this process sees) or an agreement function."""
+    if not callable(follow):
+        check_bool("follow", follow)
+    if not follow:
+        return None, None
+    return Following.starting(version, rows), follow if callable(follow) else None
+
+
+def agreed_dataset(
+    ds: lance.LanceDataset, follow: bool | Agreement | None, version: int | str | None
+) -> lance.LanceDataset:
+    """``ds`` (the newest version this rank sees, unless ``version`` was given), or the version
+    ``follow(ds.version)`` agrees on, the same on every rank."""
+    if not callable(follow) or version is not None:
+        return ds
+    agreed = follow(ds.version)
+    if isinstance(agreed, bool) or not isinstance(agreed, int):
+        raise TypeError(
+            f"follow={follow!r} returned {agreed!r}: an agreement returns the version (an int) "
+            "every rank reads, e.g. rank 0's newest"
+        )
+    return ds if agreed == ds.version else ds.checkout_version(agreed)
+
+
+def agreement(follow: bool | Agreement, world_size: int) -> bool | Agreement:
+    """What ``Loader(follow=...)`` gives its rows: on several ranks, the ranks must read the same
+    version each epoch, and each sees the table at its own moment; so ``follow=True`` there
+    takes rank 0's version through ``torch.distributed`` (a broadcast at the Loader's
+    construction and at each epoch start), or is refused, naming the fix."""
+    if callable(follow) or follow is False or world_size == 1:
+        return follow
+    check_bool("follow", follow)
+    torch = sys.modules.get("torch")
+    if (
+        torch is not None
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+    ):
+        return rank0_version
+    raise ValueError(
+        f"follow=True on {world_size} ranks: every rank must read the same version each epoch, "
+        "and each sees the table at its own moment (an append can land between two ranks' "
+        "looks). Initialise torch.distributed before building the Loader (rank 0's version is "
+        "then broadcast), or pass follow=agree, a function agree(newest) -> version that "
+        "returns the same version on every rank (e.g. rank 0's, broadcast by your framework)"
+    )
+
+
+def rank0_version(newest: int) -> int:
+    """Rank 0's newest version, on every rank (``torch.distributed``'s default group)."""
+    import torch.distributed as dist
+
+    box = [newest]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
+def refuse_pending_look(rows: Any, epoch: int) -> None:
+    """``peek()`` on one of several ranks at the start of an epoch that has not yet looked for a
+    newer version: the ranks agree on it together in ``iter()``, so a peek cannot know it."""
+    section = rows.settings().get(FOLLOW)
+    if section is not None and section["checked"] < epoch:
+        raise ValueError(
+            f"peek() at the start of epoch {epoch} of a followed table (follow=True) on "
+            "several ranks: the ranks agree on the version the epoch reads in iter(), all at "
+            "once, so the next batch is not known yet. Call peek() after iter() started the "
+            "epoch"
         )

@@ -37,8 +37,9 @@ class PinnedDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for live in ("_ds", "_fragments", "_reader", "_first_reads", "_tails"):
-            state[live] = None  # opened anew in each process
+        for live in ("_ds", "_fragments", "_reader", "_first_reads", "_tails", "_agree"):
+            state[live] = None  # opened anew in each process (a followed table's agreement:
+            # called in the Loader's process only, and may be a lambda)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

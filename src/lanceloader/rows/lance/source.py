@@ -43,7 +43,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from lanceloader.arguments import check_bool, check_optional_str, check_storage_options
+from lanceloader.arguments import check_optional_str, check_storage_options
 from lanceloader.lifecycle import forksafe
 from lanceloader.rows.cache.auto import auto_cache
 from lanceloader.rows.cache.disk import DiskCache
@@ -69,7 +69,7 @@ from lanceloader.rows.lance.describe import (
     warn_empty,
 )
 from lanceloader.rows.lance.first_reads import FirstReads
-from lanceloader.rows.lance.follow import FOLLOW, Following, FollowsTable
+from lanceloader.rows.lance.follow import Agreement, FollowsTable, agreed_dataset, start_following
 from lanceloader.rows.lance.fragment_tails import FragmentTails
 from lanceloader.rows.lance.nulls import check_nulls
 from lanceloader.rows.lance.pinned import PinnedDataset
@@ -124,7 +124,8 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
             default ``"bytes"`` (the payloads, ``large_binary``). See
             :mod:`lanceloader.rows.lance.blobs`.
         follow: follow the table as it grows: each epoch reads the newest version at its start
-            (:mod:`lanceloader.rows.lance.follow`); ``version`` is then the first epoch's.
+            (:mod:`lanceloader.rows.lance.follow`), or the one a function ``agree(newest)``
+            returns (the same on every rank); ``version`` is then the first epoch's.
 
     Attributes set at construction: ``plan_origin``, how the filter/split row list was got:
     ``"none"`` (no filter or split), ``"scan"`` (this process scanned the dataset) or
@@ -145,7 +146,7 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         cache_size: int | None = None,
         blobs: dict[str, str] | None = None,
         random_order: bool = True,
-        follow: bool = False,
+        follow: bool | Agreement = False,
     ) -> None:
         check_storage_options(storage_options)
         auto = isinstance(cache, str) and cache == AUTO
@@ -166,7 +167,7 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
             )
         self.storage_options = dict(storage_options) if storage_options else None
         version = int(version) if isinstance(version, numbers.Integral) else version
-        ds = open_dataset(dataset, version, self.storage_options)
+        ds = agreed_dataset(open_dataset(dataset, version, self.storage_options), follow, version)
         self._fragments = ds.get_fragments()
         metadata = [f.metadata for f in self._fragments]  # once: 14 us a fragment
         self.dataset_name = DatasetName(
@@ -212,8 +213,7 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         self._units: list[Unit] = []  # what the cache's pieces are cut from (_cached_reads)
         self.cached = None if self.cache is None else self._cached_reads(metadata)
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
-        check_bool("follow", follow)
-        self.follow = Following.starting(ds.version, self.num_rows) if follow else None
+        self.follow, self._agree = start_following(follow, ds.version, self.num_rows)
         if self.num_rows == 0 and not follow:  # a followed table may fill later
             warn_empty(self, int(self._fragment_starts[-1]))
 
@@ -318,13 +318,12 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
     def settings(self) -> dict[str, Any]:
         """Which rows the positions are (``state["order"]``): the filter and the split, and a
         followed table's history of adoptions."""
-        follow = {} if self.follow is None else {FOLLOW: self.follow.settings()}
         return {
             "filter": self.filter,
             "splits": self.splits,
             "split": self.split,
             "split_key": self.split_key,
-            **follow,
+            **self.follow_settings(),
         }
 
     def read_error(
