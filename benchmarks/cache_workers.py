@@ -1,15 +1,18 @@
 """The cache under a full shuffle: thread workers against process workers, the default cache.
 
 Each case runs in a fresh interpreter (``Loader(uri, shuffle=True)``, 2 workers, the demo
-dataset's ``id``, ``label`` and ``x``), two epochs; the second epoch's rows/s is what a cached
-shuffle runs at. The cases are interleaved over ``--repeats`` rounds (drift on a shared machine
+dataset's ``id``, ``label`` and ``x``), ``--epochs`` epochs (3); the later epochs' rows/s is what
+a cached shuffle runs at (process workers: the same workers every epoch, a loader keeps its
+pool). The cases are interleaved over ``--repeats`` rounds (drift on a shared machine
 hits every case alike), and the ratios are taken within each round (process / thread with the
 same cache), then their median. Each case has its own automatic-cache directory under
 ``/dev/shm`` (``LANCELOADER_AUTO_CACHE_DIR``), so no case finds another's pieces. The JSON of
 each run also gives the cache fills that the main process's ``stats()`` reports.
 
 Cases: ``cache="auto"`` (the default) and ``cache=None``, each on thread and on process workers;
-with ``--shm``, also ``cache="/dev/shm/<dir>"`` (a directory given on tmpfs).
+with ``--shm``, also ``cache="/dev/shm/<dir>"`` (a directory given on tmpfs); ``--caches auto``
+runs only the default. ``--compare DIR`` runs every case on the code in ``DIR/src`` too (a
+``git worktree`` of an older commit), alternated with this checkout's in each round.
 
 ``--source``: the cache's own cost, without the engine. In one process, ``Source.read_rows`` of
 123,136 random rows at a time (the size the loader gathers) through the automatic cache, epochs
@@ -18,6 +21,7 @@ process worker does each epoch). CPU seconds per million rows: load on a shared 
 not inflate them as it does wall-clock time.
 
     python benchmarks/cache_workers.py --rows 1000000 --repeats 3
+    python benchmarks/cache_workers.py --caches auto --compare /tmp/old --repeats 5
     python benchmarks/cache_workers.py --source --repeats 3
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,7 +39,7 @@ from pathlib import Path
 CASE = r"""
 import json, os, sys, tempfile, time
 import lanceloader as ll
-uri, worker_type, cache = sys.argv[1:4]
+uri, worker_type, cache, epochs = sys.argv[1:5]
 with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
     os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
     kwargs = {} if cache == "auto" else {"cache": None} if cache == "none" else \
@@ -42,7 +47,7 @@ with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
     loader = ll.Loader(uri, batch_size=256, columns=["id", "label", "x"], shuffle=True, seed=0,
                        output="numpy", num_workers=2, worker_type=worker_type, **kwargs)
     rates = []
-    for _ in range(2):
+    for _ in range(int(epochs)):
         start, rows = time.perf_counter(), 0
         for batch in loader:
             rows += len(batch["id"])
@@ -50,7 +55,7 @@ with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
     stats = loader.stats()
     fills = getattr(stats, "cache_fills", None)
     loader.close()
-print(json.dumps({"epoch1": rates[0], "epoch2": rates[1], "fills": fills,
+print(json.dumps({**{f"epoch{i + 1}": r for i, r in enumerate(rates)}, "fills": fills,
                   "cached": stats.rows_cached}))
 """
 
@@ -105,14 +110,15 @@ def run_source(uri: str, repeats: int) -> None:
     )
 
 
-def run_case(uri: str, worker_type: str, cache: str) -> dict:
-    """One case in a fresh interpreter: its JSON line."""
+def run_case(uri: str, worker_type: str, cache: str, epochs: int, src: Path) -> dict:
+    """One case in a fresh interpreter, on the code in ``src``: its JSON line."""
     done = subprocess.run(
-        [sys.executable, "-c", CASE, uri, worker_type, cache],
+        [sys.executable, "-c", CASE, uri, worker_type, cache, str(epochs)],
         capture_output=True,
         text=True,
         timeout=1800,
         cwd=str(Path(__file__).resolve().parent.parent),
+        env={**os.environ, "PYTHONPATH": str(src)},
     )
     if done.returncode != 0:
         raise RuntimeError(f"case {worker_type}/{cache} failed:\n{done.stderr[-3000:]}")
@@ -123,13 +129,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--shm", action="store_true", help="also cache='/dev/shm/<dir>'")
+    parser.add_argument("--caches", default="auto,none", help="which caches (auto, none)")
+    parser.add_argument("--compare", type=Path, help="a checkout of older code to alternate with")
     parser.add_argument("--dataset", help="an existing demo dataset (default: one is written)")
     parser.add_argument("--source", action="store_true", help="the cache alone (see above)")
     args = parser.parse_args()
     from lanceloader.demo import write_demo_dataset
 
-    caches = ["auto", "none", *(["shm"] if args.shm else [])]
+    caches = [*args.caches.split(","), *(["shm"] if args.shm else [])]
+    codes = {"this": Path(__file__).resolve().parents[1] / "src"}
+    if args.compare:
+        codes = {"before": args.compare / "src", **codes}
     with tempfile.TemporaryDirectory() as tmp:
         uri = args.dataset or str(
             write_demo_dataset(Path(tmp) / "d.lance", rows=args.rows, fragments=8)
@@ -137,38 +149,47 @@ def main() -> None:
         if args.source:
             run_source(uri, args.repeats)
             return
-        results: dict[tuple[str, str], list[dict]] = {}
+        results: dict[tuple[str, str, str], list[dict]] = {}
         for _ in range(args.repeats):
             for cache in caches:
-                for worker_type in ("thread", "process"):
-                    result = run_case(uri, worker_type, cache)
-                    results.setdefault((worker_type, cache), []).append(result)
-                    print(worker_type, cache, json.dumps(result), flush=True)
+                for code, src in codes.items():
+                    for worker_type in ("thread", "process"):
+                        result = run_case(uri, worker_type, cache, args.epochs, src)
+                        results.setdefault((code, worker_type, cache), []).append(result)
+                        print(code, worker_type, cache, json.dumps(result), flush=True)
+    report(results, args, caches, list(codes))
+
+
+def report(results: dict, args: argparse.Namespace, caches: list[str], codes: list[str]) -> None:
+    """Medians per case and epoch, and process / thread within each round, per code."""
+    epochs = [f"epoch{i + 1}" for i in range(args.epochs)]
     print(f"\n{args.rows:,} rows, full shuffle, 2 workers, {args.repeats} rounds (medians)\n")
-    print("| cache | workers | epoch 1 rows/s | epoch 2 rows/s | fills in stats() |")
-    print("|---|---|---|---|---|")
-    for cache in caches:
-        for worker_type in ("thread", "process"):
-            runs = results[(worker_type, cache)]
-            print(
-                f"| {cache} | {worker_type} | "
-                f"{statistics.median(r['epoch1'] for r in runs):,.0f} | "
-                f"{statistics.median(r['epoch2'] for r in runs):,.0f} | "
-                f"{[r['fills'] for r in runs]} |"
-            )
+    print(f"| code | cache | workers | {' | '.join(e + ' rows/s' for e in epochs)} | fills |")
+    print(f"|---|---|---|{'---:|' * len(epochs)}---|")
+    for code in codes:
+        for cache in caches:
+            for worker_type in ("thread", "process"):
+                runs = results[(code, worker_type, cache)]
+                rates = " | ".join(f"{statistics.median(r[e] for r in runs):,.0f}" for e in epochs)
+                fills = [r["fills"] for r in runs]
+                print(f"| {code} | {cache} | {worker_type} | {rates} | {fills} |")
     print()
-    for cache in caches:
-        for epoch in ("epoch1", "epoch2"):
-            ratios = [
-                p[epoch] / t[epoch]
-                for p, t in zip(
-                    results[("process", cache)], results[("thread", cache)], strict=True
+    for code in codes:
+        for cache in caches:
+            for epoch in epochs:
+                ratios = [
+                    p[epoch] / t[epoch]
+                    for p, t in zip(
+                        results[(code, "process", cache)],
+                        results[(code, "thread", cache)],
+                        strict=True,
+                    )
+                ]
+                print(
+                    f"{code}: process / thread, cache={cache}, {epoch}: median "
+                    f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}, "
+                    f"max {max(ratios):.2f})"
                 )
-            ]
-            print(
-                f"process / thread, cache={cache}, {epoch}: median "
-                f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f})"
-            )
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ class KeptPool:
     they opened and the cache pieces they hold (one pool per loader; in this process only).
 
     :meth:`pool_for` gives the running pool when its workers hold the same work (the same
-    pickle, the same arrays) and count, else closes it and starts one; ``set_epoch`` and
+    pickle, arrays of the same bytes) and count, else closes it and starts one; ``set_epoch`` and
     resuming to a place change no work, so they keep it, while a ``load_state_dict`` that
     changes the rows starts a new one. :meth:`close` (the loader's ``close()``, its garbage
     collection; every pool is closed at the interpreter's exit too) stops it. Pickles empty: a
@@ -167,7 +167,7 @@ class KeptPool:
             pool.closed
             or pool.owner != os.getpid()
             or pool.num_workers != num_workers
-            or not pool.shipment.same(shipment)
+            or pool.shipment != shipment
         ):
             self.close()
         if self.pool is None:

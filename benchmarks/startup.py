@@ -1,0 +1,118 @@
+"""Start-up with process workers: does the first batch wait longer on a larger table?
+
+Two tables of one ``int64`` column ``id`` (written once into ``--data-dir`` with Lance's default
+1,048,576 rows a file): ``--small`` rows (1M) and ``--large`` rows (100M). For each, a fresh
+interpreter builds ``Loader(uri, shuffle=True, worker_type="process", num_workers=8)`` (the
+default cache) and times the construction and ``iter()`` to the first batch; with
+``--filter`` the same with ``filter="id % 2 = 0"`` (a row list of half the rows). It prints
+the bytes pickled for each worker at start-up (what the pool sends every worker before its
+first task; on code before the pool reported it, the pickled work, which was all it sent).
+
+``--compare DIR`` runs the same cases on the code in ``DIR/src`` (a ``git worktree`` of an
+older commit), alternated case by case with this checkout's, ``--repeats`` rounds; medians.
+
+    python benchmarks/startup.py [--large 100000000] [--repeats 3] [--compare /tmp/old]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CASE = r"""
+import json, sys, time
+import lanceloader as ll
+from lanceloader.engine.pickling import dumps
+uri, filter_, workers = sys.argv[1], sys.argv[2] or None, int(sys.argv[3])
+from lanceloader.engine.processes import start_forkserver
+start_forkserver()  # a long-running job pays the server's start once: not counted here
+t0 = time.perf_counter()
+loader = ll.Loader(uri, batch_size=256, shuffle=True, worker_type="process",
+                   num_workers=workers, filter=filter_)
+t1 = time.perf_counter()
+it = iter(loader)
+next(it)
+t2 = time.perf_counter()
+pool = getattr(loader, "_pool", None)
+sent = getattr(getattr(pool, "pool", None), "start_bytes", None)
+if sent is None:  # code before the pool reported it: the work it pickled for each worker
+    sent = len(dumps(loader._pipeline.work()))
+loader.close()
+print(json.dumps({"construct_s": t1 - t0, "first_batch_s": t2 - t1, "bytes_per_worker": sent}))
+"""
+
+
+def write_table(path: Path, rows: int) -> str:
+    """A table of ``rows`` int64 ids (written once; kept for later runs)."""
+    if not path.exists():
+        import lance
+        import numpy as np
+        import pyarrow as pa
+
+        def batches():
+            for start in range(0, rows, 1 << 22):
+                ids = np.arange(start, min(rows, start + (1 << 22)), dtype=np.int64)
+                yield pa.record_batch({"id": ids})
+
+        schema = pa.schema({"id": pa.int64()})
+        lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(path))
+    return str(path)
+
+
+def run_case(src: Path, uri: str, filter_: str, workers: int) -> dict:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{src}:{root}"}
+    done = subprocess.run(
+        [sys.executable, "-c", CASE, uri, filter_, str(workers)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--small", type=int, default=1_000_000)
+    parser.add_argument("--large", type=int, default=100_000_000)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--filter", action="store_true", help="also with a filter's row list")
+    parser.add_argument("--compare", type=Path, help="a checkout of older code to alternate with")
+    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/lanceloader-startup"))
+    args = parser.parse_args()
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    tables = {n: write_table(args.data_dir / f"ids-{n}.lance", n) for n in (args.small, args.large)}
+    codes = {"this": Path(__file__).resolve().parents[1] / "src"}
+    if args.compare:
+        codes = {"before": args.compare / "src", **codes}
+    filters = ["", *(["id % 2 = 0"] if args.filter else [])]
+    results: dict[tuple[str, int, str], list[dict]] = {}
+    for _ in range(args.repeats):
+        for rows, uri in tables.items():
+            for filter_ in filters:
+                for code, src in codes.items():
+                    result = run_case(src, uri, filter_, args.workers)
+                    results.setdefault((code, rows, filter_), []).append(result)
+                    print(code, rows, filter_ or "-", json.dumps(result), flush=True)
+    print(f"\n{args.workers} process workers, shuffle, default cache, medians of {args.repeats}\n")
+    print("| code | rows | filter | construct s | iter() to first batch s | bytes per worker |")
+    print("|---|---:|---|---:|---:|---:|")
+    for (code, rows, filter_), runs in results.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(
+            f"| {code} | {rows:,} | {filter_ or '-'} | {med['construct_s']:.2f} | "
+            f"{med['first_batch_s']:.2f} | {med['bytes_per_worker']:,.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
