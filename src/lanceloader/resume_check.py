@@ -217,12 +217,12 @@ class _Reference:
         out = cls([], [], 0)
         try:
             for e in range(epochs):
+                out.points.append(_Point(e, 0, 0, _states(loaders)))
+                iterators = [iter(loader) for loader in loaders]  # follow=True adopts here
                 plans = [loader.plan(0) for loader in loaders]
                 epoch = _Epoch(plans[0].num_samples)
                 out.epochs.append(epoch)
                 out.steps_per_epoch = max(out.steps_per_epoch, len(plans[0]))
-                out.points.append(_Point(e, 0, 0, _states(loaders)))
-                iterators = [iter(loader) for loader in loaders]
                 for k in range(len(plans[0])):
                     for r, it in enumerate(iterators):
                         batch = next(it, _END)

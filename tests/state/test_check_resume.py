@@ -241,6 +241,49 @@ def test_every_correct_composition_passes(uris: dict[str, str], c: dict[str, Any
     assert report.samples_compared > 0
 
 
+class GrowsOnce:
+    """A loader following its table (``follow=``), which gets 20 rows appended once, when the
+    first loader to reach epoch 1 starts it: the reference run, built before any other."""
+
+    def __init__(self, uri: str, rank: int, world: int) -> None:
+        self.uri, self.rank, self.world_size = uri, rank, world
+        self.inner = loader(uri, rank, world, columns=["id"], shuffle=True, follow=agree)
+
+    def __iter__(self) -> Any:
+        if self.inner.epoch == 1 and lance.dataset(self.uri).count_rows() == ROWS:
+            rows = np.arange(ROWS, ROWS + 20)
+            lance.write_dataset(pa.table({"id": rows}), self.uri, mode="append")
+        return iter(self.inner)
+
+    def plan(self, start: int = 0) -> ll.Plan:
+        return self.inner.plan(start)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def agree(newest: int) -> int:
+    """Every rank of the check is in this process and sees the same table: its newest version."""
+    return newest
+
+
+def test_a_followed_growing_table_resumes_exactly(tmp_path: Any) -> None:
+    uri = str(tmp_path / "grows.lance")
+    lance.write_dataset(pa.table({"id": np.arange(ROWS)}), uri, max_rows_per_file=100)
+    report = ll.check_resume(
+        lambda r, w: GrowsOnce(uri, r, w), runs=20, world_sizes=(1, 2, 3), epochs=3, ids="id"
+    )
+    assert report.ok, report
+    assert lance.dataset(uri).count_rows() == ROWS + 20  # grown once, read in epochs 1 and 2
+    assert report.samples_compared >= 20 * 8
+
+
 def test_process_workers_pass(uris: dict[str, str]) -> None:
     report = ll.check_resume(
         lambda r, w: loader(uris["a"], r, w, shuffle=True, num_workers=2, worker_type="process"),
