@@ -356,3 +356,19 @@ def test_peek_on_several_ranks_waits_for_the_epoch_start(tmp_path) -> None:
     epoch_ids(loader)
     with pytest.raises(ValueError, match=r"peek\(\) at the start of epoch 1.*after iter\(\)"):
         loader.peek()
+
+
+def test_a_history_over_epochs_of_several_sizes_is_refused(tmp_path) -> None:
+    """``History`` (the ledger's steps) assumes one epoch size: a followed run that grew is
+    refused rather than mapped onto the wrong samples."""
+    from lanceloader.state.history import History
+
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(8))
+    loader = ll.Loader(uri, batch_size=4, follow=True, num_workers=1)
+    epoch_ids(loader)
+    assert History.of_states(loader.state_dict()).num_samples == 8
+    write(uri, range(8, 12), mode="append")
+    epoch_ids(loader)
+    with pytest.raises(ValueError, match=r"epochs have \[8, 12\] rows"):
+        History.of_states(loader.state_dict())

@@ -142,6 +142,13 @@ class History:
         [2, 3]
         """
         check_keys(latest)
+        sizes = {a[2] for a in latest["order"].get("follow", {}).get("adoptions", [])}
+        if len(sizes) > 1:  # a followed table's epochs (rows/lance/follow.py)
+            raise ValueError(
+                f"the run followed a growing table whose epochs have {sorted(sizes)} rows "
+                "(state['order']['follow']); a History maps steps over epochs of one size: "
+                "take it of the states of one version"
+            )
         stream = stream_spec(latest)
         for state in resumed_from:  # the same stream: dataset, version, order
             resume_point(state, stream, allow_changes=CHANGEABLE)
