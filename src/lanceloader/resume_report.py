@@ -47,9 +47,8 @@ class Divergence:
         ]
         if self.samples or self.expected or self.got:
             lines += [
-                f"  expected samples {_span(self.samples)}: {_short(self.expected)}",
-                f"  got                {_short(self.got)}",
-                f"  which are the reference's samples {_span(self.got_samples)}",
+                f"  expected: {_short(self.expected)}, the reference's samples {_span(self.samples)}",
+                f"  got:      {_short(self.got)}, the reference's samples {_span(self.got_samples)}",
             ]
         lines += ["  the run:", *(f"    {i + 1}. {s}" for i, s in enumerate(self.schedule))]
         return "\n".join(lines)
@@ -84,16 +83,18 @@ class ResumeReport:
     def __str__(self) -> str:
         sizes = ", ".join(map(str, self.world_sizes))
         ran = (
-            f"{self.runs:,} interrupted runs, {self.loads:,} resumes ({self.elastic:,} onto "
-            f"another world size), {self.epochs} epochs, world sizes {sizes}; "
-            f"{self.samples_compared:,} samples compared"
+            f"interrupted runs {self.runs:,}, resumes {self.loads:,} ({self.elastic:,} onto "
+            f"another world size), epochs {self.epochs}, world sizes {sizes}; samples compared "
+            f"{self.samples_compared:,}"
         )
         if self.not_comparable:
-            ran += f", {self.not_comparable:,} past the reference's drop_last tails not comparable"
+            ran += (
+                f", not comparable {self.not_comparable:,} (past the reference's drop_last tails)"
+            )
         took = f"{self.seconds:.1f} s ({self.cpu_seconds:.1f} CPU s)"
         if self.divergence is None:
-            return f"check_resume: OK: {ran}, all equal to the uninterrupted run. {took}"
-        return f"check_resume: FAILED: {self.divergence}\n{ran} before this. {took}"
+            return f"check_resume: OK: every row as in the uninterrupted run. {ran}. {took}"
+        return f"check_resume: FAILED: {self.divergence}\nuntil then: {ran}. {took}"
 
 
 def row_names(ids: np.ndarray | None, hashes: np.ndarray | None) -> list[Any]:
@@ -108,7 +109,7 @@ def _span(samples: Sequence[int | None]) -> str:
     first = samples[0] if samples else None
     if first is not None and list(samples) == list(range(first, first + len(samples))):
         return f"{first}..{first + len(samples) - 1}"
-    return _short(samples)
+    return _short(["none" if s is None else s for s in samples])  # none: not in the epoch
 
 
 def _short(values: Sequence[Any], most: int = 8) -> str:

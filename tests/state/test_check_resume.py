@@ -91,7 +91,8 @@ def test_a_correct_loader_passes(uris: dict[str, str], ids: str | None) -> None:
     assert report.raise_if_failed().ok, report
     assert report.runs == 30 and report.loads >= 60 and report.elastic > 0
     assert report.samples_compared > 30 * 8 and report.not_comparable == 0
-    assert str(report).startswith("check_resume: OK: 30 interrupted runs")
+    assert str(report).startswith("check_resume: OK: every row as in the uninterrupted run.")
+    assert "interrupted runs 30, resumes " in str(report)
 
 
 @pytest.mark.parametrize("ids", ["id", None])
