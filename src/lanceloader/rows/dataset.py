@@ -158,20 +158,28 @@ def dataset_identity(schema: pa.Schema, fragments: list[Any]) -> str:
     dataset re-created or overwritten at the same URI, even with the same version number and row
     count. It costs one pass over the manifest's fragment list, no I/O.
     """
-    parts: list[Any] = [schema.to_string(show_schema_metadata=False)]
-    for fragment in fragments:  # a LanceFragment or its metadata (read once by the caller)
-        meta = getattr(fragment, "metadata", fragment)
-        deletion = meta.deletion_file
-        parts.append(
-            [
-                meta.id,
-                meta.physical_rows,
-                file_paths(meta),
-                None if deletion is None else [deletion.id, deletion.num_deleted_rows],
-            ]
-        )
+    return names_identity(schema, fragment_names(fragments))
+
+
+def names_identity(schema: pa.Schema, names: list[tuple[Any, ...]]) -> str:
+    """:func:`dataset_identity` of the fragments' :func:`fragment_names` (made once, also kept
+    by a followed table to compare the next version with)."""
+    parts: list[Any] = [schema.to_string(show_schema_metadata=False), *names]
     blob = json.dumps(parts, separators=(",", ":"), default=str).encode()
     return hashlib.blake2b(blob, digest_size=8).hexdigest()
+
+
+def fragment_names(fragments: list[Any]) -> list[tuple[Any, ...]]:
+    """What names each fragment's rows, from the manifest alone: its id, physical rows, data
+    file names and deletion file (id and rows deleted); of LanceFragments or their metadata
+    (read once by the caller)."""
+    names = []
+    for fragment in fragments:
+        meta = getattr(fragment, "metadata", fragment)
+        deletion = meta.deletion_file
+        deleted = None if deletion is None else (deletion.id, deletion.num_deleted_rows)
+        names.append((meta.id, meta.physical_rows, tuple(file_paths(meta)), deleted))
+    return names
 
 
 def file_paths(metadata: Any) -> list[str]:

@@ -45,13 +45,14 @@ from typing import TYPE_CHECKING, Any, cast
 import lance
 
 from lanceloader.arguments import check_bool
-from lanceloader.rows.dataset import file_paths, open_dataset
+from lanceloader.rows.dataset import fragment_names, open_dataset
 from lanceloader.state.format import StateMismatchError
 
 if TYPE_CHECKING:
     from lanceloader.rows.lance.source import Source
 
 FOLLOW = "follow"  # the key of the following history in state["order"]
+Name = tuple[Any, ...]  # a fragment's id, physical rows, data files and deletion file
 # agree(newest version this rank sees) -> the version every rank adopts (the same on each)
 Agreement = Callable[[int], int]
 CHANGES = ("start", "append", "rewrite")
@@ -147,23 +148,11 @@ class Change:
     detail: str
 
 
-def fragment_names(metadata: list[Any]) -> list[tuple[Any, ...]]:
-    """What names each fragment's rows: id, physical rows, data files and deletion file (as
-    :func:`~lanceloader.rows.dataset.dataset_identity` reads them), from the manifest alone."""
-    names = []
-    for meta in metadata:
-        deletion = meta.deletion_file
-        deleted = None if deletion is None else (deletion.id, deletion.num_deleted_rows)
-        names.append((meta.id, meta.physical_rows, tuple(file_paths(meta)), deleted))
-    return names
-
-
-def change_between(old: list[Any], new: list[Any]) -> Change:
-    """Whether the fragments ``new`` (a version's metadata) are those of ``old`` unchanged and
-    in place, then others (an append: every old row keeps its offset), and if not, what
-    changed: fragments gone (compaction, a delete of whole fragments, an overwrite), rewritten
-    (an update, compaction), or with rows deleted."""
-    before, after = fragment_names(old), fragment_names(new)
+def change_between(before: list[Name], after: list[Name]) -> Change:
+    """Whether the fragments ``after`` (a version's :func:`fragment_names`) are those
+    ``before`` unchanged and in place, then others (an append: every old row keeps its
+    offset), and if not, what changed: fragments gone (compaction, a delete of whole fragments,
+    an overwrite), rewritten (an update, compaction), or with rows deleted."""
     if before == after:
         return Change("same", "the same fragments")
     if after[: len(before)] == before:
@@ -203,10 +192,9 @@ def at_epoch_start(source: Source, epoch: int) -> Source:
     )
     if newest.version == source.version:
         return source.following(follow.looked(epoch))
-    old = [f.metadata for f in source.dataset.get_fragments()]
-    change = change_between(old, [f.metadata for f in newest.get_fragments()])
-    refuse_change(source, newest.version, change)
     adopted = source.at_version(newest.version)
+    change = change_between(source.fragment_names(), adopted.fragment_names())
+    refuse_change(source, newest.version, change)
     refuse_new_columns(source, adopted)
     kind = "append" if change.kind == "same" else change.kind
     log = _logger.warning if kind == "rewrite" else _logger.info
@@ -290,14 +278,18 @@ class FollowsTable:
     follow: Following | None
     _given: dict[str, Any]
     _agree: Agreement | None
+    _names: list[Name] | None  # the fragments' names, made at construction when following
 
     def follow_settings(self) -> dict[str, Any]:
         """``{"follow": history}`` for the rows' settings, or nothing when pinned."""
         return {} if self.follow is None else {FOLLOW: self.follow.settings()}
 
-    def _agreeing(self, agree: Agreement | None) -> Source:
-        self._agree = agree
-        return cast("Source", self)
+    def fragment_names(self) -> list[Name]:
+        """This version's :func:`fragment_names` (kept from construction when following)."""
+        if self._names is None:
+            metadata = [f.metadata for f in cast("Source", self).dataset.get_fragments()]
+            self._names = fragment_names(metadata)
+        return self._names
 
     def at_epoch_start(self, epoch: int) -> Source:
         """The rows epoch ``epoch`` reads, asked as it starts at sample 0: these, or with
@@ -313,7 +305,8 @@ class FollowsTable:
         return resumed_following(rows, state), state["sample"]
 
     def at_version(self, version: int) -> Source:
-        """These settings' rows of ``version`` of the same table, pinned (no history)."""
+        """These settings' rows of ``version`` of the same table, following with the same
+        agreement (its history starts there: see :meth:`following`)."""
         rows = cast("Source", self)
         return type(rows)(
             rows.uri,
@@ -325,8 +318,9 @@ class FollowsTable:
             rows.split,
             rows.split_key,
             blobs=rows.blobs,
+            follow=self._agree or True,
             **self._given,
-        )._agreeing(self._agree)
+        )
 
     def following(self, history: Following | None) -> Source:
         """These rows with the following ``history`` (a copy sharing the dataset and cache)."""
@@ -345,15 +339,17 @@ def refuse_following(rows: Any, what: str) -> None:
 
 
 def start_following(
-    follow: bool | Agreement, version: int, rows: int
-) -> tuple[Following | None, Agreement | None]:
-    """A Source's history and agreement for its ``follow`` argument: ``False`` (pinned),
-    ``True`` (the newest version this process sees) or an agreement function."""
+    follow: bool | Agreement, version: int, rows: int, names: list[Name]
+) -> tuple[Following | None, Agreement | None, list[Name] | None]:
+    """A Source's history, agreement and fragment names (what the next version is compared
+    with) for its ``follow`` argument: ``False`` (pinned), ``True`` (the newest version this
+    process sees) or an agreement function."""
     if not callable(follow):
         check_bool("follow", follow)
     if not follow:
-        return None, None
-    return Following.starting(version, rows), follow if callable(follow) else None
+        return None, None, None
+    agree = follow if callable(follow) else None
+    return Following.starting(version, rows), agree, names
 
 
 def agreed_dataset(

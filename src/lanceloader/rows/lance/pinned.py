@@ -37,9 +37,9 @@ class PinnedDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for live in ("_ds", "_fragments", "_reader", "_first_reads", "_tails", "_agree"):
-            state[live] = None  # opened anew in each process (a followed table's agreement:
-            # called in the Loader's process only, and may be a lambda)
+        for live in ("_ds", "_fragments", "_reader", "_first_reads", "_tails", "_agree", "_names"):
+            state[live] = None  # opened anew in each process (a followed table's agreement
+            # and fragment names: used in the Loader's process only; the agreement may be a lambda)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -52,7 +52,8 @@ from lanceloader.rows.dataset import (
     NOT_READ_FAILURES,
     ReadError,
     check_columns,
-    dataset_identity,
+    fragment_names,
+    names_identity,
     open_dataset,
 )
 from lanceloader.rows.lance.blobs import (
@@ -123,9 +124,8 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         blobs: how blob columns are read, ``{column: "bytes" | "file" | "descriptor"}``;
             default ``"bytes"`` (the payloads, ``large_binary``). See
             :mod:`lanceloader.rows.lance.blobs`.
-        follow: follow the table as it grows: each epoch reads the newest version at its start
-            (:mod:`lanceloader.rows.lance.follow`), or the one a function ``agree(newest)``
-            returns (the same on every rank); ``version`` is then the first epoch's.
+        follow: each epoch reads the table's newest version at its start, or the one
+            ``follow(newest)`` agrees on (:mod:`lanceloader.rows.lance.follow`).
 
     Attributes set at construction: ``plan_origin``, how the filter/split row list was got:
     ``"none"`` (no filter or split), ``"scan"`` (this process scanned the dataset) or
@@ -170,9 +170,9 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         ds = agreed_dataset(open_dataset(dataset, version, self.storage_options), follow, version)
         self._fragments = ds.get_fragments()
         metadata = [f.metadata for f in self._fragments]  # once: 14 us a fragment
-        self.dataset_name = DatasetName(
-            local_uri(ds.uri), ds.version, dataset_identity(ds.schema, metadata)
-        )
+        names = fragment_names(metadata)  # what the identity hashes (and a followed table keeps)
+        identity = names_identity(ds.schema, names)
+        self.dataset_name = DatasetName(local_uri(ds.uri), ds.version, identity)
         self._version: int = ds.version
         self.schema: pa.Schema = ds.schema
         self.columns: list[str] = check_columns(columns, ds.schema)
@@ -213,7 +213,8 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         self._units: list[Unit] = []  # what the cache's pieces are cut from (_cached_reads)
         self.cached = None if self.cache is None else self._cached_reads(metadata)
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
-        self.follow, self._agree = start_following(follow, ds.version, self.num_rows)
+        following = start_following(follow, ds.version, self.num_rows, names)
+        self.follow, self._agree, self._names = following
         if self.num_rows == 0 and not follow:  # a followed table may fill later
             warn_empty(self, int(self._fragment_starts[-1]))
 
