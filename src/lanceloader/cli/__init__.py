@@ -8,6 +8,8 @@ the bottleneck verdict); it can also write the stats and a throughput time serie
 plot and a Perfetto trace. ``inspect`` describes a dataset: versions, schema, rows, fragments,
 bytes per column, and what each column becomes as a NumPy array. ``convert`` writes images,
 Parquet, CSV or a saved Hugging Face dataset to Lance (:func:`lanceloader.convert`).
+``ledger`` exports the rows of a range of steps; ``check-resume`` runs
+:func:`lanceloader.check_resume` on a loader factory (exit status 1 at a divergence).
 
 Bad arguments and bad input (a missing dataset, an unknown column, a bad filter, a transform that
 cannot be imported) print one line on stderr and exit with code 2.
@@ -18,7 +20,8 @@ Example::
     $ lanceloader bench data/train.lance --shuffle --block-size 1024 --json stats.json
     $ lanceloader inspect data/train.lance
 
-Each command lives in its own module (``demo.py``, ``bench.py``, ``inspect.py``, ``convert.py``); this one
+Each command lives in its own module (``demo.py``, ``bench.py``, ``inspect.py``, ``convert.py``,
+``ledger.py``, ``check_resume.py``); this one
 holds the parser and ``main``, and ``errors.py`` the bad-input handling they share.
 """
 
