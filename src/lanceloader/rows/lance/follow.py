@@ -24,10 +24,11 @@ and a version whose projected columns changed type or vanished.
 
 Example::
 
-    >>> import lance, pyarrow as pa, tempfile                      # doctest: +SKIP
+    >>> import pyarrow as pa, tempfile
+    >>> from lanceloader import Loader
     >>> uri = tempfile.mkdtemp() + "/t.lance"
     >>> _ = lance.write_dataset(pa.table({"id": range(8)}), uri)
-    >>> loader = ll.Loader(uri, batch_size=4, follow=True)
+    >>> loader = Loader(uri, batch_size=4, follow=True, num_workers=1)
     >>> _ = lance.write_dataset(pa.table({"id": [8, 9]}), uri, mode="append")
     >>> [len(list(loader)) for _ in range(2)]                        # 8 rows, then 10
     [2, 3]
