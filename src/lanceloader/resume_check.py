@@ -68,6 +68,7 @@ def check_resume(
     contents: bool = False,
     allow_changes: Sequence[str] = (),
     max_steps: int | None = None,
+    on_step: Callable[[Any], None] | None = None,
     seed: int = 0,
 ) -> ResumeReport:
     """Check that ``make_loader``'s loader resumes exactly (the module's text says how).
@@ -86,6 +87,10 @@ def check_resume(
             factory keeps the global batch by changing the per-rank one).
         max_steps: the longest stretch between resumes; default half an epoch's steps (a run
             then spans about ``resumes / 4`` epochs and starts where it fits in the reference).
+        on_step: called with each rank's loader before each of its batches, in the reference
+            and in every interrupted run: what the training loop does to the loader, e.g.
+            ``loader.set_weights(...)`` at a step. A function of the loader's position (such
+            as ``loader.step``), as a loop replaying its checkpointed feedback would be.
         seed: draws the runs (run ``i`` depends on ``(seed, i)`` only).
 
     Returns a :class:`ResumeReport`; ``report.raise_if_failed()`` raises on a divergence.
@@ -94,9 +99,9 @@ def check_resume(
     """
     sizes = _check_arguments(runs, world_sizes, resumes, epochs)
     began, cpu = time.perf_counter(), time.process_time()
-    keys = _Keys(ids, contents)
-    reference = _Reference.record(make_loader, sizes[0], epochs, keys)
-    checker = _Runs(make_loader, reference, keys, sizes, tuple(allow_changes), max_steps, seed)
+    steps = _Steps(make_loader, (ids, contents), on_step)
+    reference = _Reference.record(steps, sizes[0], epochs)
+    checker = _Runs(steps, reference, sizes, tuple(allow_changes), max_steps, seed)
     divergence = None
     done = 0
     for run in range(runs):
@@ -127,13 +132,38 @@ def _check_arguments(
 # --- naming delivered rows ---------------------------------------------------------------------
 
 
-class _Keys:
-    """What names a delivered row: the ``ids`` column's value, or a hash of its contents."""
+class _Steps:
+    """How the check builds loaders, takes a step (``on_step``, then ``next``), and names the
+    rows delivered: the ``ids`` column's value, or a hash of the row's contents."""
 
-    def __init__(self, ids: str | None, contents: bool) -> None:
-        self.ids, self.contents = ids, contents or ids is None
+    def __init__(
+        self,
+        make: Callable[[int, int], Any],
+        keys: tuple[str | None, bool],
+        on_step: Callable[[Any], None] | None,
+    ) -> None:
+        self.make, self.on_step = make, on_step
+        self.ids, self.contents = keys[0], keys[1] or keys[0] is None
 
-    def of(self, batch: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def build(self, world: int) -> list[Any]:
+        """Fresh loaders of every rank of ``world``, checked to be those ranks."""
+        loaders = [self.make(r, world) for r in range(world)]
+        for r, loader in enumerate(loaders):
+            got = (getattr(loader, "rank", r), getattr(loader, "world_size", world))
+            if got != (r, world):
+                raise ValueError(
+                    f"check_resume: make_loader({r}, {world}) built a loader of rank {got[0]} "
+                    f"of {got[1]}: pass rank=rank, world_size=world_size to the Loader"
+                )
+        return loaders
+
+    def take(self, loader: Any, iterator: Any) -> Any:
+        """The loader's next batch (``_END`` at the epoch's end), ``on_step`` called first."""
+        if self.on_step is not None:
+            self.on_step(loader)
+        return next(iterator, _END)
+
+    def rows(self, batch: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
         """``(ids, hashes)`` of a batch's rows (either ``None`` when not compared)."""
         columns = batch_columns(batch)
         named = None
@@ -210,10 +240,8 @@ class _Reference:
     stride: int = 1  # steps between two points kept
 
     @classmethod
-    def record(
-        cls, make: Callable[[int, int], Any], world: int, epochs: int, keys: _Keys
-    ) -> _Reference:
-        loaders = _build(make, world)
+    def record(cls, steps: _Steps, world: int, epochs: int) -> _Reference:
+        loaders = steps.build(world)
         out = cls([], [], 0)
         try:
             for e in range(epochs):
@@ -224,14 +252,14 @@ class _Reference:
                 out.epochs.append(epoch)
                 out.steps_per_epoch = max(out.steps_per_epoch, len(plans[0]))
                 for k in range(len(plans[0])):
-                    for r, it in enumerate(iterators):
-                        batch = next(it, _END)
+                    for r, (loader, it) in enumerate(zip(loaders, iterators, strict=True)):
+                        batch = steps.take(loader, it)
                         if batch is _END:
                             raise ValueError(
                                 f"check_resume: the reference run's rank {r} ended epoch {e} "
                                 f"after {k} of the {len(plans[0])} batches its plan() promised"
                             )
-                        epoch.put(plans[r].batch_samples(k), *keys.of(batch))
+                        epoch.put(plans[r].batch_samples(k), *steps.rows(batch))
                     out.points.append(
                         _Point(e, plans[0].samples_done(k + 1), k + 1, _states(loaders))
                     )
@@ -245,18 +273,6 @@ class _Reference:
         out.stride = -(-len(out.points) // MAX_POINTS)
         out.points = out.points[:: out.stride]
         return out
-
-
-def _build(make: Callable[[int, int], Any], world: int) -> list[Any]:
-    loaders = [make(r, world) for r in range(world)]
-    for r, loader in enumerate(loaders):
-        got = (getattr(loader, "rank", r), getattr(loader, "world_size", world))
-        if got != (r, world):
-            raise ValueError(
-                f"check_resume: make_loader({r}, {world}) built a loader of rank {got[0]} of "
-                f"{got[1]}: pass rank=rank, world_size=world_size to the Loader"
-            )
-    return loaders
 
 
 def _states(loaders: list[Any]) -> list[dict[str, Any]]:
@@ -278,15 +294,14 @@ class _Runs:
 
     def __init__(
         self,
-        make: Callable[[int, int], Any],
+        steps: _Steps,
         reference: _Reference,
-        keys: _Keys,
         world_sizes: tuple[int, ...],
         allow_changes: tuple[str, ...],
         max_steps: int | None,
         seed: int,
     ) -> None:
-        self.make, self.reference, self.keys = make, reference, keys
+        self.steps, self.reference = steps, reference
         self.world_sizes, self.allow, self.seed = world_sizes, allow_changes, seed
         half = reference.steps_per_epoch // 2
         self.max_steps = max(1, half if max_steps is None else max_steps)
@@ -349,7 +364,7 @@ class _Stretch:
         )
 
     def resume(self, states: list[dict[str, Any]]) -> Divergence | None:
-        self.loaders = _build(self.runs.make, self.world)
+        self.loaders = self.runs.steps.build(self.world)
         self.plans = [loader.plan(0) for loader in self.loaders]  # fresh: the factory's batching
         self.runs.loads += 1
         self.runs.elastic += len(states) != self.world
@@ -374,8 +389,8 @@ class _Stretch:
             for k in range(len(plans[0])):
                 if budget == 0:
                     return None  # saved mid-epoch
-                for r, it in enumerate(iterators):
-                    found = self.compare(r, plans[r], k, next(it, _END))
+                for r, (loader, it) in enumerate(zip(self.loaders, iterators, strict=True)):
+                    found = self.compare(r, plans[r], k, self.runs.steps.take(loader, it))
                     if found is not None:
                         return found
                 budget -= 1
@@ -399,7 +414,7 @@ class _Stretch:
                 samples=samples.tolist(),
             )
         ref = self.runs.reference.epochs[self.epoch]
-        ids, hashes = self.runs.keys.of(batch)
+        ids, hashes = self.runs.steps.rows(batch)
         covered = ref.covered[samples]
         same = len(row_names(ids, hashes)) == len(samples)
         for mine, got in ((ref.ids, ids), (ref.hashes, hashes)):

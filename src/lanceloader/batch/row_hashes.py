@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 _PRIME = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime: mixes a row's words
-WIDE_ROW_BYTES = 512  # rows wider than this are hashed one digest a row, not word by word
+_MIX = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64's multiplier
+WIDE_ROW_BYTES = 4096  # rows wider than this are hashed one digest a row
 
 
 def batch_columns(batch: Any) -> dict[str, np.ndarray]:
@@ -75,14 +77,23 @@ def _column_hashes(name: str, a: np.ndarray, n: int) -> np.ndarray:
     if a.dtype.kind == "O":
         return np.array([_digest(_canonical(v)) for v in a], np.uint64) ^ seed
     rows = np.ascontiguousarray(a).reshape(n, -1).view(np.uint8).reshape(n, -1)
-    if rows.shape[1] > WIDE_ROW_BYTES:  # images: a digest a row beats a loop over words
+    if rows.shape[1] > WIDE_ROW_BYTES:  # images: a digest a row beats a (rows x words) product
         return np.array([_digest(r.tobytes()) for r in rows], np.uint64) ^ seed
-    padded = np.zeros((n, -(-rows.shape[1] // 8) * 8), np.uint8)
+    words = -(-rows.shape[1] // 8)
+    padded = np.zeros((n, words * 8), np.uint8)
     padded[:, : rows.shape[1]] = rows
-    h = np.full(n, seed, np.uint64)
-    for word in padded.view(np.uint64).T:
-        h = (h ^ word) * _PRIME
-    return h
+    # multilinear: each word times its own odd key, summed mod 2^64; then mixed (splitmix64)
+    h = (padded.view(np.uint64) * _keys(words)).sum(axis=1, dtype=np.uint64) ^ seed
+    h ^= h >> np.uint64(31)
+    h *= _MIX
+    return h ^ (h >> np.uint64(29))
+
+
+@functools.cache
+def _keys(words: int) -> np.ndarray:
+    """Fixed odd 64-bit keys, one per word of a row (the same in every process)."""
+    keys = np.random.default_rng(0x5EED).integers(0, 2**64 - 1, words, np.uint64, endpoint=True)
+    return keys | np.uint64(1)
 
 
 def _digest(data: bytes) -> int:
