@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 import lance
 
 from lanceloader.arguments import check_bool
-from lanceloader.rows.dataset import fragment_names, open_dataset
+from lanceloader.rows.dataset import fragment_names
 from lanceloader.state.format import StateMismatchError
 
 if TYPE_CHECKING:
@@ -188,14 +188,14 @@ def at_epoch_start(source: Source, epoch: int) -> Source:
     follow = source.follow
     if follow is None or epoch <= follow.checked:
         return source
-    newest = agreed_dataset(
-        open_dataset(source.uri, None, source.storage_options), source._agree, None
-    )
-    if newest.version == source.version:
+    # the newest version's number, from the version list (no manifest read: ~1 ms where opening
+    # the newest version of a 10,000-fragment table read its manifest in ~50 ms)
+    version = agreed_version(source.dataset.latest_version, source._agree)
+    if version == source.version:
         return source.following(follow.looked(epoch))
-    adopted = source.at_version(newest.version)
+    adopted = source.at_version(version)
     change = change_between(source.fragment_names(), adopted.fragment_names())
-    refuse_change(source, newest.version, change)
+    refuse_change(source, version, change)
     refuse_new_columns(source, adopted)
     kind = "append" if change.kind == "same" else change.kind
     log = _logger.warning if kind == "rewrite" else _logger.info
@@ -360,13 +360,21 @@ def agreed_dataset(
     ``follow(ds.version)`` agrees on, the same on every rank."""
     if not callable(follow) or version is not None:
         return ds
-    agreed = follow(ds.version)
+    agreed = agreed_version(ds.version, follow)
+    return ds if agreed == ds.version else ds.checkout_version(agreed)
+
+
+def agreed_version(newest: int, agree: Agreement | None) -> int:
+    """The version every rank reads: ``agree(newest)``, or ``newest`` with no agreement."""
+    if agree is None:
+        return newest
+    agreed = agree(newest)
     if isinstance(agreed, bool) or not isinstance(agreed, int):
         raise TypeError(
-            f"follow={follow!r} returned {agreed!r}: an agreement returns the version (an int) "
+            f"follow={agree!r} returned {agreed!r}: an agreement returns the version (an int) "
             "every rank reads, e.g. rank 0's newest"
         )
-    return ds if agreed == ds.version else ds.checkout_version(agreed)
+    return agreed
 
 
 def agreement(follow: bool | Agreement, world_size: int) -> bool | Agreement:
