@@ -220,6 +220,7 @@ class Loader:
         self.recorder = Recorder()
         self._cursor = Cursor(self._pipeline.spec())
         self._live = LiveIterator()  # held weakly; the cursor outlives it
+        self._began = (0, 0)  # where this loader's delivery began (stats().mix counts from it)
         self._pool = KeptPool()  # process workers, kept across epochs until close()
 
     # --- the stages, as assembled (read-only views of the pipeline) ---------------------
@@ -390,7 +391,39 @@ class Loader:
         if pipeline is not self._pipeline:  # other rows: workers holding the old ones go
             self._pool.close()
         self._pipeline, self._cursor = pipeline, cursor
+        self._began = (cursor.epoch, cursor.sample)
         self._live.forget()
+
+    # --- mixture weights (a Loader(ll.Mix(...))) --------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """The global step of the next batch: batches each rank was handed since the run's
+        start, across epochs and resumes (a mix's loader; its schedule and ``set_weights``
+        count in these steps)."""
+        step = self.source.step_at(self._cursor.epoch, self._cursor.sample)
+        if step is None:
+            raise ValueError(
+                "loader.step counts the steps of a mix, whose weights change at steps; this "
+                "loader reads no ll.Mix"
+            )
+        return step
+
+    def set_weights(self, weights: Mapping[str, float], step: int | None = None) -> None:
+        """Mix with ``weights`` (``{source: weight}``) from global ``step`` on (default: the
+        next batch's, ``loader.step``; a step in the past is refused). Recorded in the state,
+        so a resume on any world size replays it. Pass the same weights at the same step on
+        every rank (with ``torch.distributed`` initialised, one small all-gather checks it).
+        A step within the batches read ahead (``loader.step + loader.prefetch +
+        loader.batches_per_read``) makes the live iterator read again from the next batch."""
+        next_step = self.step
+        source = self.source.with_weights(weights, step, next_step)
+        at = next_step if step is None else step
+        self._pipeline = dataclasses.replace(self._pipeline, source=source)
+        self._cursor.spec = self._pipeline.spec()
+        running = self._live.current()
+        if running is not None and at < next_step + self.prefetch + self.batches_per_read:
+            running.reread(self.reading(self.num_workers))
 
     def close(self) -> None:
         """Stop the workers (the live iterator's; process workers kept between epochs); the
@@ -428,6 +461,10 @@ class Loader:
             worker_type=self._pipeline.workers.worker_type,
             cache=facts.cache_choice,
         )
+        c = self._cursor
+        mix = tuple(self.source.delivered(self._began, (c.epoch, c.sample)))
+        if mix:
+            stats = dataclasses.replace(stats, mix=mix)
         if facts.padding_fraction is None:
             return stats
         return dataclasses.replace(stats, padding_fraction=facts.padding_fraction)

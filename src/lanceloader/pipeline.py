@@ -238,7 +238,10 @@ class Pipeline:
         check_on_error(steps.on_error, steps.max_skip_fraction)
         if isinstance(dataset, Mix):  # a builder, not rows: it sets the rows and their order
             refuse_mix_settings(rows, order)
-            source: RowSource = dataset.source()
+            # its schedule's steps are placed with the global batch
+            source: RowSource = dataset.source(
+                batching.batch_size * batching.world_size, batching.drop_last
+            )
         elif isinstance(dataset, RowsBase):  # rows already (a kind of the user's own)
             refuse_rows_settings(rows)
             source = cast(RowSource, dataset)  # RowsBase gives the defaults, the kind the rest

@@ -3,6 +3,7 @@ stream on any world size (weights changed or not), small sources repeat in fresh
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from fractions import Fraction
@@ -234,7 +235,10 @@ def test_located_runs_are_the_stream_sample_by_sample(
     """Reads of consecutive samples (located per slot) and any others (per sample) give each
     sample's source and its index in that source's stream, as the interleave's counts say."""
     mix = _mix(sources, dict(zip("abc", w, strict=True)), 57, run_length=run)
-    mix = mix.with_offsets(dict(zip("abc", offsets, strict=True)))
+    run = mix.run  # each source's stream shifted, as a weight change at a resume leaves it
+    mix = mix.with_run(
+        dataclasses.replace(run, piece=dataclasses.replace(run.piece, base=tuple(offsets)))
+    )
     stream = np.arange(start, start + n)  # may cross the end of a mix epoch (57 samples)
     if shuffled:
         stream = np.random.default_rng(start).permutation(stream)
@@ -854,7 +858,9 @@ def test_malformed_mix_sections_are_named(sources) -> None:
         lambda m: m.pop("quotas"),
         lambda m: m["quotas"].update(a="1"),
         lambda m: m.__setitem__("sources", []),
-        lambda m: m["offsets"].pop("b"),
+        lambda m: m["anchor"]["piece"]["base"].pop("b"),
+        lambda m: m["anchor"].pop("index"),
+        lambda m: m.__setitem__("schedule", {}),
         lambda m: m["sources"]["a"].pop("order"),
     ):
         state = json.loads(json.dumps(loader.state_dict()))

@@ -329,12 +329,26 @@ class EpochIterator(Iterator[Any]):
         self.live = True
 
     @property
+        self._stream_args = (recorder, log_every, kept)
     def epoch(self) -> int:
         """The epoch this iterator delivers."""
         return self.stream.epoch
 
     def __next__(self) -> Any:
         if not self.live:
+    def reread(self, reading: Reading) -> None:
+        """Drop the batches read ahead and read the rest of the epoch with ``reading``, from
+        the cursor's place on (a mix whose weights changed at a step read ahead already:
+        ``Loader.set_weights``). The loop's next batch is the cursor's next one."""
+        if not self.live:
+            return
+        self.stream.close()
+        self._cursor.rebase()
+        plan = self._cursor.plan
+        self.stream = Stream(
+            reading, self._cursor.epoch, plan, range(len(plan)), *self._stream_args
+        )
+
             raise StopIteration
         try:
             batch = next(self.stream)

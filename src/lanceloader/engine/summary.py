@@ -9,6 +9,8 @@ from typing import Any
 
 from lanceloader.engine.verdict import Verdict
 
+MIX_ROWS = 3  # the table shows a mix's latest pieces of weights, at most this many
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -38,6 +40,8 @@ class Stats:
     # pieces downloaded and kept in the cache, by every worker (threads and processes)
     cache_fills: int = 0
     padding_fraction: float | None = None  # with ``pack=``: padding tokens of the packed rows
+    # a mix: what each source delivered per piece of its weights (ordering.mixrun.MixShare)
+    mix: tuple[Any, ...] = ()
     # the loader's cache and why (``cache="auto"`` chose it, or none, for a reason; or given)
     cache: str | None = None
     # The device stage (``device=``, engine/device.py): batches and bytes copied; the copies'
@@ -230,6 +234,8 @@ class Stats:
 
 
 def _ms(seconds: float | None) -> str:
+        for share in self.mix[-MIX_ROWS:]:  # the latest pieces of a mix's weights
+            rows.append((f"mix from step {share.step}", str(share)))
     if seconds is None:
         return "-"
     return f"{1e6 * seconds:,.0f} µs" if seconds < 1e-3 else f"{1000 * seconds:,.1f} ms"

@@ -328,28 +328,10 @@ def locate(
         and int(stream[-1] - stream[0]) == n - 1
         and (n < 3 or bool(np.all(np.diff(stream) == 1)))
     ):
-        slot = first // il.run
-        table = il.table  # one period, turned to begin at the first slot
         begins = [
             offsets[k] + epoch * per_epoch[k] + int(il.count(k, first)) for k in range(sources)
         ]
-        if il.run == 1:  # a run per sample, in the period's pattern (see Slots)
-            return _located_samples(np.roll(table, -(first % il.period)), n, begins)
-        count = (first + n - 1) // il.run + 1 - slot
-        which = np.tile(np.roll(table, -(slot % il.period)), -(-count // il.period))[:count]
-        new = np.concatenate(([0], np.flatnonzero(which[1:] != which[:-1]) + 1))
-        source = which[new]
-        start = (slot + new) * il.run
-        start[0] = first
-        length = np.diff(start, append=first + n)
-        index = np.empty(len(source), np.int64)
-        spans = []
-        for k, begin in enumerate(begins):  # a source's runs continue each other
-            at = np.flatnonzero(source == k)
-            given = np.cumsum(length[at])
-            index[at] = begin + given - length[at]
-            spans.append((begin, int(given[-1]) if len(at) else 0))
-        return Runs(source, index, length, tuple(spans))  # adjacent runs: other sources
+        return locate_span(il, first, n, begins)
     epochs, samples = np.divmod(stream, samples_per_epoch)
     source = il.source_of(samples).astype(np.int64)
     index = np.empty_like(samples)
@@ -357,6 +339,32 @@ def locate(
         at = source == k
         index[at] = offsets[k] + epochs[at] * per_epoch[k] + il.count(k, samples[at])
     return Runs(source, index, np.ones(n, np.int64)).merged()
+
+
+def locate_span(il: Interleave, first: int, n: int, begins: list[int]) -> Runs:
+    """The :class:`Runs` of ``n`` consecutive mixed samples from place ``first`` of ``il``'s
+    interleave on (within one epoch's stretch of one interleave), whose first samples of each
+    source are its stream's ``begins[k]``: computed per slot of the interleave (``run``
+    samples), without per-sample arrays."""
+    slot = first // il.run
+    table = il.table  # one period, turned to begin at the first slot
+    if il.run == 1:  # a run per sample, in the period's pattern (see Slots)
+        return _located_samples(np.roll(table, -(first % il.period)), n, begins)
+    count = (first + n - 1) // il.run + 1 - slot
+    which = np.tile(np.roll(table, -(slot % il.period)), -(-count // il.period))[:count]
+    new = np.concatenate(([0], np.flatnonzero(which[1:] != which[:-1]) + 1))
+    source = which[new]
+    start = (slot + new) * il.run
+    start[0] = first
+    length = np.diff(start, append=first + n)
+    index = np.empty(len(source), np.int64)
+    spans = []
+    for k, begin in enumerate(begins):  # a source's runs continue each other
+        at = np.flatnonzero(source == k)
+        given = np.cumsum(length[at])
+        index[at] = begin + given - length[at]
+        spans.append((begin, int(given[-1]) if len(at) else 0))
+    return Runs(source, index, length, tuple(spans))  # adjacent runs: other sources
 
 
 def _located_samples(pattern: np.ndarray, n: int, begins: list[int]) -> Runs:

@@ -61,14 +61,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from lanceloader.ordering.interleave import (
-    MAX_PERIOD,
-    Interleave,
-    check_weights,
-    consumed,
-    rational_weights,
-)
+from lanceloader.ordering.interleave import Interleave, check_weights
+from lanceloader.ordering.mixrun import MixRun, check_finest
 from lanceloader.ordering.order import Order
+from lanceloader.ordering.schedule import Schedule
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mixed import MixedSource, schema_text
 from lanceloader.rows.ordered import OrderedSource, mean_tokens
@@ -131,7 +127,7 @@ class Mix:
         given = [str(n) for n in sources]
         self.names = sorted(given)  # the mix is its names, not their order
         self.labels = [given.index(n) for n in self.names]  # source_column's numbers
-        weights = check_weights(weights, given)
+        schedule = checked_schedule(weights, given)
         if weights_by not in ("samples", "tokens"):
             raise ValueError(f"weights_by must be 'samples' or 'tokens', got {weights_by!r}")
         if weights_by == "tokens" and not token_column:
@@ -149,23 +145,26 @@ class Mix:
         self.sources = [ordered_source(n, by_name[n]) for n in self.names]
         self.source_column = source_column
         self.rows = [s.num_rows for s in self.sources]
-        per_sample = [weights[n] for n in self.names]
-        if weights_by == "tokens":
-            tokens = [mean_tokens(s.source, token_column) for s in self.sources]
-            per_sample = [w / t if w else 0.0 for w, t in zip(per_sample, tokens, strict=True)]
-        quotas = rational_weights(per_sample)
-        lost = [n for n, w, q in zip(self.names, per_sample, quotas, strict=True) if w and not q]
-        if lost:
-            raise ValueError(
-                f"the weight of source {lost[0]!r} ({weights[lost[0]]:g}) is below 1/{MAX_PERIOD} "
-                "of the total, the finest share the interleave can give, so it would never be "
-                "drawn; raise it, or give it 0 to leave the source out"
+        tokens = (
+            tuple(float(mean_tokens(s.source, token_column)) for s in self.sources)
+            if weights_by == "tokens"
+            else ()
+        )
+        self.tokens_per_row = tokens
+        for _, stage in schedule.stages:  # as shares of samples: each must get a slot
+            check_finest(
+                {
+                    n: stage[n] / tokens[k] if tokens and stage[n] else stage[n]
+                    for k, n in enumerate(self.names)
+                }
             )
+        self.run = MixRun.start(tuple(self.names), schedule, tokens, run_length)
+        quotas = self.run.piece.quotas
         self.interleave = Interleave(tuple(quotas), run_length)
         self.samples_per_epoch = self._epoch_length(samples_per_epoch)
         self.epoch_length = samples_per_epoch
         self.per_epoch = self.interleave.counts(self.samples_per_epoch)
-        self.offsets = [0] * len(self.names)  # shifts of the sources' streams (with_offsets)
+        self._sources_settings = {s.name: s.settings() for s in self.sources}
         self.schema = self._common_schema()
         self.window_samples = self._window_samples()
 
@@ -228,53 +227,48 @@ class Mix:
 
     def settings(self) -> dict[str, Any]:
         """What defines the mixed stream (``state["order"]["mix"]``): each source's identity,
-        version and order, the quotas, the epoch length and the offsets of a weight change."""
+        version and order, the first stage's quotas, the epoch length, and the run's weights
+        (schedule, feedback, anchor, digest: :mod:`lanceloader.ordering.mixrun`)."""
         return {
-            "sources": {s.name: s.settings() for s in self.sources},
+            "sources": self._sources_settings,
             "quotas": dict(zip(self.names, self.interleave.quotas, strict=True)),
             "epoch": self.epoch_length if isinstance(self.epoch_length, str) else "fixed",
-            "offsets": dict(zip(self.names, self.offsets, strict=True)),
             "source_column": self.source_column,
             "run_length": self.interleave.run,
+            **self.run.settings(),
         }
 
-    def resumed(self, state: Mapping[str, Any]) -> tuple[Mix, int]:
-        """This mix (new weights) continuing a checkpoint of a mix of the same sources (old
-        weights): offsets that make each source continue its stream exactly where the state
-        left it, and the sample to resume at (the epoch's end if the state lies past it)."""
-        saved = state["order"]["mix"]
-        if set(saved["sources"]) != set(self.names):
-            raise ValueError(
-                f"the state mixes sources {sorted(saved['sources'])}, this mix "
-                f"{sorted(self.names)}: only the weights may change"
-            )
-        given = consumed(
-            saved["quotas"],
-            saved["offsets"],
-            state["order"]["rows"],
-            state["epoch"],
-            state["sample"],
-            saved["run_length"],
-        )
-        epoch, sample = state["epoch"], min(state["sample"], self.samples_per_epoch)
-        offsets = {
-            n: given[n] - epoch * self.per_epoch[k] - int(self.interleave.count(k, sample))
-            for k, n in enumerate(self.names)
-        }
-        return self.with_offsets(offsets), sample
-
-    def with_offsets(self, offsets: Mapping[str, int]) -> Mix:
-        """This mix with each source's stream shifted by ``offsets`` (what a weight change at a
-        resume sets, and its later checkpoints carry)."""
-        mix = copy.copy(self)  # the offsets alone differ: nothing is measured or read again
-        mix.offsets = [int(offsets[n]) for n in self.names]
+    def with_run(self, run: MixRun) -> Mix:
+        """This mix with another run of weights (a resume, a feedback call): nothing is
+        measured or read again."""
+        mix = copy.copy(self)
+        mix.run = run
         return mix
 
-    def source(self) -> MixedSource:
-        """The mix's rows (the rows protocol), as a Loader reads them."""
-        return MixedSource(self)
+    def source(self, global_batch: int | None = None, drop_last: bool = False) -> MixedSource:
+        """The mix's rows (the rows protocol), as a Loader reads them with ``global_batch``
+        samples a step (ranks x batch size): a schedule's steps are placed with it."""
+        return MixedSource(self, global_batch, drop_last)
 
     def __repr__(self) -> str:
         shares = ", ".join(f"{n}: {w:.3g}" for n, w in self.weights.items())
         run = f", run_length={self.interleave.run}" if self.interleave.run > 1 else ""
-        return f"Mix({{{shares}}}, samples_per_epoch={self.samples_per_epoch}{run})"
+        stages = len(self.run.schedule.stages)
+        later = f", {stages - 1} later stage(s)" if stages > 1 else ""
+        return f"Mix({{{shares}}}{later}, samples_per_epoch={self.samples_per_epoch}{run})"
+
+
+def checked_schedule(weights: Any, names: list[str]) -> Schedule:
+    """``weights`` (a dict, a :class:`Schedule` or None: equal) as a schedule whose every
+    stage gives a weight per source, or an error naming the stage and the fix."""
+    if not isinstance(weights, Schedule):
+        return Schedule({0: check_weights(weights, names)})
+    stages = []
+    for step, stage in weights.stages:
+        try:
+            checked = check_weights(stage, names)
+            check_finest(checked)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"the schedule's stage at step {step}: {exc}") from None
+        stages.append((step, checked))
+    return Schedule(stages, weights.ramps)

@@ -6,12 +6,17 @@ order (:mod:`lanceloader.rows.placement`)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from lanceloader.ordering.interleave import Runs, locate
+from lanceloader.ordering.mixrun import MixRun, MixShare, saved_run
+from lanceloader.ordering.pieces import Piece, Pieces, StepMap
+from lanceloader.ordering.schedule import check_feedback_step
 from lanceloader.rows.placement import mixed_rows
 from lanceloader.rows.protocol import (
     DatasetName,
@@ -30,6 +35,10 @@ from lanceloader.state.format import StateMismatchError, fingerprint
 # most this many: a mix read holds at most 4 x the engine's read bytes (32 MiB), however many
 # sources it has.
 MAX_READ_PARTS = 4
+# The parts of a mix's settings that are its run's weights (what may change during a run).
+RUN_KEYS = ("quotas", "schedule", "feedback", "anchor", "digest", "offsets")
+# Feedback entries a run holds before the next call anchors it (folding the earlier ones).
+MAX_FEEDBACK = 64
 
 
 def schema_text(schema: pa.Schema) -> str:
@@ -64,15 +73,18 @@ class MixedSource(RowsBase):
     (3, 1)
     """
 
-    def __init__(self, mix: Any) -> None:
+    def __init__(self, mix: Any, global_batch: int | None = None, drop_last: bool = False) -> None:
         self.mix = mix
         self.names = mix.names
         self.sources = mix.sources
         self.schema = mix.schema
         self.columns = list(mix.schema.names)
+        fixed = {k: v for k, v in mix.settings().items() if k not in RUN_KEYS}
         self.dataset_name = DatasetName(
-            "mix:" + "+".join(self.names), None, fingerprint("mix", None, mix.settings())
+            "mix:" + "+".join(self.names), None, fingerprint("mix", None, fixed)
         )
+        self.global_batch, self.drop_last = global_batch, drop_last
+        self._place()
         shares = list(mix.weights.values())
         self.bytes_per_row = sum(
             s.source.bytes_per_row * w for s, w in zip(self.sources, shares, strict=True)
@@ -128,38 +140,148 @@ class MixedSource(RowsBase):
                 padded, tokens = padded + facts.padding_fraction * slots, tokens + slots
         return padded / tokens if tokens else None if not padded else 0.0
 
+    def _place(self) -> None:
+        """The run's steps and pieces under this batching. A mix whose one piece starts at the
+        stream's start (no schedule, no feedback) reads as an unchanged mix always has."""
+        run = self.mix.run
+        self.simple = run.piece.start == 0 and not run.schedule.changes_after(
+            run.anchor_step, run.feedback
+        )
+        self.steps: StepMap | None = None
+        self.pieces: Pieces | None = None
+        if self.global_batch is not None:
+            self.steps, self.pieces = run.pieces(
+                self.mix.samples_per_epoch, self.global_batch, self.drop_last
+            )
+        elif not self.simple:
+            raise ValueError(
+                "a Mix whose weights change (a schedule, or feedback) is read by a Loader, "
+                "whose batch size and ranks place its steps; pass it to ll.Loader"
+            )
+
+    def _with_run(self, run: MixRun) -> MixedSource:
+        rows = copy.copy(self)
+        rows.mix = self.mix.with_run(run)
+        rows._place()
+        return rows
+
+    def _placed_steps(self) -> tuple[StepMap, Pieces]:
+        if self.steps is None or self.pieces is None:
+            raise ValueError(
+                "this mix was built without the Loader's batching: steps and weights "
+                "belong to ll.Loader(ll.Mix(...))"
+            )
+        return self.steps, self.pieces
+
+    def step_at(self, epoch: int, sample: int) -> int | None:
+        """The global step of the batch that starts at ``sample`` of ``epoch``: steps taken
+        since the run's start, across epochs and resumes."""
+        steps, _ = self._placed_steps()
+        return steps.step_of(epoch * self.mix.samples_per_epoch + sample)
+
+    def with_weights(self, weights: Any, step: int | None, next_step: int) -> MixedSource:
+        """These rows with ``weights`` from global ``step`` on (default ``next_step``, the next
+        batch's). Every :data:`MAX_FEEDBACK` entries, the run is first anchored at
+        ``next_step`` (the entries before it folded into the piece in force there), so a state
+        holds at most that many."""
+        steps, pieces = self._placed_steps()
+        step = check_feedback_step(next_step if step is None else step, next_step)
+        run = self.mix.run
+        if len(run.feedback) >= MAX_FEEDBACK:
+            run = run.continued_at(steps, steps.index_of(next_step), pieces)
+        return self._with_run(run.with_feedback(step, weights))
+
+    def delivered(self, start: tuple[int, int], stop: tuple[int, int]) -> list[MixShare]:
+        """What each source gave between positions ``start`` and ``stop`` (``(epoch,
+        sample)``, all ranks together), per piece of the weights (:class:`MixShare`). With
+        ``drop_last``, the samples an epoch drops count as given (their rows are used up)."""
+        _, pieces = self._placed_steps()
+        spe = self.mix.samples_per_epoch
+        lo = max(start[0] * spe + start[1], pieces.starts[0])
+        hi = stop[0] * spe + stop[1]
+        per_row = self._tokens_per_row()
+        shares = []
+        for piece, given, promised in pieces.delivered(lo, hi) if hi > lo else []:
+            period = sum(piece.quotas)
+            shares.append(
+                MixShare(
+                    piece.step,
+                    {n: q / period for n, q in zip(self.names, piece.quotas, strict=True)},
+                    {n: int(g) for n, g in zip(self.names, given, strict=True)},
+                    {n: float(p) for n, p in zip(self.names, promised, strict=True)},
+                    {
+                        n: None if t is None else float(g) * t
+                        for n, g, t in zip(self.names, given, per_row, strict=True)
+                    },
+                )
+            )
+        return shares
+
+    def _tokens_per_row(self) -> list[float | None]:
+        """Each source's tokens per row, where known (packed: ``seq_len``; ``weights_by=
+        "tokens"``: the measured mean)."""
+        out: list[float | None] = []
+        for k, source in enumerate(self.sources):
+            packing = source.source.facts.packing
+            if packing is not None:
+                out.append(float(packing.seq_len))
+            else:
+                out.append(self.mix.tokens_per_row[k] if self.mix.tokens_per_row else None)
+        return out
+
     def resumed(
         self, state: dict[str, Any], allow_changes: tuple[str, ...]
     ) -> tuple[MixedSource, int]:
-        """The rows that continue ``state`` and the sample to resume at: when the state's mix
-        has other weights (or the offsets of an earlier weight change), this mix with offsets
-        that continue each source where the state left it. Pure: a refused state changes no
-        loader. Other states come back as they are, for the usual checks to name the
-        difference."""
+        """The rows that continue ``state`` and the sample to resume at. The same schedule:
+        the state's run (its feedback, and the piece in force where it stands), anchored at
+        its position when the batching changed. Another schedule or first stage (with
+        ``allow_changes=("weights",)``): a new piece there with the new weights, every source
+        continuing exactly where the state left it. Pure: a refused state changes no loader.
+        States of other sources or settings come back as they are, for the usual checks to
+        name the difference."""
         saved, current = state["order"].get("mix"), self.mix.settings()
-        if saved is None or saved == current:
+        if saved is None:
             return self, state["sample"]
-        fixed = ("quotas", "offsets")
-        if {k: v for k, v in saved.items() if k not in fixed} != {
-            k: v for k, v in current.items() if k not in fixed
+        if {k: v for k, v in saved.items() if k not in RUN_KEYS} != {
+            k: v for k, v in current.items() if k not in RUN_KEYS
         }:
             return self, state["sample"]  # other sources or settings: the usual checks
-        if saved["quotas"] == current["quotas"]:  # a state of a run that changed weights once
-            return self.mix.with_offsets(saved["offsets"]).source(), state["sample"]
+        run = saved_run(self.mix.run, saved)
+        spe = state["order"]["rows"]
+        batching = (state["batch_size"] * state["world_size"], state["drop_last"])
+        steps, pieces = run.pieces(spe, *batching)
+        at = state["epoch"] * spe + state["sample"]
+        same = run.schedule.settings() == current["schedule"]
+        if same and saved["quotas"] == current["quotas"]:
+            if batching != (self.global_batch, self.drop_last):
+                run = run.continued_at(steps, at, pieces)  # steps on: the new batching's
+            return self._with_run(run), state["sample"]
         if "weights" not in allow_changes:
             raise StateMismatchError(
-                f"cannot load this state into this loader: the state's mix has quotas "
-                f"{saved['quotas']} (offsets {saved['offsets']}), this one {current['quotas']} "
-                f"(offsets {current['offsets']}). Pass allow_changes=('weights',) to continue "
-                "every source exactly where the state left it with the new weights"
+                f"cannot load this state into this loader: the state's mix has other weights "
+                f"(first stage quotas {saved['quotas']}, schedule {run.schedule.settings()}) "
+                f"than this one ({current['quotas']}, {current['schedule']}). Pass "
+                "allow_changes=('weights',) to continue every source exactly where the state "
+                "left it with the new weights"
             )
-        mix, sample = self.mix.resumed(state)
-        return mix.source(), sample
+        consumed = tuple(int(c) for c in pieces.consumed(pieces.at(at), at))
+        sample = min(state["sample"], self.mix.samples_per_epoch)
+        new = dataclasses.replace(
+            run.continued_at(steps, at, pieces),  # the feedback that still matters
+            schedule=self.mix.run.schedule,
+            anchor_index=state["epoch"] * self.mix.samples_per_epoch + sample,
+        )
+        piece = Piece(new.anchor_step, new.anchor_index, new.quotas(new.anchor_step), consumed)
+        return self._with_run(dataclasses.replace(new, piece=piece)), sample
 
     def locate(self, stream: np.ndarray) -> Runs:
-        """The :class:`Runs` of indices into the mixed endless stream (see :func:`locate`)."""
+        """The :class:`Runs` of indices into the mixed endless stream (see :func:`locate`; a
+        mix whose weights change: :meth:`Pieces.locate`)."""
         mix = self.mix
-        return locate(mix.interleave, mix.samples_per_epoch, mix.per_epoch, mix.offsets, stream)
+        if self.simple:
+            base = list(mix.run.piece.base)
+            return locate(mix.interleave, mix.samples_per_epoch, mix.per_epoch, base, stream)
+        return self._placed_steps()[1].locate(stream)
 
     def stream(self, positions: np.ndarray, epoch: int) -> np.ndarray:
         """The indices into the endless stream of samples ``positions`` of mix epoch ``epoch``."""

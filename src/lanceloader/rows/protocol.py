@@ -29,6 +29,10 @@ What a kind declares:
   themselves, or a followed Lance table's newest version: ``rows/lance/follow.py``);
 * ``hints`` (:class:`ReadHints`: how the engine sizes and cuts reads, plain data) and
   ``facts`` (:class:`RowsFacts`: what ``stats()`` and the Loader report);
+* ``step_at(epoch, sample)``, ``with_weights(weights, step, next_step)`` and
+  ``delivered(start, stop)``: a mix's global step count, its weights set from a step on
+  (``Loader.set_weights``) and what each source gave per piece of its weights (``stats()``);
+  None, refused and empty for rows that mix nothing;
 * ``check_nulls(conversion)``: refuse nulls a conversion cannot hold, at construction, where a
   scan is cheap (Lance rows); a no-op elsewhere;
 * ``blob_files(column, offsets, buffer_size)``: file-like objects of a blob column read as
@@ -180,6 +184,12 @@ class RowSource(Protocol):
 
     def at_epoch_start(self, epoch: int) -> RowSource: ...
 
+    def step_at(self, epoch: int, sample: int) -> int | None: ...
+
+    def with_weights(self, weights: Any, step: int | None, next_step: int) -> RowSource: ...
+
+    def delivered(self, start: tuple[int, int], stop: tuple[int, int]) -> list[Any]: ...
+
     def check_nulls(self, conversion: Any) -> None: ...
 
     def blob_files(self, column: str, offsets: pa.Array, buffer_size: int) -> list[Any]: ...
@@ -243,6 +253,23 @@ class RowsBase:
     def at_epoch_start(self, epoch: int) -> Self:
         """Every epoch reads these rows (a followed Lance table may read a newer version)."""
         return self
+
+    def step_at(self, epoch: int, sample: int) -> int | None:
+        """The run's global step at ``sample`` of ``epoch``: only a mix counts steps (its
+        weights change at steps); None elsewhere."""
+        return None
+
+    def with_weights(self, weights: Any, step: int | None, next_step: int) -> Self:
+        """These rows with new mixture weights from ``step`` on: only a mix has weights."""
+        raise ValueError(
+            f"set_weights: {self.dataset_name.uri!r} is not a mix, so it has no weights to "
+            "set; build the loader from ll.Mix({name: Loader or URI, ...}, weights=...)"
+        )
+
+    def delivered(self, start: tuple[int, int], stop: tuple[int, int]) -> list[Any]:
+        """What each source of a mix gave between two positions, per piece of its weights
+        (``MixedSource.delivered``): nothing for rows that mix nothing."""
+        return []
 
     def check_nulls(self, conversion: Any) -> None:
         """Nothing to scan at construction: the batch that holds a null raises."""

@@ -98,9 +98,16 @@ MIX_KEYS: dict[str, tuple[type, ...]] = {
     "sources": (dict,),
     "quotas": (dict,),
     "epoch": (str,),
-    "offsets": (dict,),
     "source_column": (str, _NONE),
     "run_length": (int,),
+}
+# A mix's weights over the run (ordering/mixrun.py); states written before schedules have
+# "offsets" instead.
+MIX_RUN_KEYS: dict[str, tuple[type, ...]] = {
+    "schedule": (list,),
+    "feedback": (list,),
+    "anchor": (dict,),
+    "digest": (str,),
 }
 WORKER_KEYS: dict[str, tuple[type, ...]] = {
     "id": (int,),
@@ -283,15 +290,28 @@ def check_keys(saved: Any) -> None:
 
 def _check_mix(mix: Any) -> None:
     """A mix section (``state["order"]["mix"]``) whose every part has its type: its sources'
-    names in ``sources``, ``quotas`` and ``offsets``, each quota and offset an int."""
+    names in ``sources``, ``quotas`` and the anchor piece's quotas and base (or, written before
+    schedules, ``offsets``), each an int."""
     where = "state['order']['mix']"
     if not isinstance(mix, dict):
         raise StateMismatchError(f"{where} must be a dict, got {type(mix).__name__}")
     _check_types(mix, MIX_KEYS, where)
     names = set(mix["sources"])
-    for key in ("quotas", "offsets"):
-        values = mix[key]
-        if set(values) != names or not all(type(v) is int for v in values.values()):
+    per_source = {"quotas": mix["quotas"]}
+    if "offsets" in mix:  # a state written before schedules
+        per_source["offsets"] = mix["offsets"]
+    else:
+        _check_types(mix, MIX_RUN_KEYS, where)
+        anchor = mix["anchor"]
+        _check_types(anchor, {"step": (int,), "index": (int,), "piece": (dict,)}, where)
+        piece = anchor["piece"]
+        per_source.update(anchor_quotas=piece.get("quotas"), anchor_base=piece.get("base"))
+    for key, values in per_source.items():
+        if (
+            not isinstance(values, dict)
+            or set(values) != names
+            or not all(type(v) is int for v in values.values())
+        ):
             raise StateMismatchError(
                 f"{where}[{key!r}] must give an int for each source {sorted(names)}, got "
                 f"{values!r}: the state was edited or damaged"
