@@ -21,6 +21,7 @@ from lanceloader.ledger import Ledger
 from lanceloader.loader import Loader
 from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan
+from lanceloader.ordering.schedule import Schedule
 from lanceloader.resume_check import check_resume
 from lanceloader.resume_report import ResumeCheckError, ResumeReport
 from lanceloader.rows.clips.index import ClipError
@@ -56,6 +57,7 @@ __all__ = [
     "ResumeCheckError",
     "ResumeReport",
     "RowsBase",
+    "Schedule",
     "Source",
     "StallError",
     "StateMismatchError",
