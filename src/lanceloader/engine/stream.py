@@ -322,20 +322,13 @@ class EpochIterator(Iterator[Any]):
                 cursor.epoch + 1,
             )
         self._cursor = cursor
+        self._stream_args = (recorder, log_every, kept)
         plan = cursor.plan
         self.stream = Stream(
             reading, cursor.epoch, plan, range(len(plan)), recorder, log_every, kept
         )
         self.live = True
 
-    @property
-        self._stream_args = (recorder, log_every, kept)
-    def epoch(self) -> int:
-        """The epoch this iterator delivers."""
-        return self.stream.epoch
-
-    def __next__(self) -> Any:
-        if not self.live:
     def reread(self, reading: Reading) -> None:
         """Drop the batches read ahead and read the rest of the epoch with ``reading``, from
         the cursor's place on (a mix whose weights changed at a step read ahead already:
@@ -349,6 +342,13 @@ class EpochIterator(Iterator[Any]):
             reading, self._cursor.epoch, plan, range(len(plan)), *self._stream_args
         )
 
+    @property
+    def epoch(self) -> int:
+        """The epoch this iterator delivers."""
+        return self.stream.epoch
+
+    def __next__(self) -> Any:
+        if not self.live:
             raise StopIteration
         try:
             batch = next(self.stream)

@@ -228,14 +228,14 @@ class Stats:
                     f"{100 * self.padding_fraction:.1f}% of the tokens of packed rows are padding",
                 )
             )
+        for share in self.mix[-MIX_ROWS:]:  # the latest pieces of a mix's weights
+            rows.append((f"mix from step {share.step}", str(share)))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         return "\n".join([*lines, str(self.bottleneck)])
 
 
 def _ms(seconds: float | None) -> str:
-        for share in self.mix[-MIX_ROWS:]:  # the latest pieces of a mix's weights
-            rows.append((f"mix from step {share.step}", str(share)))
     if seconds is None:
         return "-"
     return f"{1e6 * seconds:,.0f} µs" if seconds < 1e-3 else f"{1000 * seconds:,.1f} ms"
