@@ -385,12 +385,23 @@ class _Stretch:
                 dataclasses.replace(p, num_samples=ref.num_samples, start=self.sample)
                 for p in self.plans
             ]
-            iterators = [iter(loader) for loader in self.loaders]
+            iterators = []
+            for r, loader in enumerate(self.loaders):
+                try:
+                    iterators.append(iter(loader))
+                except Exception as exc:  # the loader's error, reported
+                    return self.diverged(r, f"iter() raised {type(exc).__name__}: {exc}")
             for k in range(len(plans[0])):
                 if budget == 0:
                     return None  # saved mid-epoch
                 for r, (loader, it) in enumerate(zip(self.loaders, iterators, strict=True)):
-                    found = self.compare(r, plans[r], k, self.runs.steps.take(loader, it))
+                    try:
+                        batch = self.runs.steps.take(loader, it)
+                    except Exception as exc:  # the loader's (or on_step's) error, reported
+                        return self.diverged(
+                            r, f"its next batch raised {type(exc).__name__}: {exc}"
+                        )
+                    found = self.compare(r, plans[r], k, batch)
                     if found is not None:
                         return found
                 budget -= 1

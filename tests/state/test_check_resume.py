@@ -80,6 +80,20 @@ class Frozen(ll.Loader):
         return getattr(self, "frozen", None) or super().state_dict()
 
 
+class FailsAfterResume(ll.Loader):
+    """Loads, then fails at the first batch (a state that cannot be read back, say)."""
+
+    def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
+        super().load_state_dict(state, allow_changes)
+        self.loaded = True
+
+    def __iter__(self) -> Any:
+        for batch in super().__iter__():
+            if getattr(self, "loaded", False):
+                raise RuntimeError("no such fragment")
+            yield batch
+
+
 @pytest.mark.parametrize("ids", ["id", None])
 def test_a_correct_loader_passes(uris: dict[str, str], ids: str | None) -> None:
     report = ll.check_resume(
@@ -116,6 +130,13 @@ def test_it_finds_a_state_frozen_after_the_first_resume(uris: dict[str, str]) ->
     assert found.what == "the rows differ from the uninterrupted run's"
     assert found.got_samples[0] is not None and found.got_samples[0] < found.samples[0]  # again
     assert f"{found.load}. " in str(found)  # the stretch that went wrong is listed
+
+
+def test_an_error_after_a_resume_is_the_finding(uris: dict[str, str]) -> None:
+    report = ll.check_resume(lambda r, w: loader(uris["a"], r, w, cls=FailsAfterResume), runs=5)
+    found = report.divergence
+    assert found is not None and found.load == 1, report
+    assert found.what == "its next batch raised RuntimeError: no such fragment"
 
 
 # --- levanter#876: a stage transition one step early -----------------------------------------
