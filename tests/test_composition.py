@@ -1,7 +1,8 @@
 """Compositions of the loader's capabilities, drawn together.
 
 Per source: a filter, a named split, an order (sequential, block or full shuffle), packing, a
-transform (Arrow, row by row, random) and a cache. A ``Mix`` of 1-3 such sources, or one plain
+transform (Arrow, row by row, random) and a cache; a plain, unpacked loader may follow its table
+(``follow=``, on a table nobody changes: the same stream as pinned). A ``Mix`` of 1-3 such sources, or one plain
 ``Loader``; on the outer loader a transform, a random map, workers, ranks and ``drop_last``.
 
 For each composition:
@@ -210,6 +211,7 @@ class Comp:
     batches: int  # about this many batches per epoch and rank
     cut: int  # batches taken on `world` ranks before the state is loaded on `world_after`
     world_after: int
+    follow: bool = False  # a plain, unpacked loader follows its table (which nobody changes)
 
 
 SOURCES = st.builds(
@@ -251,7 +253,13 @@ def compositions(draw: st.DrawFn) -> Comp:
         batches=draw(st.integers(3, 6)),
         cut=draw(st.integers(1, 8)),
         world_after=draw(st.integers(1, 3)),
+        follow=draw(st.booleans()),
     )
+
+
+def same_version(newest: int) -> int:
+    """The ranks' agreement on a followed table that no one changes: each sees the same."""
+    return newest
 
 
 def _source_options(data: Data, comp: Comp, s: Src) -> dict[str, Any]:
@@ -311,9 +319,11 @@ def build(
     if not comp.mix:
         s = comp.sources[0]
         transform = _source_transform(s, False) + _outer_transform(comp)
+        follow = comp.follow and not comp.pack
         return ll.Loader(
             data.uris[s.data],
             transform=transform or None,
+            follow=same_version if follow else False,
             **_source_options(data, comp, s),
             **outer,
         )
