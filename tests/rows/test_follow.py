@@ -362,9 +362,9 @@ def test_peek_on_several_ranks_waits_for_the_epoch_start(tmp_path) -> None:
         loader.peek()
 
 
-def test_a_history_over_epochs_of_several_sizes_is_refused(tmp_path) -> None:
-    """``History`` (the ledger's steps) assumes one epoch size: a followed run that grew is
-    refused rather than mapped onto the wrong samples."""
+def test_a_history_over_epochs_of_several_versions_is_refused(tmp_path) -> None:
+    """``History`` (the ledger's steps) assumes one version's epochs: a followed run that
+    adopted another is refused rather than mapped onto the wrong samples or rows."""
     from lanceloader.state.history import History
 
     uri = str(tmp_path / "t.lance")
@@ -374,5 +374,5 @@ def test_a_history_over_epochs_of_several_sizes_is_refused(tmp_path) -> None:
     assert History.of_states(loader.state_dict()).num_samples == 8
     write(uri, range(8, 12), mode="append")
     epoch_ids(loader)
-    with pytest.raises(ValueError, match=r"epochs have \[8, 12\] rows"):
+    with pytest.raises(ValueError, match=r"read versions \[1, 2\]"):
         History.of_states(loader.state_dict())

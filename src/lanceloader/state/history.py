@@ -142,12 +142,13 @@ class History:
         [2, 3]
         """
         check_keys(latest)
-        sizes = {a[2] for a in latest["order"].get("follow", {}).get("adoptions", [])}
-        if len(sizes) > 1:  # a followed table's epochs (rows/lance/follow.py)
+        read = [a[1] for a in latest["order"].get("follow", {}).get("adoptions", [])]
+        if len(read) > 1:  # a followed table's epochs (rows/lance/follow.py)
             raise ValueError(
-                f"the run followed a growing table whose epochs have {sorted(sizes)} rows "
-                "(state['order']['follow']); a History maps steps over epochs of one size: "
-                "take it of the states of one version"
+                f"the run followed a growing table and its epochs read versions {read} "
+                "(state['order']['follow']); a History maps steps over epochs of one version "
+                "(one size, the rows of one version): it does not cover a followed run that "
+                "adopted a version yet"
             )
         stream = stream_spec(latest)
         for state in resumed_from:  # the same stream: dataset, version, order
