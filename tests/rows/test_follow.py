@@ -376,3 +376,15 @@ def test_a_history_over_epochs_of_several_versions_is_refused(tmp_path) -> None:
     epoch_ids(loader)
     with pytest.raises(ValueError, match=r"read versions \[1, 2\]"):
         History.of_states(loader.state_dict())
+
+
+def test_set_epoch_back_reads_the_version_that_epoch_read(tmp_path) -> None:
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(12))
+    loader = ll.Loader(uri, batch_size=5, shuffle=True, follow=True, num_workers=1)
+    first = epoch_ids(loader)
+    write(uri, range(50, 55), mode="append")
+    assert once(epoch_ids(loader)) == set(range(12)) | set(range(50, 55))
+    loader.set_epoch(0)
+    assert epoch_ids(loader) == first
+    assert once(epoch_ids(loader)) == set(range(12)) | set(range(50, 55))  # epoch 1 again

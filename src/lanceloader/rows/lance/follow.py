@@ -98,9 +98,11 @@ class Following:
         """Epoch ``epoch``'s start adopted ``version``."""
         return Following(epoch, (*self.adoptions, Adoption(epoch, version, rows, change)))
 
-    def rows_in(self, epoch: int) -> int:
-        """The rows of an epoch up to the last one looked at: those of the version it read."""
-        return [a.rows for a in self.adoptions if a.epoch <= epoch][-1]
+    def version_in(self, epoch: int) -> int:
+        """The version an epoch up to the last one looked at read (the first epoch's for one
+        before it: a loader built at a later epoch)."""
+        read = [a.version for a in self.adoptions if a.epoch <= epoch]
+        return read[-1] if read else self.adoptions[0].version
 
     def settings(self) -> dict[str, Any]:
         """The JSON-safe section of ``state["order"]`` (in the fingerprint)."""
@@ -182,12 +184,15 @@ def _ids(ids: list[Any], limit: int = 6) -> str:
 
 
 def at_epoch_start(source: Source, epoch: int) -> Source:
-    """The rows epoch ``epoch`` reads, asked as it starts at sample 0: ``source`` itself when
-    that epoch's start has looked already (a resume replays the state's history), else the
-    table's newest version (``source`` with the look recorded when there is none newer)."""
+    """The rows epoch ``epoch`` reads, asked as it starts at sample 0: when that epoch's start
+    has looked already (a resume, ``set_epoch`` back), the version the history says it read;
+    else the table's newest version (``source`` with the look recorded when none is newer)."""
     follow = source.follow
-    if follow is None or epoch <= follow.checked:
+    if follow is None:
         return source
+    if epoch <= follow.checked:
+        read = follow.version_in(epoch)
+        return source if read == source.version else source.at_version(read).following(follow)
     # the newest version's number, from the version list (no manifest read: ~1 ms where opening
     # the newest version of a 10,000-fragment table read its manifest in ~50 ms)
     version = agreed_version(source.dataset.latest_version, source._agree)
