@@ -212,6 +212,14 @@ class Comp:
     cut: int  # batches taken on `world` ranks before the state is loaded on `world_after`
     world_after: int
     follow: bool = False  # a plain, unpacked loader follows its table (which nobody changes)
+    stage: int = 0  # a mix: from this step on (0: never) the weights reversed, by a schedule
+    ramp: int = 0  # over this many steps (0: at once)
+    feedback: int = 0  # a mix: set_weights (weights rotated) from this step on (0: none)
+
+    @property
+    def changes(self) -> bool:
+        """Whether a mix's weights change during the run (a schedule's stage, or feedback)."""
+        return self.mix and bool(self.stage or self.feedback)
 
 
 SOURCES = st.builds(
@@ -232,6 +240,7 @@ def compositions(draw: st.DrawFn) -> Comp:
     mix = draw(st.booleans())
     n = draw(st.integers(1, 3)) if mix else 1
     world = draw(st.integers(1, 3))
+    stage = draw(st.sampled_from([0, 0, 1, 2, 4, 7])) if mix else 0
     return Comp(
         sources=tuple(draw(SOURCES) for _ in range(n)),
         mix=mix,
@@ -254,6 +263,9 @@ def compositions(draw: st.DrawFn) -> Comp:
         cut=draw(st.integers(1, 8)),
         world_after=draw(st.integers(1, 3)),
         follow=draw(st.booleans()),
+        stage=stage,
+        ramp=draw(st.integers(0, 2)) if stage else 0,
+        feedback=draw(st.sampled_from([0, 0, 1, 3, 6])) if mix else 0,
     )
 
 
@@ -307,7 +319,10 @@ def build(
     workers: int | None = None,
     worker_type: str | None = None,
     drop_last: bool | None = None,
+    first: bool = True,
 ) -> ll.Loader:
+    """The composition's loader (``first``: of the run's first part, which makes the feedback
+    call; a loader that loads a state gets the call's record from it)."""
     outer = {
         "batch_size": batch_size,
         "rank": rank,
@@ -336,14 +351,24 @@ def build(
         )
         for k, s in enumerate(comp.sources)
     }
+    weights: Any = {f"s{k}": w for k, w in enumerate(comp.weights)}
+    if comp.stage:
+        reversed_ = {f"s{k}": w for k, w in enumerate(reversed(comp.weights))}
+        weights = ll.Schedule(
+            {0: weights, comp.stage: reversed_}, {comp.stage: comp.ramp} if comp.ramp else None
+        )
     mix = ll.Mix(
         sources,
-        weights={f"s{k}": w for k, w in enumerate(comp.weights)},
+        weights=weights,
         samples_per_epoch=comp.epoch,
         source_column="src",
         run_length=comp.run,
     )
-    return ll.Loader(mix, transform=_outer_transform(comp) or None, seed=comp.seed, **outer)
+    loader = ll.Loader(mix, transform=_outer_transform(comp) or None, seed=comp.seed, **outer)
+    if comp.feedback and first:
+        rotated = comp.weights[1:] + comp.weights[:1]
+        loader.set_weights({f"s{k}": w for k, w in enumerate(rotated)}, step=comp.feedback)
+    return loader
 
 
 # --- what was delivered ----------------------------------------------------------------------
@@ -532,7 +557,7 @@ def check_epochs(data: Data, comp: Comp, ref: list[list[Record]], source_rows: l
         if isinstance(comp.epoch, int):
             assert n == comp.epoch
         total = sum(comp.weights)
-        for e, rows in enumerate(epochs):
+        for e, rows in enumerate([] if comp.changes else epochs):  # changes: tests/ordering
             src = np.array([r.source for r in rows])
             counts = [int(np.sum(src == k)) for k in range(len(comp.sources))]
             for k, w in enumerate(comp.weights):  # within one run of the share, at every prefix
@@ -616,6 +641,24 @@ def check_stats_identities(loader: ll.Loader, comp: Comp) -> None:
     assert abs(epoch.wall_s - wall) <= 0.1 * wall + 0.005, (epoch.wall_s, wall)
 
 
+def changed_stream(
+    data: Data, comp: Comp, batch: int, cut: int, start: int, before: dict[int, Record]
+) -> tuple[dict[int, Record], dict[int, Record]]:
+    """Records by position of epochs 0 and 1 of a run whose weights change at steps: ``cut``
+    steps of one rank taking the global batch of ``world`` ranks, then one rank taking that of
+    ``world_after`` (a schedule's later steps land where that batching puts them)."""
+    one = build(data, comp, batch * comp.world)
+    lockstep([one], cut)
+    state = one.state_dict()
+    one.close()
+    other = build(data, comp, batch * comp.world_after, first=False)
+    other.load_state_dict(state, allow_changes=("batch_size",))
+    rest = [r for b in other for r in records(b)]
+    following = [r for b in other for r in records(b)]
+    first = {p: r for p, r in before.items() if p < start} | dict(enumerate(rest, start))
+    return first, dict(enumerate(following))
+
+
 def check_composition(data: Data, comp: Comp, conformance: bool = True) -> None:
     probe = build(data, comp, batch_size=1, drop_last=False)
     n = len(probe)
@@ -671,11 +714,12 @@ def check_composition(data: Data, comp: Comp, conformance: bool = True) -> None:
     for r in resumed:
         r.load_state_dict(states[0])
     rest, following = lockstep(resumed), lockstep(resumed)
-    expected = [
-        ref[0][i] for b in global_batches(n, start, batch, after, comp.drop_last) for i in b
-    ]
+    at = dict(enumerate(ref[0])), dict(enumerate(ref[1]))  # records by position
+    if comp.changes:  # changes land at steps: from the cut on, per the new batching's steps
+        at = changed_stream(data, comp, batch, cut, start, at[0])
+    expected = [at[0][i] for b in global_batches(n, start, batch, after, comp.drop_last) for i in b]
     assert_stream(rest, expected, f"the rest of the epoch on {after} ranks after {world} ranks")
-    expected = [ref[1][i] for b in global_batches(n, 0, batch, after, comp.drop_last) for i in b]
+    expected = [at[1][i] for b in global_batches(n, 0, batch, after, comp.drop_last) for i in b]
     assert_stream(following, expected, f"the next epoch on {after} ranks")
 
     # 2: restored at every step, on this composition's rank.
