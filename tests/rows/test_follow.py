@@ -388,3 +388,30 @@ def test_set_epoch_back_reads_the_version_that_epoch_read(tmp_path) -> None:
     loader.set_epoch(0)
     assert epoch_ids(loader) == first
     assert once(epoch_ids(loader)) == set(range(12)) | set(range(50, 55))  # epoch 1 again
+
+
+def test_follow_on_an_object_store(s3) -> None:
+    """On S3 (a real server): an append is adopted at the next epoch's start, the state
+    resumes on its version, and the automatic cache (an object store's) serves no old rows."""
+    ids = list(range(40))
+    table = pa.table({"id": pa.array(ids, pa.int64()), "x": pa.array(ids, pa.float32())})
+    uri = s3.write(table, max_rows_per_file=10)
+    options = s3.storage_options
+
+    def loader() -> ll.Loader:
+        return ll.Loader(
+            uri, batch_size=8, shuffle=True, follow=True, storage_options=options, num_workers=2
+        )
+
+    run = loader()
+    assert once(epoch_ids(run)) == set(range(40))
+    more = pa.table({"id": pa.array(range(90, 95), pa.int64()), "x": pa.array([0.0] * 5)})
+    lance.write_dataset(more.cast(table.schema), uri, mode="append", storage_options=options)
+    it = iter(run)
+    head = next(it)["id"].tolist()
+    state = run.state_dict()
+    lance.dataset(uri, storage_options=options).delete("id < 3")
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert once(head + epoch_ids(resumed)) == set(range(40)) | set(range(90, 95))
+    assert once(epoch_ids(resumed)) == set(range(3, 40)) | set(range(90, 95))
