@@ -42,6 +42,9 @@ class _ArrayRef:
     def __init__(self, index: int) -> None:
         self.index = index
 
+    def __reduce__(self) -> tuple[type[_ArrayRef], tuple[int]]:
+        return _ArrayRef, (self.index,)  # (pickles 2x faster than the slots' default)
+
 
 def _join(value: Any, arrays: list[np.ndarray]) -> Any:
     if isinstance(value, _ArrayRef):
@@ -94,6 +97,47 @@ def take_mapping(path: Path) -> mmap.mmap:
         path.unlink(missing_ok=True)
 
 
+def _regions(arrays: list[np.ndarray]) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
+    """The memory to write for ``arrays``, and per array ``(region, byte offset in it)``.
+
+    The batches of a read are mostly row slices of a few arrays converted once per read: such
+    an array is written once when the slices sent cover at least half of it (one ``pwrite``
+    per column and chunk, not one per batch and column: a read of 480 batches of 3 columns
+    made 1,440); any other array is a region of its own.
+    """
+    parts = [_part_of(a) for a in arrays]
+    roots = {id(root): root for root, _ in parts if root is not None}
+    covered = dict.fromkeys(roots, 0)
+    for a, (root, _) in zip(arrays, parts, strict=True):
+        if root is not None:
+            covered[id(root)] += a.nbytes
+    regions: list[np.ndarray] = []
+    region_of: dict[int, int] = {}
+    places: list[tuple[int, int]] = []
+    for a, (root, offset) in zip(arrays, parts, strict=True):
+        if root is None or 2 * covered[id(root)] < root.nbytes:
+            places.append((len(regions), 0))
+            regions.append(a)
+            continue
+        if id(root) not in region_of:
+            region_of[id(root)] = len(regions)
+            regions.append(root)
+        places.append((region_of[id(root)], offset))
+    return regions, places
+
+
+def _part_of(a: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """The C-contiguous array whose memory the C-contiguous ``a`` is a part of, and where in it
+    ``a`` starts; ``(None, 0)`` when ``a`` owns its memory or is not such a part."""
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if root is a or not (a.flags.c_contiguous and root.flags.c_contiguous):
+        return None, 0
+    start = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    return (root, start) if start >= 0 and start + a.nbytes <= root.nbytes else (None, 0)
+
+
 def pack(result: Any, path: Path) -> tuple[bytes, list[tuple[int, str, tuple[int, ...]]]]:
     """Write the arrays of ``result`` into the shared-memory file ``path``.
 
@@ -101,8 +145,12 @@ def pack(result: Any, path: Path) -> tuple[bytes, list[tuple[int, str, tuple[int
     """
     arrays: list[np.ndarray] = []
     skeleton = _split(result, arrays)
-    offsets = write_arrays(path, arrays) if arrays else []
-    layout = [(o, a.dtype.str, a.shape) for o, a in zip(offsets, arrays, strict=True)]
+    regions, places = _regions(arrays)
+    starts = write_arrays(path, regions) if regions else []
+    layout = [
+        (starts[region] + offset, a.dtype.str, a.shape)
+        for (region, offset), a in zip(places, arrays, strict=True)
+    ]
     try:
         return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), layout
     except (pickle.PicklingError, AttributeError, TypeError):
