@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
 import threading
+
+# Ray servers the tests start bind 127.0.0.1 and are reached there: Ray reads this once, when it
+# is first imported (else it swaps 127.0.0.1 for the machine's address, where nothing listens).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import lance
 import pyarrow as pa

@@ -98,3 +98,37 @@ def check_numbers(
     for name, value in optional.items():
         if value is not None:
             check_int(name, value, minimum=1)
+
+
+# The actor options ``ray_options`` takes (Ray's own names: ``ray.remote``'s options), and the
+# default: one CPU per actor.
+RAY_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "scheduling_strategy", "runtime_env")
+DEFAULT_RAY_OPTIONS: dict[str, object] = {"num_cpus": 1}
+
+
+def check_ray_options(options: object) -> dict[str, object]:
+    """The Ray actor options of ``ray_options`` (defaults: one CPU per actor), checked without
+    importing Ray.
+
+    >>> check_ray_options({"num_cpus": 2, "scheduling_strategy": "SPREAD"})
+    {'num_cpus': 2, 'scheduling_strategy': 'SPREAD'}
+    >>> check_ray_options({"cpus": 2})
+    Traceback (most recent call last):
+    ...
+    ValueError: ray_options got 'cpus': it takes num_cpus, num_gpus, memory, resources, scheduling_strategy, runtime_env (Ray's actor options), e.g. ray_options={'num_cpus': 2, 'resources': {'decode': 1}, 'scheduling_strategy': 'SPREAD'}
+    """
+    if options is None:
+        return dict(DEFAULT_RAY_OPTIONS)
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"ray_options must be a dict of Ray actor options, got the {type(options).__name__} "
+            f"{options!r}"
+        )
+    unknown = [k for k in options if k not in RAY_OPTIONS]
+    if unknown:
+        raise ValueError(
+            f"ray_options got {', '.join(map(repr, unknown))}: it takes {', '.join(RAY_OPTIONS)} "
+            "(Ray's actor options), e.g. ray_options={'num_cpus': 2, 'resources': "
+            "{'decode': 1}, 'scheduling_strategy': 'SPREAD'}"
+        )
+    return {**DEFAULT_RAY_OPTIONS, **options}

@@ -13,6 +13,7 @@ rows from the same :class:`RowsSettings`.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import warnings
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from lanceloader.arguments import check_bool, check_numbers, check_seconds
+from lanceloader.arguments import check_bool, check_numbers, check_ray_options, check_seconds
 from lanceloader.batch.checks import check_bytes_for_tensors, check_output, check_schema
 from lanceloader.batch.output import Conversion, with_fill_nulls
 from lanceloader.batch.transforms import (
@@ -192,9 +193,9 @@ class Output:
         return cls(conversion, placement, isinstance(output, Conversion))
 
     def in_worker(self, worker_type: str) -> Conversion:
-        """What a worker makes: process workers return NumPy (through shared memory) and the
-        consumer makes tensors of it."""
-        if worker_type == "process" and self.conversion.output in TENSOR_OUTPUTS:
+        """What a worker makes: process workers and Ray actors return NumPy (through shared
+        memory, or Ray's object store) and the consumer makes tensors of it."""
+        if worker_type in ("process", "ray") and self.conversion.output in TENSOR_OUTPUTS:
             return dataclasses.replace(self.conversion, output="numpy")
         return self.conversion
 
@@ -207,6 +208,7 @@ class Workers:
     rows_per_read: int | None = None
     log_every: int | None = None
     stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
+    ray_options: Mapping[str, Any] | None = None  # worker_type="ray": the actors' Ray options
 
 
 @dataclass(frozen=True)
@@ -249,11 +251,11 @@ class Pipeline:
             source = rows.build(dataset, order.seed, random_order=order.shuffle)
         the_order = order.build(source.num_rows)
         hints = source.hints
-        if workers.worker_type == "process" and source.facts.cache_per_process:
+        if workers.worker_type != "thread" and source.facts.cache_per_process:
             raise ValueError(
                 "cache='memory' keeps pieces in one process's memory, and each "
                 "process worker would fill a copy of its own: with "
-                "worker_type='process' give a directory, e.g. "
+                f"worker_type={workers.worker_type!r} give a directory, e.g. "
                 "cache='/dev/shm/lance-cache' (in RAM, shared by the workers)"
             )
         if steps.transform is None:
@@ -291,8 +293,9 @@ class Pipeline:
             workers.num_workers or default_workers(usable_cores(), workers.worker_type, reads_wait),
             per_read,
         )
-        if workers.worker_type == "process":
+        if workers.worker_type != "thread":
             check_picklable(pipeline.work(), f"transform {transform_name(steps.transform)}")
+        if workers.worker_type == "process":
             start_forkserver()
             hint_process_workers(pipeline.num_workers)
         return pipeline
@@ -397,6 +400,7 @@ class Pipeline:
             finish=finish,
             placement=arrive,
             stall_timeout=self.workers.stall_timeout,
+            ray_options=self.workers.ray_options,
         )
 
 
@@ -417,8 +421,30 @@ def check_settings(
         rows_per_read=workers.rows_per_read,
         log_every=workers.log_every,
     )
-    if workers.worker_type not in ("thread", "process"):
-        raise ValueError(f"worker_type must be 'thread' or 'process', got {workers.worker_type!r}")
+    if workers.worker_type not in ("thread", "process", "ray"):
+        raise ValueError(
+            f"worker_type must be 'thread', 'process' or 'ray', got {workers.worker_type!r}"
+        )
+    if workers.worker_type == "ray":
+        check_ray_workers(workers)
+    elif workers.ray_options is not None:
+        raise ValueError(
+            f"ray_options= is for worker_type='ray' (Ray actors); got worker_type="
+            f"{workers.worker_type!r}: drop ray_options or pass worker_type='ray'"
+        )
+
+
+def check_ray_workers(workers: Workers) -> None:
+    """Ray actors: their number given (they are another machine's cores, which this one cannot
+    count), their options Ray's, and Ray installed."""
+    check_ray_options(workers.ray_options)
+    if workers.num_workers is None:
+        raise ValueError(
+            "worker_type='ray' needs num_workers= (the number of Ray actors that build "
+            "batches, e.g. num_workers=8; each takes ray_options, default {'num_cpus': 1})"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ImportError("worker_type='ray' needs Ray: pip install 'ray>=2.40'")
 
 
 def given_rows_settings(rows: RowsSettings) -> list[str]:

@@ -157,10 +157,16 @@ class KeptPool:
     """
 
     def __init__(self) -> None:
-        self.pool: ProcessPool | None = None
+        self.pool: Any = None  # a ProcessPool, or another pool of the same members (actors.py)
 
-    def pool_for(self, work: Callable[[Any], Any], num_workers: int) -> ProcessPool:
-        """A running pool of ``num_workers`` workers holding ``work``."""
+    def pool_for(
+        self,
+        work: Callable[[Any], Any],
+        num_workers: int,
+        start: Callable[[Shipment, int], Any] = ProcessPool,
+    ) -> Any:
+        """A running pool of ``num_workers`` workers holding ``work`` (``start`` starts one:
+        a :class:`ProcessPool`, or Ray actors)."""
         shipment = Shipment.of(work)
         pool = self.pool
         if pool is not None and (
@@ -171,7 +177,7 @@ class KeptPool:
         ):
             self.close()
         if self.pool is None:
-            self.pool = ProcessPool(shipment, num_workers)
+            self.pool = start(shipment, num_workers)
         return self.pool
 
     def close(self) -> None:

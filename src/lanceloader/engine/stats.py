@@ -64,6 +64,8 @@ COUNTERS = (
     "decode_s",
     "transform_s",
     "convert_s",
+    "transfer_s",  # Ray actors' results: the loop's time getting them (pull, deserialize)
+    "local_s",  # Ray actors: building the loop did itself while no actor was ready
     "wait_s",
     "step_s",
     "rows_read",
@@ -373,4 +375,6 @@ class Recorder:
             wait_p95_s=p95,
             wait_p99_s=p99,
             wait_histogram=histogram,
+            transfer_s=c["transfer_s"],
+            local_s=c["local_s"],
         )

@@ -62,7 +62,7 @@ import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,11 +104,18 @@ class Reading:
     finish: Conversion | None = None
     placement: Callable[[Any], Any] | None = None
     stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
+    ray_options: Mapping[str, Any] | None = None  # worker_type="ray": each actor's options
 
 
 def start_pool(reading: Reading, work: BatchWork, kept: KeptPool | None) -> Pool[TaskResult]:
     """The pool a stream's tasks run on: threads of its own, the loader's process pool
-    (``kept``: lent to the stream, kept after it), or processes of its own."""
+    (``kept``: lent to the stream, kept after it), or processes of its own; or Ray actors
+    (:mod:`lanceloader.engine.actors`, which imports Ray: imported here, when asked for)."""
+    if reading.worker_type == "ray":
+        from lanceloader.engine.actors import actor_pool
+
+        n, options = reading.num_workers, reading.ray_options
+        return actor_pool(work, n, reading.stall_timeout, options, kept)
     if reading.worker_type != "process":
         return ThreadPool(work, reading.num_workers, reading.stall_timeout)
     if kept is None:

@@ -69,6 +69,10 @@ class Stats:
     wait_histogram: tuple[int, ...] = field(default=(), repr=False, compare=False)
     # seconds a read spent decoding (clips decode inside their read: not storage time)
     decode_s: float = 0.0
+    # Ray actors (worker_type="ray"): the loop's time getting their results (pulling what was
+    # not on this node yet, deserializing), and building it did itself while no actor was ready
+    transfer_s: float = 0.0
+    local_s: float = 0.0
 
     @property
     def rows_per_s(self) -> float:
@@ -204,6 +208,8 @@ class Stats:
                 f"{kind}worker{'s' if self.workers != 1 else ''}",
             )
         )
+        if self.worker_type == "ray":
+            rows.append(("remote", self._remote()))
         if self.copy_batches:
             hidden = (
                 f"{100 * self.copy_hidden:.0f}% hidden behind the step"
@@ -233,6 +239,17 @@ class Stats:
         width = max(len(k) for k, _ in rows)
         lines = [f"{k:<{width}}  {v}" for k, v in rows]
         return "\n".join([*lines, str(self.bottleneck)])
+
+    def _remote(self) -> str:
+        """Ray actors: how busy they were building, what the results cost the loop."""
+        built = self.read_s + self.decode_s + self.transform_s + self.convert_s
+        cap = self.wall_s * self.workers
+        busy = f" ({100 * built / cap:.0f}% of the actors' time)" if cap else ""
+        local = f"; {self.local_s:.2f} s built here (no actor ready)" if self.local_s else ""
+        return (
+            f"actors built batches for {built:.2f} s{busy}; the loop got them in "
+            f"{self.transfer_s:.2f} s (pull, deserialize) and waited {self.wait_s:.2f} s{local}"
+        )
 
 
 def _ms(seconds: float | None) -> str:

@@ -52,6 +52,9 @@ STAGE_SHARE = 0.5
 IDLE_SHARE = 0.25
 # The first batch's wait counts as the limit when it is at least this share of the loop's wait.
 STARTUP_SHARE = 0.5
+# Ray actors: the loop spent at least this share of its wait getting their results (pulling
+# them to this node, deserializing): the network, not the actors, is the limit.
+TRANSFER_SHARE = 0.5
 # Thread workers busy in a transform while this process used between these many cores: they
 # took turns on the GIL (a transform that sleeps or waits on I/O uses far less than one core).
 GIL_CORES = (0.75, 1.3)
@@ -166,6 +169,8 @@ def verdict(
     evidence = f"the loop waited {100 * waited:.0f}% of the time; workers spent " + ", ".join(
         f"{100 * v:.0f}% of their time in {k}" for k, v in shares.items() if k != "decode" or v
     )
+    if machine.worker_type == "ray":  # other machines' cores: this one's say nothing
+        return _remote_verdict(s, machine, sum(shares.values()), evidence)
     if shares[stage] < STAGE_SHARE:
         return _idle_workers(s, machine, evidence)
     if stage == "read":
@@ -274,6 +279,52 @@ def _read_verdict(
             more,
             "on object storage, more requests in flight hide latency" if more else None,
         ),
+    )
+
+
+def _remote_verdict(s: dict[str, float], machine: Machine, busy: float, evidence: str) -> Verdict:
+    """The loop waited for Ray actors: were they busy (more actors help), was the network
+    the limit (the loop's time getting their results), or were they starting?
+
+    >>> from lanceloader.engine.stats import new_counters
+    >>> c = new_counters()
+    >>> c.update(batches=9, wall_s=1.0, wait_s=0.8, transform_s=1.8, depth_samples=9)
+    >>> verdict(c, workers=2, shuffle_random=False, worker_type="ray").stage
+    'remote workers'
+    >>> c.update(transform_s=0.2, transfer_s=0.6)
+    >>> verdict(c, workers=2, shuffle_random=False, worker_type="ray").stage
+    'network'
+    """
+    n, wait = machine.workers, s["wait_s"]
+    if busy >= STAGE_SHARE:
+        return Verdict(
+            "remote workers",
+            f"{evidence}: the {n} Ray actors were building batches {100 * busy:.0f}% of the time",
+            f"more actors, e.g. num_workers={2 * n} (the cluster needs their ray_options free: "
+            "`ray status`), or a cheaper transform",
+        )
+    transfer = s.get("transfer_s", 0.0)
+    if transfer >= TRANSFER_SHARE * wait:
+        return Verdict(
+            "network",
+            f"{evidence}; the loop spent {transfer:.2f} s of its {wait:.2f} s wait getting the "
+            "actors' results (pulling them to this node, deserializing)",
+            "fewer bytes per batch: uint8 rather than float32 images, crop or resize in the "
+            "transform, fewer columns; actors on nodes nearer the trainer; more actors would "
+            "not help",
+        )
+    if s.get("first_wait_s", 0.0) >= STARTUP_SHARE * wait:
+        return Verdict(
+            "startup",
+            f"{evidence}; the first batch took {s['first_wait_s']:.2f} s of the {wait:.2f} s "
+            "the loop waited (Ray actors starting: imports, the dataset opened, the first read)",
+            "paid once per loader (its actors are kept across epochs): longer runs amortise it",
+        )
+    return Verdict(
+        "hand-off",
+        f"{evidence}: the actors were mostly idle and the loop still waited "
+        f"({s.get('local_s', 0.0):.2f} s building batches itself while no actor was ready)",
+        "raise prefetch so that every actor has reads queued; check the network between nodes",
     )
 
 

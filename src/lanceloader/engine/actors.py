@@ -1,0 +1,420 @@
+"""Ray actor workers: batches built on other machines of a Ray cluster, exactly as local workers
+build them.
+
+A batch is a pure function of its task (:class:`~lanceloader.engine.work.BatchWork`: rows,
+order, transform; ``random_map`` draws from the rows' keys), so any actor on any node builds
+the same bytes, and a lost actor's task is built again elsewhere with the same result.
+
+Contract of an :class:`ActorPool` (a :class:`~lanceloader.engine.pool.Pool`):
+
+* ``num_workers`` Ray actors (:class:`BatchActor`), each created with the user's
+  ``ray_options`` (``num_cpus``, ``resources``, ``scheduling_strategy``, ...: Ray places them),
+  receive the batch work once: the bytes a process worker gets (a
+  :class:`~lanceloader.engine.pickling.Shipment`, put once in Ray's object store; the rows' URIs
+  and storage options travel inside it and are never printed). Then they get tasks; each
+  answers with one object per task (a :class:`TaskResult` of NumPy batches, which Ray hands out
+  zero-copy from its object store, read-only).
+* ``submit`` gives a task to the live actor with the fewest unfinished tasks; ``take`` returns
+  results in task order. The caller bounds the tasks in flight
+  (:class:`~lanceloader.engine.pool.Ordered`), so a slow training loop never lets actors fill
+  memory: at most that many reads' results exist. Finished results are pulled to this node
+  ahead of their turn (``fetch_local``).
+* An actor that dies (``ray.kill``, its process killed, its node gone: ``RayActorError``,
+  ``WorkerCrashedError``, a lost object) is dropped: its unfinished tasks go to the live actors
+  in task order, or are built in this process while none is ready. A replacement starts (at
+  most ``num_workers`` in the pool's life) and takes tasks once it answers. Nothing is lost or
+  repeated: each task's result is taken once, at its turn. With no live actor left and none to
+  start, :class:`ActorsLostError`.
+* Every wait is bounded: no result for ``stall_timeout`` seconds raises
+  :class:`~lanceloader.engine.threads.Stalled` naming the actor (number, pid, node) with its
+  stack (asked of the actor through a second concurrency group), or saying it never started.
+  The wait wakes every :data:`POLL_S` for signals and dead actors.
+* ``discard()`` cancels the tasks in flight (a running one finishes, its result dropped) and
+  keeps the actors: a loader keeps them across epochs (:func:`actor_pool`). ``close()``
+  (idempotent; also on garbage collection) kills every actor at once.
+
+Ray must be connected (``ray.init(address=...)``, or a Ray Train worker); otherwise
+:func:`connect` calls ``ray.init()``, as Ray Data does (the cluster at ``RAY_ADDRESS``, or a
+local one).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import ray.exceptions
+
+from lanceloader.arguments import check_ray_options
+from lanceloader.engine.pickling import Shipment
+from lanceloader.engine.pool import KeptPool
+from lanceloader.engine.threads import Stalled, check_same_process
+from lanceloader.engine.work import BatchWork, TaskResult
+
+_logger = logging.getLogger("lanceloader")
+
+POLL_S = 0.2  # the consumer's wait wakes this often: Ctrl-C, dead actors
+STACK_WAIT_S = 2.0  # how long a stalled actor gets to send its stack
+# What says an actor (its process, its node, or a result on it) is gone: its task is rebuilt.
+LOST = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.NodeDiedError,
+)
+
+
+class ActorsLostError(RuntimeError):
+    """Every actor of the pool died and none could be started in their place."""
+
+
+class ActorStartError(RuntimeError):
+    """An actor could not load the batch work (its ``__init__`` raised): a module of the
+    transform that the cluster's nodes cannot import is the usual cause."""
+
+
+def connect() -> None:
+    """Use the Ray this process is connected to; else ``ray.init()`` (``RAY_ADDRESS`` or a
+    local Ray), as Ray Data does, and say so."""
+    if not ray.is_initialized():
+        _logger.info("lanceloader: worker_type='ray' and Ray not initialized: calling ray.init()")
+        ray.init()
+
+
+class BatchActor:
+    """A Ray actor that builds batches: the work once, then tasks (one object per task)."""
+
+    def __init__(self, work: tuple[bytes, list[np.ndarray]]) -> None:
+        data, buffers = work  # a Shipment's pickle and its out-of-band arrays (read-only)
+        self._work: BatchWork = pickle.loads(data, buffers=buffers)
+        self._running: int | None = None  # the thread running a task (for stack())
+
+    @ray.method(concurrency_group="look")
+    def where(self) -> tuple[int, str]:
+        """This actor's pid and node address (answered once it is up)."""
+        return os.getpid(), ray.util.get_node_ip_address()
+
+    def run(self, task: Any) -> TaskResult:
+        """The task's batches, as a process worker builds them."""
+        self._running = threading.get_ident()
+        try:
+            return self._work(task)
+        finally:
+            self._running = None
+
+    @ray.method(concurrency_group="look")
+    def stack(self) -> str:
+        """The stack of the thread running a task (``'idle'`` between tasks)."""
+        frame = sys._current_frames().get(self._running or -1)
+        if frame is None:
+            return "(idle: no task running)\n"
+        return "".join(traceback.format_stack(frame))
+
+
+@dataclass
+class _Actor:
+    """One actor of the pool: its handle, where it runs once known, and its unfinished tasks."""
+
+    number: int
+    handle: Any
+    started: Any  # the ref of its where(): ready once the actor is up
+    eligible: bool  # takes tasks (a first actor at once; a replacement once up)
+    pid: int = 0
+    node: str = ""
+    dead: bool = False
+    unfinished: int = 0
+
+    def name(self) -> str:
+        where = f"pid {self.pid} on node {self.node}" if self.pid else "not started yet"
+        return f"ray actor {self.number} ({where})"
+
+
+@dataclass
+class _Task:
+    """A task in flight: its place in order, the actor on it (None: built here), its ref."""
+
+    index: int
+    task: Any
+    actor: _Actor | None
+    ref: Any
+    sent: float
+
+
+class ActorPool:
+    """Results of ``work`` over the tasks submitted, in order, from ``num_workers`` Ray actors
+    (see the module text)."""
+
+    def __init__(
+        self,
+        work: BatchWork | Shipment,
+        num_workers: int,
+        stall_timeout: float | None = None,
+        ray_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1 Ray actor, got {num_workers}")
+        connect()
+        self.stall_timeout = stall_timeout
+        self.shipment = work if isinstance(work, Shipment) else Shipment.of(work)
+        self._local: BatchWork | None = None if isinstance(work, Shipment) else work
+        self._options = check_ray_options(ray_options)
+        self.owner = os.getpid()
+        self._closed = False
+        self._name = f"lanceloader-{uuid.uuid4().hex[:8]}"  # its actors': {name}-{number}
+        self._replacements = self._replacements_total = num_workers
+        self._class = ray.remote(concurrency_groups={"look": 1})(BatchActor)  # type: ignore[call-overload]
+        # once, shared by every actor: the pickle and its arrays (Ray keeps NumPy zero-copy)
+        arrays = [np.frombuffer(b.raw(), np.uint8) for b in self.shipment.buffers]
+        self._work_ref = ray.put((self.shipment.data, arrays))
+        self._actors = [self._start(i, eligible=True) for i in range(num_workers)]
+        self._pending: deque[_Task] = deque()
+        self._done: dict[int, tuple[Any, BaseException | None]] = {}
+        self._submitted = 0
+        self.rebuilt = 0  # tasks sent again after their actor was lost
+
+    @property
+    def num_workers(self) -> int:
+        """The actors asked for (replacements take the place of dead ones)."""
+        return self._replacements_total
+
+    def _start(self, number: int, eligible: bool) -> _Actor:
+        handle = self._class.options(
+            **self._options, max_restarts=0, name=f"{self._name}-{number}"
+        ).remote(self._work_ref)
+        return _Actor(number, handle, handle.where.remote(), eligible)
+
+    # --- submitting --------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks submitted and not yet handed out."""
+        return len(self._pending)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def live(self) -> list[_Actor]:
+        return [a for a in self._actors if not a.dead]
+
+    def submit(self, task: Any) -> None:
+        """Send ``task`` to the least busy live actor (built here when none is ready)."""
+        pending = _Task(self._submitted, task, None, None, time.monotonic())
+        self._send(pending)
+        self._pending.append(pending)
+        self._submitted += 1
+
+    def _send(self, pending: _Task) -> None:
+        self._check_started()
+        ready = [a for a in self._actors if a.eligible and not a.dead]
+        if not ready:
+            pending.actor, pending.ref = None, None
+            return
+        actor = min(
+            ready, key=lambda a: (a.unfinished, (a.number - pending.index) % len(self._actors))
+        )
+        actor.unfinished += 1
+        pending.actor, pending.ref = actor, actor.handle.run.remote(pending.task)
+
+    def _check_started(self) -> None:
+        """Mark the actors that answered where(): replacements take tasks from then on."""
+        waiting = {a.started: a for a in self._actors if not a.pid and not a.dead}
+        if not waiting:
+            return
+        up, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0, fetch_local=True)
+        for ref in up:
+            actor = waiting[ref]
+            try:
+                actor.pid, actor.node = ray.get(ref)
+                actor.eligible = True
+            except LOST as exc:
+                self._lost(actor, exc)
+
+    # --- handing out ---------------------------------------------------------------------
+
+    def take(self) -> Any:
+        """The oldest task's result (its error re-raised), waiting at most ``stall_timeout``."""
+        check_same_process(self.owner)
+        head = self._pending[0]
+        deadline = None if self.stall_timeout is None else time.monotonic() + self.stall_timeout
+        while head.index not in self._done:
+            if head.actor is None:  # no actor was ready for it: built here
+                result = self._local_work()(head.task)
+                result.seconds["local"] = sum(result.seconds.values())  # (stats: local_s)
+                self._done[head.index] = (result, None)
+                break
+            left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                raise self._stalled(head)
+            self._collect(left)
+        self._pending.popleft()
+        result, error = self._done.pop(head.index)
+        if error is not None:
+            raise error
+        return result
+
+    def _local_work(self) -> BatchWork:
+        """The work, in this process: for tasks no actor is ready to take."""
+        if self._local is None:
+            self._local = pickle.loads(self.shipment.data, buffers=self.shipment.buffers)
+        return self._local
+
+    def _collect(self, timeout: float) -> None:
+        """Take the results that are here within ``timeout`` (and start pulling the rest)."""
+        self._check_started()
+        sent = {p.ref: p for p in self._pending if p.ref is not None and p.index not in self._done}
+        if not sent:
+            return
+        refs = list(sent)
+        first, _ = ray.wait(refs, num_returns=1, timeout=timeout, fetch_local=True)
+        if not first:
+            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+        for ref in ready:
+            pending = sent[ref]
+            if pending.ref is ref:  # (not sent again meanwhile, after its actor died)
+                self._receive(pending)
+
+    def _receive(self, pending: _Task) -> None:
+        actor = pending.actor
+        assert actor is not None
+        t0 = time.perf_counter()
+        try:
+            result = ray.get(pending.ref)
+        except LOST as exc:
+            self._lost(actor, exc)
+            return
+        except ray.exceptions.RayTaskError as exc:  # the work raised: the user's error
+            error = exc.cause if isinstance(exc.cause, BaseException) else exc
+            if error is not exc and hasattr(error, "add_note"):
+                error.add_note(f"in {actor.name()}:\n{exc}")
+            self._done[pending.index] = (None, error)
+        else:  # the consumer's time to get it: what was not pulled yet, deserializing
+            result.seconds["transfer"] = time.perf_counter() - t0
+            self._done[pending.index] = (result, None)
+        actor.unfinished -= 1
+        pending.ref = None
+
+    def _lost(self, actor: _Actor, exc: BaseException) -> None:
+        """``actor`` is gone: its unfinished tasks go to the others (in order), a replacement
+        starts; with no live actor and none to start, :class:`ActorsLostError`. An actor that
+        could not load the work raises :class:`ActorStartError` at once (another would fail
+        the same way)."""
+        if getattr(exc, "actor_init_failed", False):
+            raise ActorStartError(
+                f"{actor.name()} could not load the batch work: {_cause(exc)}. Every module "
+                "the rows and the transform use must be importable on the cluster's nodes: "
+                "install it there, ship it with ray_options={'runtime_env': {'py_modules': "
+                "[module]}}, or define the transform in the training script (what __main__ "
+                "defines travels by value)"
+            ) from exc
+        if not actor.dead:
+            actor.dead = True
+            _logger.warning(
+                "lanceloader: %s died (%s): its unfinished tasks are built again by the other "
+                "actors, in order",
+                actor.name(),
+                type(exc).__name__,
+            )
+            if self._replacements > 0:
+                self._replacements -= 1
+                self._actors.append(self._start(len(self._actors), eligible=False))
+        if not self.live:
+            raise ActorsLostError(
+                f"all {len(self._actors)} Ray actors of this loader died (the last: "
+                f"{actor.name()}: {_cause(exc)}), and no "
+                "more are started in their place. Check the cluster (`ray status`): nodes "
+                "lost, out of memory; or use worker_type='process' or 'thread'"
+            ) from exc
+        for pending in self._pending:
+            if pending.actor is actor and pending.index not in self._done:
+                self.rebuilt += 1
+                self._send(pending)
+
+    def _stalled(self, head: _Task) -> Stalled:
+        assert self.stall_timeout is not None
+        actor = head.actor
+        assert actor is not None
+        if not actor.pid:  # started since the last look?
+            ray.wait([actor.started], timeout=STACK_WAIT_S, fetch_local=True)
+            self._check_started()
+        if not actor.pid:
+            stack = (
+                "(the actor has not started: Ray has not placed it, or it is still starting; "
+                f"it asks for {self._options}: `ray status` shows pending actors and the "
+                "cluster's free resources)\n"
+            )
+        else:
+            try:
+                stack = ray.get(actor.handle.stack.remote(), timeout=STACK_WAIT_S)
+            except Exception as exc:  # a stack is a hint: its absence says why
+                stack = f"(no stack: {type(exc).__name__})\n"
+        functions = [line.split(" in ")[-1] for line in stack.splitlines() if ", in " in line]
+        return Stalled(self.stall_timeout, head.task, actor.name(), stack, functions[::-1])
+
+    def discard(self) -> None:
+        """Forget every task in flight: queued ones are cancelled, a running one finishes and
+        its result is dropped; the actors stay, with what they opened, for the next stream."""
+        for pending in self._pending:
+            if pending.ref is not None:
+                ray.cancel(pending.ref)
+        for actor in self._actors:
+            actor.unfinished = 0
+        self._pending.clear()
+        self._done.clear()
+
+    def close(self) -> None:
+        """Kill every actor at once; results not handed out are dropped. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending.clear()
+        self._done.clear()
+        if self.owner != os.getpid() or not ray.is_initialized():
+            return
+        for actor in self._actors:
+            if not actor.dead:
+                ray.kill(actor.handle, no_restart=True)
+
+    def __del__(self) -> None:
+        if hasattr(self, "_actors"):
+            self.close()
+
+
+def actor_pool(
+    work: BatchWork,
+    num_workers: int,
+    stall_timeout: float | None,
+    ray_options: Mapping[str, Any] | None,
+    kept: KeptPool | None,
+) -> ActorPool:
+    """The actors a stream's tasks run on: the loader's (``kept``, started by its first stream,
+    kept across epochs while the work is the same: an actor starts in seconds), or a pool of
+    the stream's own."""
+    if kept is None:
+        return ActorPool(work, num_workers, stall_timeout, ray_options)
+    pool = kept.pool_for(
+        work, num_workers, lambda shipment, n: ActorPool(shipment, n, None, ray_options)
+    )
+    assert isinstance(pool, ActorPool)
+    pool.stall_timeout = stall_timeout  # the consumer's wait: no actor holds it
+    return pool
+
+
+def _cause(exc: BaseException) -> str:
+    """The last line of a Ray error's text: the error the actor met, without Ray's frames."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__

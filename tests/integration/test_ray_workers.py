@@ -1,0 +1,250 @@
+"""Ray actor workers on a real Ray cluster of three nodes on this machine
+(``ray.cluster_utils.Cluster``; issue 46): the stream is the thread workers' stream, byte for
+byte, with any number of actors; killed actors, a removed node and a rebuilt loader lose and
+repeat nothing.
+
+One cluster for the module (~7 s to start), each node with its own CPUs and a small object
+store; every loader here closes its actors before the next test."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import lanceloader as ll
+from lanceloader.demo import write_demo_dataset
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from lanceloader.engine.actors import ActorPool, ActorsLostError, ActorStartError  # noqa: E402
+from lanceloader.engine.threads import Stalled  # noqa: E402
+from lanceloader.engine.work import BatchWork, stage_of  # noqa: E402
+from lanceloader.ordering.order import Order  # noqa: E402
+from lanceloader.ordering.plan import Plan, read_tasks  # noqa: E402
+from lanceloader.rows.lance.source import Source  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
+# The actors cannot import this module (pytest put its folder on this process's path only):
+# its functions travel by value, as a script's do.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+STORE_BYTES = 100 * 1024 * 1024  # each node's object store: this machine is small
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    """A head (the driver's node, 1 CPU) and two worker nodes of 2 CPUs, on 127.0.0.1; nodes
+    are declared dead within ~2 s of losing their raylet."""
+    node = {"object_store_memory": STORE_BYTES, "node_ip_address": "127.0.0.1"}
+    started = Cluster(
+        initialize_head=True,
+        head_node_args={
+            **node,
+            "num_cpus": 1,
+            "include_dashboard": False,
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+        },
+    )
+    try:
+        for _ in range(2):
+            started.add_node(**node, num_cpus=2)
+        ray.init(address=started.address, log_to_driver=False)
+        yield started
+    finally:
+        ray.shutdown()
+        started.shutdown()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_demo_dataset(tmp_path_factory.mktemp("ray") / "d.lance", rows=1500, fragments=3)
+
+
+def jitter(row: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """A transform with per-sample random draws (``random_map``)."""
+    x = np.asarray(row["x"], np.float32)
+    return {**row, "x": x + rng.normal(size=x.shape).astype(np.float32)}
+
+
+def loader(data: str, **kw: Any) -> ll.Loader:
+    settings: dict[str, Any] = {
+        "batch_size": 50,
+        "columns": ["id", "x"],
+        "shuffle": True,
+        "seed": 7,
+        "transform": ll.random_map(jitter),
+        "num_workers": 2,
+        **kw,
+    }
+    return ll.Loader(data, **settings)
+
+
+def digest(batch: dict[str, Any]) -> str:
+    """The ids and bytes of every column of a batch."""
+    h = hashlib.sha256()
+    for name in sorted(batch):
+        value = np.ascontiguousarray(batch[name])
+        h.update(f"{name}:{value.dtype}:{value.shape}".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
+def epochs(source: ll.Loader, count: int) -> list[list[str]]:
+    with source:
+        return [[digest(b) for b in source] for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def reference(data: str) -> list[list[str]]:
+    """Three epochs from local thread workers."""
+    return epochs(loader(data, worker_type="thread"), 3)
+
+
+def actor_names() -> list[str]:
+    return sorted(n for n in ray.util.list_named_actors() if n.startswith("lanceloader-"))
+
+
+@pytest.mark.parametrize("actors", [1, 2, 4])
+def test_actors_deliver_the_thread_workers_batches_byte_for_byte(
+    cluster: Any, data: str, reference: list[list[str]], actors: int
+) -> None:
+    source = loader(data, worker_type="ray", num_workers=actors)
+    got = epochs(source, 3)
+    assert got == reference
+    assert len({d for epoch in got for d in epoch}) == 3 * len(reference[0])  # epochs differ
+    assert actor_names() == []  # closed with the loader
+    stats = source.stats(epoch=None)
+    assert stats.local_s == 0 and stats.transfer_s > 0  # every batch came from an actor
+    assert stats.transform_s > 0 and "actors built batches" in str(stats)
+
+
+def kill(name: str, how: str) -> None:
+    actor = ray.get_actor(name)
+    if how == "ray.kill":
+        ray.kill(actor)
+    else:  # the actor's process, as the OOM killer would
+        pid, _ = ray.get(actor.where.remote())
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_a_killed_actor_loses_and_repeats_nothing(
+    cluster: Any, data: str, reference: list[list[str]], trial: int
+) -> None:
+    """A random actor of 3 killed at a random batch (``ray.kill`` or SIGKILL of its process):
+    the epoch is the reference, in order. (benchmarks/remote.py runs 20 such trials.)"""
+    draw = random.Random(trial)
+    how = ("ray.kill", "SIGKILL")[trial % 2]
+    source = loader(data, worker_type="ray", num_workers=3, prefetch=12)
+    with source:
+        it = iter(source)
+        at = draw.randrange(1, len(it) - 4)
+        got = [digest(next(it)) for _ in range(at)]
+        kill(draw.choice(actor_names()), how)
+        got += [digest(b) for b in it]
+    assert got == reference[0]
+
+
+@pytest.mark.filterwarnings("ignore:lanceloader. forking:RuntimeWarning")  # add_node's fork+exec
+def test_a_removed_node_loses_and_repeats_nothing(
+    cluster: Any, data: str, reference: list[list[str]]
+) -> None:
+    """A node with actors on it leaves the cluster mid-epoch (its raylet and workers stop)."""
+    extra = cluster.add_node(num_cpus=2, resources={"doomed": 2}, object_store_memory=STORE_BYTES)
+    cluster.wait_for_nodes()
+    source = loader(
+        data, worker_type="ray", num_workers=2, prefetch=8, ray_options={"resources": {"doomed": 1}}
+    )
+    with source:
+        it = iter(source)
+        got = [digest(next(it)) for _ in range(5)]
+        cluster.remove_node(extra)  # both actors gone; their tasks are built here meanwhile
+        got += [digest(b) for b in it]
+    assert got == reference[0]
+
+
+def test_resume_after_the_loader_is_rebuilt_is_exact(
+    cluster: Any, data: str, reference: list[list[str]]
+) -> None:
+    first = loader(data, worker_type="ray", num_workers=2)
+    with first:
+        it = iter(first)
+        got = [digest(next(it)) for _ in range(7)]
+        state = first.state_dict()
+    again = loader(data, worker_type="ray", num_workers=3)  # N -> M actors
+    again.load_state_dict(state)
+    with again:
+        got += [digest(b) for b in again]
+        got += [digest(b) for b in again]
+    assert got == reference[0] + reference[1]
+
+
+def test_every_actor_lost_is_a_clear_error(cluster: Any, data: str) -> None:
+    """One actor, killed, and its replacement killed too: no more are started."""
+    source = loader(data, worker_type="ray", num_workers=1, prefetch=2)
+    with source, pytest.raises(ActorsLostError, match="Ray actors of this loader died"):
+        for i, _ in enumerate(source):
+            names = actor_names()
+            if i in (2, 6) and names:
+                kill(names[-1], "ray.kill")
+
+
+def stuck_after_row_99(batch: Any) -> Any:
+    """Sleeps (for an hour) in every batch past row 99."""
+    if max(batch.column("id").to_pylist()) > 99:
+        time.sleep(3600)
+    return batch
+
+
+def test_a_stuck_actor_is_named_with_its_stack(cluster: Any, data: str) -> None:
+    """The pool's stall report: the actor (number, pid, node) and its stack, taken while it
+    runs the transform. (The first batch, with no stall bound, starts the actor.)"""
+    work = BatchWork(Source(data, ["id"]), Order(1500), stuck_after_row_99, "numpy")
+    tasks = read_tasks(0, Plan(1500, 100), per_read=1, batches=range(2))
+    pool = ActorPool(work, 1)
+    try:
+        pool.submit(next(tasks))
+        assert pool.take().batches[0]["id"].tolist() == list(range(100))
+        pool.stall_timeout = 2
+        pool.submit(next(tasks))
+        with pytest.raises(Stalled) as raised:
+            pool.take()
+    finally:
+        pool.close()
+    stalled = raised.value
+    assert stalled.worker.startswith("ray actor 0 (pid ") and "on node 127.0.0.1" in stalled.worker
+    assert "in stuck_after_row_99" in stalled.stack  # (its code travelled by value: no line)
+    assert stage_of(stalled.functions) == "transform"
+
+
+def test_a_transform_the_nodes_cannot_import_is_named(
+    cluster: Any, data: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module on this process's path only: the actors cannot load the work, and the error
+    says so and how to ship it (instead of actors dying one after another)."""
+    (tmp_path / "only_here.py").write_text(
+        textwrap.dedent(
+            """
+            def same(batch):
+                return batch
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import only_here  # type: ignore[import-not-found]
+
+    source = loader(data, worker_type="ray", num_workers=2, transform=only_here.same)
+    with source, pytest.raises(ActorStartError, match=r"No module named 'only_here'.*py_modules"):
+        next(iter(source))
