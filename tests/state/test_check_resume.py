@@ -3,8 +3,9 @@ Loader over a real Lance dataset) and passes the loader's correct compositions.
 
 The bugs: an off-by-one at resume; a state frozen after the first resume (HF datasets#8308:
 the second resume restarts from the first); a mixture's stage transition one step early after a
-resume (levanter#876). The compositions (a Hypothesis property): plain, block or full shuffle,
-filtered, split, packed, a Mix, thread workers, on N -> M world sizes and with drop_last.
+resume (levanter#876, with ``ll.Schedule``). The compositions (a Hypothesis property): plain, block or full shuffle,
+filtered, split, packed, a Mix (with a schedule, feedback through ``on_step``), thread workers,
+on N -> M world sizes, keeping the global batch or not, with drop_last.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import lanceloader as ll
 
 ROWS = 240
 MIX_SAMPLES = 120  # a mix epoch's samples (fixed, so a weight change keeps the epoch's length)
-STAGE_AT = 48  # levanter#876's stage 2 starts at this global sample of epoch 0
+STAGE_STEP = 4  # levanter#876's stage 2 starts at this global step
 STAGES = ({"a": 3, "b": 1}, {"a": 1, "b": 3})
 ORDERS = {
     "sequential": {},
@@ -139,80 +140,66 @@ def test_an_error_after_a_resume_is_the_finding(uris: dict[str, str]) -> None:
     assert found.what == "its next batch raised RuntimeError: no such fragment"
 
 
-# --- levanter#876: a stage transition one step early -----------------------------------------
+# --- mixture schedules and feedback (levanter#876: a stage transition one step early) --------
 
 
-class Staged:
-    """A two-stage mixture: ``STAGES[0]``'s weights until global sample ``STAGE_AT`` of epoch 0,
-    ``STAGES[1]``'s from there on, switched by saving the Mix loader's state and loading it into
-    a loader of the new weights (``allow_changes=("weights",)``). With ``early=True``, a resumed
-    loader switches one step early (levanter#876); the uninterrupted one is right either way."""
+def mix(uris: dict[str, str], weights: Any) -> ll.Mix:
+    sources = {n: ll.Loader(u, columns=["id", "v"], shuffle=True) for n, u in uris.items()}
+    return ll.Mix(sources, weights=weights, samples_per_epoch=MIX_SAMPLES)
 
-    def __init__(self, uris: dict[str, str], rank: int, world: int, early: bool = False) -> None:
-        self.uris, self.rank, self.world_size, self.early = uris, rank, world, early
-        self.resumed = False
-        self.stage = 0
-        self.inner = self.build(0)
 
-    def build(self, stage: int) -> ll.Loader:
-        sources = {n: ll.Loader(u, columns=["id", "v"], shuffle=True) for n, u in self.uris.items()}
-        mix = ll.Mix(sources, weights=STAGES[stage], samples_per_epoch=MIX_SAMPLES)
-        return loader(mix, self.rank, self.world_size, columns=None)
+class EarlyStage(ll.Loader):
+    """levanter#876: a resumed run's stage 2 starts one step before the schedule's stage (the
+    uninterrupted run follows the schedule)."""
 
-    def switch_at(self) -> int:
-        one_step = self.inner.batch_size * self.world_size
-        return STAGE_AT - one_step if self.early and self.resumed else STAGE_AT
+    def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
+        super().load_state_dict(state, allow_changes)
+        if self.step < STAGE_STEP - 1:
+            self.set_weights(STAGES[1], step=STAGE_STEP - 1)
 
-    def stage_of(self, state: dict[str, Any]) -> int:
-        return int(state["epoch"] > 0 or state["sample"] >= self.switch_at())
 
-    def switch(self) -> None:
-        state = self.inner.state_dict()
-        self.inner.close()
-        self.stage, self.inner = 1, self.build(1)
-        self.inner.load_state_dict(state, allow_changes=("weights",))
-
-    def __iter__(self) -> Any:
-        while True:
-            if self.stage == 0 and self.stage_of(self.inner.state_dict()):
-                self.switch()
-            it = iter(self.inner)
-            for batch in it:
-                yield batch
-                if self.stage == 0 and self.stage_of(self.inner.state_dict()):
-                    it.close()
-                    break
-            else:
-                return
-
-    def plan(self, start: int = 0) -> ll.Plan:
-        return self.inner.plan(start)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.resumed = True
-        self.stage = self.stage_of(state)
-        self.inner.close()
-        self.inner = self.build(self.stage)
-        self.inner.load_state_dict(state, allow_changes=("weights",))
-
-    def close(self) -> None:
-        self.inner.close()
+def staged(uris: dict[str, str], rank: int, world: int, cls: type = ll.Loader) -> Any:
+    """A two-stage mixture (``ll.Schedule``) keeping a global batch of 16 on any world size:
+    the schedule counts steps, which are then the same samples on every world size."""
+    schedule = ll.Schedule({0: STAGES[0], STAGE_STEP: STAGES[1]})
+    return loader(mix(uris, schedule), rank, world, cls=cls, batch_size=16 // world, columns=None)
 
 
 @pytest.mark.parametrize("early", [False, True])
 def test_it_finds_a_stage_transition_one_step_early(uris: dict[str, str], early: bool) -> None:
     report = ll.check_resume(
-        lambda r, w: Staged(uris, r, w, early), runs=40, world_sizes=(1,), ids="id"
+        lambda r, w: staged(uris, r, w, EarlyStage if early else ll.Loader),
+        runs=30,
+        world_sizes=(1, 2, 4),
+        allow_changes=("batch_size",),
+        ids="id",
     )
     if not early:
-        assert report.ok, report
+        assert report.ok, str(report)
         return
     found = report.divergence
     assert found is not None, report
-    assert found.epoch == 0 and found.samples[0] == STAGE_AT - 8  # the step before stage 2
+    assert found.epoch == 0 and found.samples[0] // 16 == STAGE_STEP - 1  # the step before
+
+
+def feedback(loader: ll.Loader) -> None:
+    """A training loop's feedback, as replayed from its checkpoint: weights set at steps."""
+    for step, weights in ((3, {"a": 1, "b": 1}), (11, {"a": 1, "b": 5})):
+        if loader.step == step:
+            loader.set_weights(weights)
+
+
+def test_feedback_on_a_schedule_resumes_exactly(uris: dict[str, str]) -> None:
+    report = ll.check_resume(
+        lambda r, w: staged(uris, r, w),
+        runs=20,
+        world_sizes=(2, 1, 4),
+        allow_changes=("batch_size",),
+        on_step=feedback,
+        ids="id",
+    )
+    assert report.ok, str(report)
+    assert report.elastic > 0
 
 
 # --- correct compositions --------------------------------------------------------------------
@@ -230,6 +217,9 @@ def compositions(draw: st.DrawFn) -> dict[str, Any]:
         "world_sizes": tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))),
         "drop_last": draw(st.booleans()),
         "seed": draw(st.integers(0, 3)),
+        "schedule": draw(st.booleans()),  # a mix's: two stages, the second ramped
+        "feedback": draw(st.booleans()),  # a mix's: set_weights at steps (on_step)
+        "keep_global": draw(st.booleans()),  # the global batch on every world size
     }
 
 
@@ -244,11 +234,28 @@ def build(uris: dict[str, str], c: dict[str, Any], rank: int, world: int) -> ll.
     }
     if c["mix"]:
         sources = {n: ll.Loader(u, **{"columns": ["id", "v"], **rows}) for n, u in uris.items()}
-        data: Any = ll.Mix(sources, weights={"a": 2, "b": 1})
+        stages = {0: {"a": 2, "b": 1}, 3: {"a": 1, "b": 2}}
+        weights = ll.Schedule(stages, ramps={3: 2}) if c["schedule"] else stages[0]
+        data: Any = ll.Mix(sources, weights=weights)
         rows = {"columns": None}
     else:
         data = uris["a"]
-    return loader(data, rank, world, num_workers=c["workers"], drop_last=c["drop_last"], **rows)
+    batch = 12 // world if steps_count(c) else 6
+    return loader(
+        data,
+        rank,
+        world,
+        batch_size=batch,
+        num_workers=c["workers"],
+        drop_last=c["drop_last"],
+        **rows,
+    )
+
+
+def steps_count(c: dict[str, Any]) -> bool:
+    """Whether the loader keeps the global batch: weights that change at global steps are the
+    same samples on every world size only so (the schedule counts steps)."""
+    return c["keep_global"] or (c["mix"] and (c["schedule"] or c["feedback"]))
 
 
 @settings(
@@ -257,9 +264,14 @@ def build(uris: dict[str, str], c: dict[str, Any], rank: int, world: int) -> ll.
 @given(c=compositions())
 def test_every_correct_composition_passes(uris: dict[str, str], c: dict[str, Any]) -> None:
     report = ll.check_resume(
-        lambda r, w: build(uris, c, r, w), runs=4, world_sizes=c["world_sizes"], seed=c["seed"]
+        lambda r, w: build(uris, c, r, w),
+        runs=4,
+        world_sizes=c["world_sizes"],
+        allow_changes=("batch_size",) if steps_count(c) else (),
+        on_step=feedback if c["mix"] and c["feedback"] else None,
+        seed=c["seed"],
     )
-    assert report.ok, report
+    assert report.ok, str(report)
     assert report.samples_compared > 0
 
 
@@ -301,7 +313,7 @@ def test_a_followed_growing_table_resumes_exactly(tmp_path: Any) -> None:
     report = ll.check_resume(
         lambda r, w: GrowsOnce(uri, r, w), runs=20, world_sizes=(1, 2, 3), epochs=3, ids="id"
     )
-    assert report.ok, report
+    assert report.ok, str(report)
     assert lance.dataset(uri).count_rows() == ROWS + 20  # grown once, read in epochs 1 and 2
     assert report.samples_compared >= 20 * 8
 
@@ -315,7 +327,7 @@ def test_process_workers_pass(uris: dict[str, str]) -> None:
         ids="id",
         contents=True,
     )
-    assert report.ok, report
+    assert report.ok, str(report)
 
 
 def test_bad_arguments_name_the_fix(uris: dict[str, str]) -> None:
