@@ -413,17 +413,28 @@ class Loader:
         """Mix with ``weights`` (``{source: weight}``) from global ``step`` on (default: the
         next batch's, ``loader.step``; a step in the past is refused). Recorded in the state,
         so a resume on any world size replays it. Pass the same weights at the same step on
-        every rank (with ``torch.distributed`` initialised, one small all-gather checks it).
-        A step within the batches read ahead (``loader.step + loader.prefetch +
-        loader.batches_per_read``) makes the live iterator read again from the next batch."""
-        next_step = self.step
+        every rank. A step a live iterator may have read ahead already (thread workers: within
+        ``loader.prefetch + loader.batches_per_read`` steps; process workers: within its
+        epoch) makes it read again from its next batch, dropping what it read ahead."""
+        c = self._cursor
+        next_step = self.source.step_at(c.epoch, c.sample) or 0  # rows that mix nothing refuse
         source = self.source.with_weights(weights, step, next_step)
         at = next_step if step is None else step
         self._pipeline = dataclasses.replace(self._pipeline, source=source)
         self._cursor.spec = self._pipeline.spec()
         running = self._live.current()
-        if running is not None and at < next_step + self.prefetch + self.batches_per_read:
+        if running is not None and running.live and at < self._read_ahead_until(next_step):
             running.reread(self.reading(self.num_workers))
+
+    def _read_ahead_until(self, next_step: int) -> int:
+        """The step before which a live iterator may have read with the weights it began with:
+        thread workers read each task with the newest weights (``set_weights``), so only the
+        reads in flight and the one being handed out; process workers hold their copy for
+        the epoch."""
+        if self.worker_type == "thread":
+            return next_step + self.prefetch + self.batches_per_read
+        step = self.source.step_at(self._cursor.epoch, self.source.num_rows)  # the next epoch's
+        return next_step if step is None else step
 
     def close(self) -> None:
         """Stop the workers (the live iterator's; process workers kept between epochs); the

@@ -418,7 +418,10 @@ def check_weights(weights: Any, names: list[str]) -> dict[str, float]:
         )
     out = {}
     for name, w in weights.items():
-        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w < 0:
+        plain = type(w) is float or type(w) is int  # the common case, without ABC checks
+        if (not plain and (isinstance(w, bool) or not isinstance(w, numbers.Real))) or not (
+            math.isfinite(w) and w >= 0
+        ):
             raise ValueError(
                 f"the weight of source {name!r} must be a finite number >= 0, got {w!r}"
             )

@@ -130,7 +130,7 @@ class MixRun:
         """JSON data for the state (see the module docstring)."""
         return {
             "schedule": self.schedule.settings(),
-            "feedback": [[s, dict(w)] for s, w in self.feedback],
+            "feedback": [[s, w] for s, w in self.feedback],  # never changed in place
             "anchor": {
                 "step": self.anchor_step,
                 "index": self.anchor_index,

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -145,12 +146,38 @@ class Pieces:
         self._later, self._quotas = later, quotas
         self._resolved = [first]
         self._interleaves: dict[int, Interleave] = {}
+        self._lock = threading.Lock()  # thread workers resolve pieces of one Pieces
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
+    def adopt(self, other: Pieces, before_step: int) -> None:
+        """Take the pieces ``other`` resolved already that are this one's too: those that
+        begin before ``before_step``, where the two runs' weights agree (a feedback call or a
+        fold of the calls changes nothing before its step). Saves the main process resolving
+        again what thread workers resolved while reading."""
+        with self._lock:
+            for piece in list(other._resolved):
+                j = len(self._resolved) - 1
+                if piece.step >= before_step or j >= len(self._later):
+                    break
+                if (piece.step, piece.start) == self._later[j] and piece.start > self.starts[0]:
+                    self._resolved.append(piece)
 
     def __len__(self) -> int:
         return len(self.starts)
 
     def piece(self, i: int) -> Piece:
         """Piece ``i``, with its base."""
+        if i < len(self._resolved):
+            return self._resolved[i]
+        with self._lock:
+            return self._resolve(i)
+
+    def _resolve(self, i: int) -> Piece:
         while len(self._resolved) <= i:
             j = len(self._resolved)
             step, start = self._later[j - 1]
@@ -208,10 +235,18 @@ class Pieces:
     def locate(self, stream: np.ndarray) -> Runs:
         """The :class:`Runs` of stream indices ``stream``: cut where a piece or an epoch
         begins, and where the indices stop being consecutive; each part is located by its
-        piece's interleave."""
+        piece's interleave.
+
+        Indices before the first piece (a run anchored after a resume no longer holds the
+        pieces before it) are read as the samples from the first piece's start on: only a
+        short last global batch asks for them, padded (``ordering/plan.py``) with duplicates
+        of the epoch's first samples; after such a resume its duplicates are those samples."""
         stream = np.asarray(stream, dtype=np.int64)
         if not len(stream):
             return Runs(*(np.zeros(0, np.int64),) * 3)
+        first = self.starts[0]
+        if stream.min() < first:  # a short last batch padded from the epoch's start: see below
+            stream = np.where(stream < first, first + stream % self.spe, stream)
         cuts = np.flatnonzero(np.diff(stream) != 1) + 1
         parts: list[Runs] = []
         for run in np.split(stream, cuts):

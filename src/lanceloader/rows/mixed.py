@@ -85,6 +85,9 @@ class MixedSource(RowsBase):
         )
         self.global_batch, self.drop_last = global_batch, drop_last
         self._place()
+        # The newest rows of this run's feedback calls, shared by the rows each call derives:
+        # thread workers reading for a stream started before a call read with the newest.
+        self._newest: list[MixedSource] = [self]
         shares = list(mix.weights.values())
         self.bytes_per_row = sum(
             s.source.bytes_per_row * w for s, w in zip(self.sources, shares, strict=True)
@@ -163,6 +166,7 @@ class MixedSource(RowsBase):
         rows = copy.copy(self)
         rows.mix = self.mix.with_run(run)
         rows._place()
+        rows._newest = [rows]
         return rows
 
     def _placed_steps(self) -> tuple[StepMap, Pieces]:
@@ -189,7 +193,12 @@ class MixedSource(RowsBase):
         run = self.mix.run
         if len(run.feedback) >= MAX_FEEDBACK:
             run = run.continued_at(steps, steps.index_of(next_step), pieces)
-        return self._with_run(run.with_feedback(step, weights))
+        rows = self._with_run(run.with_feedback(step, weights))
+        if rows.pieces is not None:  # what thread workers resolved before the call still holds
+            rows.pieces.adopt(pieces, step)
+        rows._newest = self._newest  # a running stream's reads after this call use these rows
+        self._newest[0] = rows
+        return rows
 
     def delivered(self, start: tuple[int, int], stop: tuple[int, int]) -> list[MixShare]:
         """What each source gave between positions ``start`` and ``stop`` (``(epoch,
@@ -289,8 +298,10 @@ class MixedSource(RowsBase):
         return positions + epoch * self.mix.samples_per_epoch
 
     def read_rows(self, positions: np.ndarray, epoch: int = 0) -> Read:
-        """The mixed samples ``positions`` of epoch ``epoch``."""
-        runs = self.locate(self.stream(positions, epoch))
+        """The mixed samples ``positions`` of epoch ``epoch``, as the run's newest weights
+        place them (a feedback call after the stream began: ``with_weights``; its steps, and
+        so its samples, are past what was read before it)."""
+        runs = self._newest[0].locate(self.stream(positions, epoch))
         if not len(runs.source):
             return Read(self.schema_table())
         parts: list[pa.Table] = []
