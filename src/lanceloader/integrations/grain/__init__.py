@@ -25,12 +25,13 @@ iterator's state is a plain Loader state (format 2) at the next batch, which a `
 torch ``IterableDataset`` or another pipeline on any number of ranks resumes. Under
 ``mp_prefetch(num_workers=N)`` Grain keeps one state per worker: a Loader state at the point the
 pipeline started (or was restored), plus ``"grain": {"worker", "workers", "delivered"}`` (the
-batches that worker has handed on); it resumes in a pipeline with the same ``num_workers``, and
-``IterDataset.loader_state(state)`` turns it into the Loader state at the pipeline's next batch
-(to continue with another number of workers).
+batches that worker has handed on); it resumes exactly in a pipeline with any ``num_workers``
+(``elastic.py``: a state of another layout starts every worker at the pipeline's next batch),
+and ``IterDataset.loader_state(state)`` turns it into the Loader state there.
 
 Modules: ``source.py`` (``DataSource``), ``dataset.py`` (``IterDataset`` and its iterator),
-``states.py`` (a pipeline's state read back), ``processes.py`` (what ``mp_prefetch`` needs of
+``states.py`` (a pipeline's state read back), ``elastic.py`` (its restore into another number of
+workers), ``processes.py`` (what ``mp_prefetch`` needs of
 the main process: Grain's absl flags, shared memory unlinked at exit); ``lanceloader.grain`` is
 the public face. Example::
 

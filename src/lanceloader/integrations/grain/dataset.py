@@ -11,6 +11,7 @@ import lance
 
 from lanceloader.arguments import check_int
 from lanceloader.engine.stream import Stream
+from lanceloader.integrations.grain.elastic import ElasticSteps
 from lanceloader.integrations.grain.processes import make_grain_flags_readable
 from lanceloader.integrations.grain.states import batches_delivered, worker_states
 from lanceloader.loader import Loader
@@ -20,7 +21,7 @@ from lanceloader.state.cursor import Cursor
 from lanceloader.state.format import StateMismatchError
 
 
-class IterDataset(grain.IterDataset):  # type: ignore[misc]
+class IterDataset(ElasticSteps, grain.IterDataset):  # type: ignore[misc]
     """A :class:`~lanceloader.Loader`'s batches as a ``grain.IterDataset``, across epochs.
 
     Iterating yields the Loader's batches, epoch after epoch (``num_epochs`` of them, counted
@@ -38,8 +39,8 @@ class IterDataset(grain.IterDataset):  # type: ignore[misc]
     same batches, in another (still deterministic) order; put it after ``mp_prefetch`` to keep
     the Loader's order. Keep ``output="numpy"`` there (tensors are made in the training
     process) and thread workers (Grain's workers are the processes). A pipeline's state
-    restores into the same ``num_workers``; :meth:`loader_state` turns it into a Loader state
-    to continue with another number of workers.
+    restores into any ``num_workers`` (``elastic.py``); :meth:`loader_state` turns it into the
+    Loader state at its next batch.
 
     Args:
         dataset: a :class:`~lanceloader.Loader` (its settings, and its place: a new iterator
@@ -122,6 +123,11 @@ class IterDataset(grain.IterDataset):  # type: ignore[misc]
 
     def __iter__(self) -> DatasetIterator:
         return DatasetIterator(self)
+
+    @property
+    def _root(self) -> IterDataset:
+        """The dataset a pipeline's elastic ``mp_prefetch`` restores through (``elastic.py``)."""
+        return self
 
     def loader_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """The Loader state at the next batch of a pipeline over this dataset, from the state
@@ -253,8 +259,8 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
         return c.spec.state(c.epoch, c.sample, grain=place)
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continue at ``state`` (from :meth:`get_state`, or any Loader state): the next batch is
-        the one after the state's. Raises :class:`~lanceloader.StateMismatchError` for a state of
+        """Continue at ``state`` (from :meth:`get_state`, any Loader state, or an ``mp_prefetch``
+        pipeline's state: its Loader state): the next batch is the one after the state's. Raises :class:`~lanceloader.StateMismatchError` for a state of
         another dataset, version, order or worker layout, naming the fix."""
         if isinstance(state, dict) and "worker" in state:
             raise StateMismatchError(
@@ -262,6 +268,8 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
                 "it resumes only in a torch StatefulDataLoader. Resume a Grain pipeline from "
                 "its iterator's get_state(), or from a Loader's state_dict()"
             )
+        if isinstance(state, dict) and "format" not in state and self._workers == 1:
+            state = self._dataset.loader_state(state)  # a pipeline's (mp_prefetch's): its place
         place = state.get("grain") if isinstance(state, dict) else None
         if place is None:
             self._start(state, delivered=0)
@@ -278,10 +286,10 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
             raise StateMismatchError(
                 f"this state was saved by Grain mp_prefetch worker {place['worker']} of "
                 f"{place['workers']}; it resumes only there, but this is worker {self._worker} "
-                f"of {self._workers}. Restore the pipeline's state into the same pipeline with "
-                f"mp_prefetch(num_workers={place['workers']}), or continue it with another "
-                "number of workers from its Loader state: "
-                "ds.loader.load_state_dict(ds.loader_state(state)), then a new pipeline"
+                f"of {self._workers}. Call mp_prefetch on the IterDataset (or after its map, "
+                "filter or batch): its state then restores into any number of workers; or "
+                f"use mp_prefetch(num_workers={place['workers']}), or continue from the "
+                "Loader state: ds.loader.load_state_dict(ds.loader_state(state))"
             )
         self._start(state, delivered=place["delivered"])
 
