@@ -30,6 +30,19 @@ def make_loader(rank, world_size, cls=ll.Loader):
 
 def make_buggy_loader(rank, world_size):
     return make_loader(rank, world_size, OffByOne)
+
+
+def make_mix_loader(rank, world_size):
+    mix = ll.Mix({{"a": ll.Loader(URI, columns=["id"], shuffle=True),
+                  "b": ll.Loader(URI, columns=["id"], seed=1, shuffle=True)}},
+                 samples_per_epoch=200)
+    return ll.Loader(mix, batch_size=16 // world_size, rank=rank, world_size=world_size,
+                     num_workers=1)
+
+
+def feedback(loader):
+    if loader.step == 3:
+        loader.set_weights({{"a": 3, "b": 1}})
 """
 
 
@@ -52,6 +65,15 @@ def test_a_loader_that_resumes_exactly_exits_0(
     assert (code, err) == (0, ""), err
     assert out.startswith("check_resume: OK: every row as in the uninterrupted run.")
     assert "interrupted runs 10," in out and "world sizes 1, 2, 3;" in out
+
+
+def test_feedback_from_on_step(job: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["check-resume", f"{job}:make_mix_loader", "--runs", "6", "--world-sizes", "2,1"]
+    code, out, err = run_cli(
+        [*args, "--on-step", f"{job}:feedback", "--allow-changes", "batch_size"], capsys
+    )
+    assert (code, err) == (0, ""), out + err
+    assert out.startswith("check_resume: OK: ")
 
 
 def test_a_divergence_is_printed_and_exits_1(job: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,6 +22,7 @@ examples:
   lanceloader check-resume myjob:make_loader
   lanceloader check-resume myjob:make_loader --runs 1000 --world-sizes 1,2,4 --ids id
   lanceloader check-resume myjob:make_loader --epochs 3 --resumes 4 --seed 7 --contents --ids id
+  lanceloader check-resume myjob:make_mix_loader --on-step myjob:feedback --allow-changes batch_size
 
 FACTORY is module:function; function(rank, world_size) builds the loader of that rank as the
 training job builds it (./myjob.py is found from the current directory). Every row a resumed run
@@ -72,6 +73,11 @@ def add_check_resume(sub: Any) -> None:
         metavar="A,B",
         help="settings load_state_dict may find changed, e.g. batch_size",
     )
+    p.add_argument(
+        "--on-step",
+        metavar="MODULE:FUNCTION",
+        help="called with each rank's loader before each batch (e.g. set_weights at a step)",
+    )
     p.add_argument("--seed", type=int, default=0, metavar="S", help="draws the runs; default 0")
     p.set_defaults(run=check_resume)
 
@@ -79,6 +85,9 @@ def add_check_resume(sub: Any) -> None:
 def check_resume(args: argparse.Namespace) -> int:
     """Print the report; 0 when it is OK, 1 at a divergence."""
     factory: Any = import_transform(args.factory, "FACTORY", "myjob:make_loader")
+    on_step = (
+        import_transform(args.on_step, "--on-step", "myjob:feedback") if args.on_step else None
+    )
     allow = tuple(a.strip() for a in args.allow_changes.split(",")) if args.allow_changes else ()
     try:
         report = run_check(
@@ -90,6 +99,7 @@ def check_resume(args: argparse.Namespace) -> int:
             ids=args.ids,
             contents=args.contents,
             allow_changes=allow,
+            on_step=on_step,
             seed=args.seed,
         )
     except (ValueError, TypeError) as exc:  # bad arguments, or the factory's loader
