@@ -22,6 +22,13 @@ are gone from it; a rewrite is logged at WARNING naming what changed). Refused, 
 a rewrite under named splits keyed by row offset (offsets shift, rows would change splits),
 and a version whose projected columns changed type or vanished.
 
+Several ranks must read the same version, and each looks at its own moment (an append can land
+between two looks), so they agree (:func:`agreement`): rank 0's version through
+``torch.distributed``, or the user's ``agree(newest) -> version``, called on every rank at the
+Loader's construction and at each epoch start that looks (in ``iter()``; a ``peek()`` there is
+refused, :func:`refuse_pending_look`). Who calls what: the Loader's process alone looks, adopts
+and agrees; workers get the adopted rows pickled, without the agreement.
+
 Example::
 
     >>> import pyarrow as pa, tempfile
