@@ -24,6 +24,7 @@ from lanceloader.rows.cache.disk import SUFFIX
 from lanceloader.rows.cache.pieces import fragment_key
 from lanceloader.rows.dataset import dataset_identity
 from lanceloader.rows.lance import nulls
+from lanceloader.rows.lance.plan import live_rows
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.lance.units import cache_units
 
@@ -179,3 +180,11 @@ def test_the_dataset_identity_is_the_hash_it_was(many_uri) -> None:
     assert dataset_identity(ds.schema, fragments) == before
     assert dataset_identity(ds.schema, [f.metadata for f in fragments]) == before
     assert Source(many_uri, columns=["id"]).identity == before
+
+
+def test_live_rows_from_the_manifest_are_lances_counts_after_deletions(many_uri) -> None:
+    fragments = lance.dataset(many_uri).get_fragments()
+    rows = live_rows(fragments, [f.metadata for f in fragments])
+    assert rows.tolist() == [f.count_rows() for f in fragments]
+    assert rows.sum() < 120 * 50  # deletions counted
+    assert Source(many_uri, ["id"]).num_rows == lance.dataset(many_uri).count_rows()

@@ -23,6 +23,24 @@ from lanceloader.rows.lance.blobs import payload_bytes_per_row
 from lanceloader.rows.lance.splits import split_mask
 
 
+def live_rows(fragments: list[Any], metadata: list[Any]) -> np.ndarray:
+    """Each fragment's rows after deletions, from the manifest (``metadata``, read once by the
+    caller): physical rows less the rows its deletion file records, no per-fragment call into
+    Lance (``fragment.count_rows()`` cost 10-20 ms over 2,000 fragments). A deletion file that
+    records no count (written by an old Lance) is counted by Lance, which reads it.
+
+    >>> from lanceloader.rows.lance.units import UnitMetadata
+    >>> live_rows([], [UnitMetadata(0, 5, [], None), UnitMetadata(1, 7, [], None)]).tolist()
+    [5, 7]
+    """
+    rows = np.empty(len(metadata), dtype=np.int64)
+    for i, meta in enumerate(metadata):
+        deletion = meta.deletion_file
+        deleted = 0 if deletion is None else deletion.num_deleted_rows
+        rows[i] = fragments[i].count_rows() if deleted is None else meta.physical_rows - deleted
+    return rows
+
+
 def select_rows(source: Any, ds: lance.LanceDataset) -> np.ndarray | None:
     """Lance row offsets kept by the source's filter and split, or None when every row is kept;
     sets ``source.plan_origin`` (``"scan"``, or ``"cache"`` when another process's plan was

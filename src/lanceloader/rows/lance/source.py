@@ -74,7 +74,7 @@ from lanceloader.rows.lance.follow import Agreement, FollowsTable, agreed_datase
 from lanceloader.rows.lance.fragment_tails import FragmentTails
 from lanceloader.rows.lance.nulls import check_nulls
 from lanceloader.rows.lance.pinned import PinnedDataset
-from lanceloader.rows.lance.plan import bytes_per_row, select_rows
+from lanceloader.rows.lance.plan import bytes_per_row, live_rows, select_rows
 from lanceloader.rows.lance.sorted_read import read_sorted_local
 from lanceloader.rows.lance.units import Unit, cache_units, read_unit
 from lanceloader.rows.protocol import (
@@ -195,7 +195,7 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         self._store_fragment_positions: np.ndarray | None = None
         self._fragment_ids = [f.fragment_id for f in self._fragments]
         self._fragment_starts = np.cumsum(
-            [0] + [f.count_rows() for f in self._fragments], dtype=np.int64
+            [0, *live_rows(self._fragments, metadata)], dtype=np.int64
         )
         self._fragments_at = Intervals(self._fragment_starts)  # before any read (its errors)
         self.plan_origin = "none"
