@@ -169,24 +169,26 @@ def test_the_interpreter_exit_ends_a_kept_pool(small_uri: str, tmp_path: Path) -
     assert not any(shm_files(p) for p in pids)
 
 
-def write_ids(path: Path, rows: int) -> str:
-    lance.write_dataset(pa.table({"id": np.arange(rows, dtype=np.int64)}), str(path))
+def write_ids(path: Path, rows: int, rows_per_file: int) -> str:
+    table = pa.table({"id": np.arange(rows, dtype=np.int64)})
+    lance.write_dataset(table, str(path), max_rows_per_file=rows_per_file)
     return str(path)
 
 
 def test_what_a_worker_is_sent_at_start_does_not_grow_with_the_rows(tmp_path: Path) -> None:
-    """A filter's row list (8 bytes a row) was pickled into every worker's start: 4 MB a
-    worker for 1M rows, 400 MB for 100M. It goes through one shared-memory file now."""
+    """A filter's row list (8 bytes a row) and the fragments' tables (about 300 bytes a
+    fragment) were pickled into every worker's start: 400 MB a worker for 100M rows. They go
+    through one shared-memory file of the pool now."""
     sent = {}
-    for rows in (20_000, 400_000):
-        uri = write_ids(tmp_path / f"ids{rows}.lance", rows)
+    for rows, per_file in ((20_000, 20_000), (400_000, 2_000)):  # 1 fragment, then 200
+        uri = write_ids(tmp_path / f"ids{rows}.lance", rows, per_file)
         loader = ll.Loader(
             uri, batch_size=4, filter="id % 2 = 0", worker_type="process", num_workers=1
         )
         assert next(iter(loader))["id"].tolist() == [0, 2, 4, 6]
         sent[rows] = loader._pool.pool.start_bytes
         loader.close()
-    assert sent[400_000] <= sent[20_000] + 64, sent
+    assert sent[400_000] <= sent[20_000] + 64 and sent[400_000] < 1024, sent
 
 
 def test_an_array_of_the_transform_changed_in_place_reaches_the_workers(small_uri: str) -> None:

@@ -171,20 +171,29 @@ def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path
     return _join(pickle.loads(skeleton), arrays)
 
 
+# A worker's pickle up to this size goes in its start message; a larger one (a table of many
+# fragments' files) is read from the pool's shared-memory file, like the large arrays.
+INLINE_BYTES = 4096
+
+
 def ship(shipment: Shipment, path: Path) -> tuple[bytes, list[tuple[int, int]], str]:
-    """What a worker's :func:`load_shipped` takes: ``shipment``'s pickle, and its out-of-band
-    buffers written once into the shared-memory file ``path`` (``(offset, length)`` each; the
-    pool that writes it removes it at its close). No file when there is no buffer."""
-    if not shipment.buffers:
+    """What a worker's :func:`load_shipped` takes: ``shipment``'s pickle and its out-of-band
+    buffers, written once into the shared-memory file ``path`` (``(offset, length)`` each; the
+    pool that writes it removes it at its close), so what each worker is sent is a few hundred
+    bytes whatever the dataset's size. A pickle of at most :data:`INLINE_BYTES` and no buffer
+    is sent as it is (no file)."""
+    if not shipment.buffers and len(shipment.data) <= INLINE_BYTES:
         return shipment.data, [], ""
-    views = [np.frombuffer(b.raw(), np.uint8) for b in shipment.buffers]
+    pickled = np.frombuffer(shipment.data, np.uint8)
+    views = [pickled, *(np.frombuffer(b.raw(), np.uint8) for b in shipment.buffers)]
     offsets = write_arrays(path, views)
-    return shipment.data, [(o, v.nbytes) for o, v in zip(offsets, views, strict=True)], str(path)
+    return b"", [(o, v.nbytes) for o, v in zip(offsets, views, strict=True)], str(path)
 
 
 def load_shipped(data: bytes, layout: list[tuple[int, int]], path: str) -> Any:
-    """The object :func:`ship` sent: its buffers view a private (copy-on-write) mapping of the
-    pool's file, so every worker shares its pages until one writes to them."""
+    """The object :func:`ship` sent: its pickle read from the pool's file (the first region),
+    its buffers viewing a private (copy-on-write) mapping of that file, so every worker shares
+    their pages until one writes to them."""
     if not layout:
         return pickle.loads(data)
     fd = os.open(path, os.O_RDONLY)
@@ -193,4 +202,5 @@ def load_shipped(data: bytes, layout: list[tuple[int, int]], path: str) -> Any:
     finally:
         os.close(fd)
     view = memoryview(mapping)
-    return pickle.loads(data, buffers=[view[o : o + n] for o, n in layout])
+    (start, length), *buffers = layout
+    return pickle.loads(view[start : start + length], buffers=[view[o : o + n] for o, n in buffers])
