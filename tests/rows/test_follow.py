@@ -415,3 +415,11 @@ def test_follow_on_an_object_store(s3) -> None:
     resumed.load_state_dict(state)
     assert once(head + epoch_ids(resumed)) == set(range(40)) | set(range(90, 95))
     assert once(epoch_ids(resumed)) == set(range(3, 40)) | set(range(90, 95))
+
+
+def test_the_torch_iterable_dataset_refuses_a_followed_loader(tmp_path) -> None:
+    torch_adapter = pytest.importorskip("lanceloader.torch")
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(20))
+    with pytest.raises(ValueError, match=r"IterableDataset.*follow=False"):
+        torch_adapter.IterableDataset(uri, batch_size=4, follow=True)
