@@ -2,7 +2,7 @@
 Loader over a real Lance dataset) and passes the loader's correct compositions.
 
 The bugs: an off-by-one at resume; a state frozen after the first resume (HF datasets#8308:
-the second resume restarts from the first); a mixture's stage transition one step early after a
+the second resume restarts from the first); an epoch's end resumed as the next epoch (verl#7401); a mixture's stage transition one step early after a
 resume (levanter#876, with ``ll.Schedule``). The compositions (a Hypothesis property): plain, block or full shuffle,
 filtered, split, packed, a Mix (with a schedule, feedback through ``on_step``), thread workers,
 on N -> M world sizes, keeping the global batch or not, with drop_last.
@@ -81,6 +81,17 @@ class Frozen(ll.Loader):
         return getattr(self, "frozen", None) or super().state_dict()
 
 
+class SkipsTheEpochEnd(ll.Loader):
+    """verl#7401-like: a state saved at an epoch's end (its last batch delivered, no
+    ``StopIteration`` yet) resumes at the next epoch's start, so the loop's next ``for`` over
+    the loader runs that next epoch as the one it was in, and an epoch is lost."""
+
+    def load_state_dict(self, state: dict[str, Any], allow_changes: tuple[str, ...] = ()) -> None:
+        if state["sample"] == state["order"]["rows"]:
+            state = {**state, "epoch": state["epoch"] + 1, "sample": 0}
+        super().load_state_dict(state, allow_changes)
+
+
 class FailsAfterResume(ll.Loader):
     """Loads, then fails at the first batch (a state that cannot be read back, say)."""
 
@@ -131,6 +142,13 @@ def test_it_finds_a_state_frozen_after_the_first_resume(uris: dict[str, str]) ->
     assert found.what == "the rows differ from the uninterrupted run's"
     assert found.got_samples[0] is not None and found.got_samples[0] < found.samples[0]  # again
     assert f"{found.load}. " in str(found)  # the stretch that went wrong is listed
+
+
+def test_it_finds_an_epoch_skipped_at_its_end(uris: dict[str, str]) -> None:
+    report = ll.check_resume(lambda r, w: loader(uris["a"], r, w, cls=SkipsTheEpochEnd), runs=30)
+    found = report.divergence
+    assert found is not None, str(report)
+    assert found.what == f"delivered a batch past the end of epoch {found.epoch}"
 
 
 def test_an_error_after_a_resume_is_the_finding(uris: dict[str, str]) -> None:
