@@ -22,7 +22,9 @@ What a step's rows are, one line per row of the batch (:data:`LEDGER_SCHEMA`):
   survives compaction and updates: the one to join on across versions). Lance finds the ids
   in its metadata (deletion files, row id sequences), never in the data;
 * a mix: ``source`` (its name), ``source_epoch`` and ``source_sample`` (the row's place in
-  that source's own stream of epochs);
+  that source's own stream of epochs), and ``source_weight``: its source's share of samples
+  in the piece of the mix's weights that drew it (a schedule's stage or ramp step, or a
+  ``set_weights`` call: the weights at the row's step, as the interleave used them);
 * packed rows (no single row): ``document_offsets`` and ``document_ids`` (the documents, as
   ``row_offset`` and ``row_id``), ``token_starts`` and ``token_counts`` (each piece's tokens
   in its document), in the order the row holds them;
@@ -81,6 +83,7 @@ LEDGER_SCHEMA = pa.schema(
         ("source", pa.string()),
         ("source_epoch", pa.int64()),
         ("source_sample", pa.int64()),
+        ("source_weight", pa.float64()),
         ("uri", pa.string()),
         ("version", pa.int64()),
         ("position", pa.int64()),
@@ -258,21 +261,23 @@ class Ledger:
 
 
 def refuse_weight_changes(latest: dict[str, Any], resumed_from: Sequence[dict[str, Any]]) -> None:
-    """Raise :class:`~lanceloader.StateMismatchError` when a mix's weights (or the offsets a
-    weight change sets) differ between ``latest`` and a state the run resumed from: the steps
-    before such a resume were mixed by another interleave, which this loader does not hold."""
+    """Raise :class:`~lanceloader.StateMismatchError` when a mix's weights (its first stage and
+    schedule) differ between ``latest`` and a state the run resumed from: the steps before such
+    a resume were mixed by another interleave, which this loader does not hold. (A mix whose
+    weights change during the run answers the steps from its last resume on: its state keeps
+    no pieces before that.)"""
     mix = latest.get("order", {}).get("mix")
     for state in resumed_from:
         saved = state.get("order", {}).get("mix") if isinstance(state, dict) else None
         if mix is None or saved is None:
             continue
-        if (saved.get("quotas"), saved.get("offsets")) != (mix["quotas"], mix["offsets"]):
+        if (saved.get("quotas"), saved.get("schedule")) != (mix["quotas"], mix.get("schedule")):
             raise StateMismatchError(
                 f"the run resumed from a state whose mix has quotas {saved.get('quotas')} "
-                f"(offsets {saved.get('offsets')}), this loader's has {mix['quotas']} (offsets "
-                f"{mix['offsets']}): the weights changed at that resume. A ledger follows one "
-                "interleave: this loader's answers the steps from that resume on; for the steps "
-                "before it, make a ledger of the loader with the old weights"
+                f"(schedule {saved.get('schedule')}), this loader's has {mix['quotas']} "
+                f"(schedule {mix.get('schedule')}): the weights changed at that resume. A ledger "
+                "follows one interleave: this loader's answers the steps from that resume on; "
+                "for the steps before it, make a ledger of the loader with the old weights"
             )
 
 

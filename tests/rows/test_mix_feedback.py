@@ -149,3 +149,23 @@ def test_a_state_of_other_weights_needs_allow_changes(uris) -> None:
     other.load_state_dict(state, allow_changes=("weights",))
     got = ids_per_step(other, 6)
     assert {i // 1000 for s in got[3:] for i in s} == {1, 2, 3}  # the new schedule: no stage 5
+
+
+def test_the_ledger_names_each_rows_source_and_its_weight(uris) -> None:
+    schedule = ll.Schedule({0: {"a": 1, "b": 1, "c": 2}, 4: {"a": 0, "b": 1, "c": 1}}, {4: 2})
+    loader = ll.Loader(mix(uris, schedule), BATCH, num_workers=1)
+    loader.set_weights({"a": 1, "b": 0, "c": 0}, step=17)  # in epoch 1 (15 steps an epoch)
+    got = ids_per_step(loader, 20)
+    ledger = ll.Ledger(loader)
+    expected = {  # a ramp of 2 steps: half-way at step 4, there at step 5
+        0: {"a": 0.25, "b": 0.25, "c": 0.5},
+        4: {"a": 0.125, "b": 0.375, "c": 0.5},
+        5: {"a": 0.0, "b": 0.5, "c": 0.5},
+        17: {"a": 1.0, "b": 0.0, "c": 0.0},
+    }
+    for step, batch in enumerate(got):
+        rows = ledger.manifest([step])
+        names = rows["source"].to_pylist()
+        assert names == ["abc"[i // 1000 - 1] for i in batch]
+        stage = max(s for s in expected if s <= step)
+        assert rows["source_weight"].to_pylist() == [expected[stage][n] for n in names]

@@ -189,8 +189,11 @@ class Pieces:
         """The piece holding stream index ``index``."""
         if index < self.starts[0]:
             raise ValueError(
-                f"stream index {index} comes before this loader's first piece (at "
-                f"{self.starts[0]}): it was read before the last resume or weight change"
+                f"mixed sample {index} (epoch {index // self.spe}, sample {index % self.spe}) "
+                f"comes before this loader's first piece of weights (sample "
+                f"{self.starts[0] % self.spe} of epoch {self.starts[0] // self.spe}): a mix "
+                "whose weights change keeps no pieces from before its last resume; ask the "
+                "loader (or ledger) of the run before that resume"
             )
         return bisect.bisect_right(self.starts, index) - 1
 
@@ -232,7 +235,7 @@ class Pieces:
             )
         return np.asarray(piece.base, np.int64) + given
 
-    def locate(self, stream: np.ndarray) -> Runs:
+    def locate(self, stream: np.ndarray, strict: bool = False) -> Runs:
         """The :class:`Runs` of stream indices ``stream``: cut where a piece or an epoch
         begins, and where the indices stop being consecutive; each part is located by its
         piece's interleave.
@@ -240,12 +243,15 @@ class Pieces:
         Indices before the first piece (a run anchored after a resume no longer holds the
         pieces before it) are read as the samples from the first piece's start on: only a
         short last global batch asks for them, padded (``ordering/plan.py``) with duplicates
-        of the epoch's first samples; after such a resume its duplicates are those samples."""
+        of the epoch's first samples; after such a resume its duplicates are those samples.
+        ``strict`` (the ledger's lineage): refused instead."""
         stream = np.asarray(stream, dtype=np.int64)
         if not len(stream):
             return Runs(*(np.zeros(0, np.int64),) * 3)
         first = self.starts[0]
         if stream.min() < first:  # a short last batch padded from the epoch's start: see below
+            if strict:
+                self.at(int(stream.min()))  # raises, naming the index
             stream = np.where(stream < first, first + stream % self.spe, stream)
         cuts = np.flatnonzero(np.diff(stream) != 1) + 1
         parts: list[Runs] = []
@@ -276,6 +282,17 @@ class Pieces:
                 (spans[0][k][0], sum(s[k][1] for s in spans)) for k in range(len(spans[0]))
             ),
         )
+
+    def shares_at(self, stream: np.ndarray, source: np.ndarray) -> np.ndarray:
+        """The share of samples that source ``source[i]`` has in the piece holding stream
+        index ``stream[i]``."""
+        which = np.searchsorted(self.starts, stream, side="right") - 1
+        out = np.empty(len(stream))
+        for i in np.unique(which).tolist():
+            quotas = np.asarray(self.piece(i).quotas, np.float64)
+            at = which == i
+            out[at] = quotas[source[at]] / quotas.sum()
+        return out
 
     def delivered(self, lo: int, hi: int) -> list[tuple[Piece, np.ndarray, np.ndarray]]:
         """For each piece overlapping stream indices ``[lo, hi)``: the piece, the samples each

@@ -283,14 +283,14 @@ class MixedSource(RowsBase):
         piece = Piece(new.anchor_step, new.anchor_index, new.quotas(new.anchor_step), consumed)
         return self._with_run(dataclasses.replace(new, piece=piece)), sample
 
-    def locate(self, stream: np.ndarray) -> Runs:
+    def locate(self, stream: np.ndarray, strict: bool = False) -> Runs:
         """The :class:`Runs` of indices into the mixed endless stream (see :func:`locate`; a
-        mix whose weights change: :meth:`Pieces.locate`)."""
+        mix whose weights change: :meth:`Pieces.locate`, ``strict`` for the ledger)."""
         mix = self.mix
         if self.simple:
             base = list(mix.run.piece.base)
             return locate(mix.interleave, mix.samples_per_epoch, mix.per_epoch, base, stream)
-        return self._placed_steps()[1].locate(stream)
+        return self._placed_steps()[1].locate(stream, strict)
 
     def stream(self, positions: np.ndarray, epoch: int) -> np.ndarray:
         """The indices into the endless stream of samples ``positions`` of mix epoch ``epoch``."""
@@ -354,8 +354,10 @@ class MixedSource(RowsBase):
 
     def lineage(self, positions: np.ndarray, epoch: int = 0) -> dict[str, Any]:
         """The ledger's columns: each sample's source (name), its place in that source's own
-        stream of epochs, and the source's lineage of the row."""
-        runs = self.locate(self.stream(positions, epoch))
+        stream of epochs, its source's share in the piece of weights that drew it, and the
+        source's lineage of the row."""
+        stream = self.stream(positions, epoch)
+        runs = self.locate(stream, strict=True)
         which = np.repeat(runs.source, runs.length)
         n = len(which)
         index = np.repeat(
@@ -365,6 +367,11 @@ class MixedSource(RowsBase):
             "source": np.array(self.names, dtype=object)[which].tolist(),
             "source_epoch": np.zeros(n, np.int64),
             "source_sample": np.zeros(n, np.int64),
+            "source_weight": (
+                np.asarray(list(self.mix.weights.values()))[which]
+                if self.simple
+                else self._placed_steps()[1].shares_at(stream, which)
+            ),
         }
         parts: list[tuple[np.ndarray, dict[str, Any]]] = []
         for k, ordered in enumerate(self.sources):
