@@ -23,7 +23,7 @@ from lanceloader.ordering.order import Order
 from lanceloader.ordering.plan import Plan
 from lanceloader.ordering.schedule import Schedule
 from lanceloader.resume_check import check_resume
-from lanceloader.resume_report import ResumeCheckError, ResumeReport
+from lanceloader.resume_report import ResumeCheckError, ResumeDivergence, ResumeReport
 from lanceloader.rows.clips.index import ClipError
 from lanceloader.rows.clips.source import audio_clips, video_clips
 from lanceloader.rows.dataset import ReadError
@@ -55,6 +55,7 @@ __all__ = [
     "Read",
     "ReadError",
     "ResumeCheckError",
+    "ResumeDivergence",
     "ResumeReport",
     "RowsBase",
     "Schedule",

@@ -51,7 +51,7 @@ import numpy as np
 
 from lanceloader.batch.row_hashes import batch_columns, row_hashes
 from lanceloader.ordering.plan import Plan
-from lanceloader.resume_report import Divergence, ResumeReport, row_names
+from lanceloader.resume_report import ResumeDivergence, ResumeReport, row_names
 
 _END = object()  # what next(iterator, _END) gives at an epoch's end
 MAX_POINTS = 5_000  # reference states kept to start runs from (every k-th step beyond)
@@ -312,7 +312,7 @@ class _Runs:
         """Loads, of those onto another world size, samples compared, samples not comparable."""
         return self.loads, self.elastic, self.compared, self.not_comparable
 
-    def run(self, run: int, resumes: int) -> Divergence | None:
+    def run(self, run: int, resumes: int) -> ResumeDivergence | None:
         """One chain of ``resumes`` + 1 loads from a random reference point."""
         rng = np.random.default_rng([self.seed, run])
         points = self.reference.points
@@ -333,7 +333,7 @@ class _Runs:
             if found is not None:
                 return found
             saved = here.save()
-            if isinstance(saved, Divergence):
+            if isinstance(saved, ResumeDivergence):
                 return saved
             states, e, s, step = saved, here.epoch, here.sample, here.step
         return None
@@ -349,9 +349,9 @@ class _Stretch:
         self.epoch, self.sample, self.step = e, s, step
         self.loaders: list[Any] = []
 
-    def diverged(self, rank: int, what: str, **rows: Any) -> Divergence:
+    def diverged(self, rank: int, what: str, **rows: Any) -> ResumeDivergence:
         _close(self.loaders)
-        return Divergence(
+        return ResumeDivergence(
             self.run,
             self.load,
             self.epoch,
@@ -363,7 +363,7 @@ class _Stretch:
             **rows,
         )
 
-    def resume(self, states: list[dict[str, Any]]) -> Divergence | None:
+    def resume(self, states: list[dict[str, Any]]) -> ResumeDivergence | None:
         self.loaders = self.runs.steps.build(self.world)
         self.plans = [loader.plan(0) for loader in self.loaders]  # fresh: the factory's batching
         self.runs.loads += 1
@@ -376,7 +376,7 @@ class _Stretch:
                 return self.diverged(r, f"load_state_dict raised {type(exc).__name__}: {exc}")
         return None
 
-    def deliver(self, budget: int, rng: np.random.Generator) -> Divergence | None:
+    def deliver(self, budget: int, rng: np.random.Generator) -> ResumeDivergence | None:
         """Step every rank ``budget`` times (across epoch ends), comparing every row."""
         epochs = self.runs.reference.epochs
         while self.epoch < len(epochs):
@@ -415,7 +415,7 @@ class _Stretch:
             self.epoch, self.sample, self.step = self.epoch + 1, 0, 0
         return None
 
-    def compare(self, rank: int, plan: Plan, k: int, batch: Any) -> Divergence | None:
+    def compare(self, rank: int, plan: Plan, k: int, batch: Any) -> ResumeDivergence | None:
         samples = plan.batch_samples(k)
         if batch is _END:
             return self.diverged(
@@ -444,7 +444,7 @@ class _Stretch:
         self.runs.not_comparable += int(len(samples) - covered.sum())
         return None
 
-    def save(self) -> list[dict[str, Any]] | Divergence:
+    def save(self) -> list[dict[str, Any]] | ResumeDivergence:
         """Every rank's state (they must agree), then the loaders closed."""
         try:
             states = _states(self.loaders)

@@ -1,5 +1,5 @@
 """What :func:`lanceloader.check_resume` found: :class:`ResumeReport`, and the first place a
-resumed run differed from the uninterrupted one (:class:`Divergence`), each printable.
+resumed run differed from the uninterrupted one (:class:`ResumeDivergence`), each printable.
 
 Example::
 
@@ -24,20 +24,34 @@ class ResumeCheckError(AssertionError):
 
 
 @dataclass(frozen=True)
-class Divergence:
-    """The first place an interrupted run differed from the reference."""
+class ResumeDivergence:
+    """The first place an interrupted run differed from the reference (``report.divergence``).
+
+    Attributes:
+        run: the interrupted run (drawn from ``(seed, run)``: the same check finds it again).
+        load: the run's n-th ``load_state_dict`` before it (1: its first).
+        epoch, step: where: the epoch, and its global steps before this batch (as the run
+            took them, across its resumes and world sizes).
+        rank, world_size: the rank whose batch differed, of how many.
+        what: what happened, in words (rows differ, an epoch ended early or late, ranks'
+            states differ, an error raised).
+        samples: the global samples of the epoch the batch should hold.
+        expected, got: the rows, as ids (``ids=``) or short content hashes.
+        got_samples: the reference's samples of the rows got (``None``: not in that epoch).
+        schedule: the run's stretches, ``N -> M ranks at epoch e, sample s; k steps``.
+    """
 
     run: int
-    load: int  # the run's n-th load_state_dict (1: its first)
+    load: int
     epoch: int
-    step: int  # global steps of the epoch before this one (across the run's resumes)
+    step: int
     rank: int
     world_size: int
     what: str
-    samples: list[int] = field(default_factory=list)  # the global samples the batch should hold
+    samples: list[int] = field(default_factory=list)
     expected: list[Any] = field(default_factory=list)
     got: list[Any] = field(default_factory=list)
-    got_samples: list[int | None] = field(default_factory=list)  # where the got rows belong
+    got_samples: list[int | None] = field(default_factory=list)
     schedule: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
@@ -56,21 +70,34 @@ class Divergence:
 
 @dataclass(frozen=True)
 class ResumeReport:
-    """What :func:`check_resume` ran and found; ``ok`` when every delivered row matched."""
+    """What :func:`~lanceloader.check_resume` ran and found; ``print(report)`` says it.
 
-    runs: int  # interrupted runs completed (the failing one included)
-    loads: int  # load_state_dict calls (each a resume), all ranks' counted once
-    elastic: int  # of those, onto another world size than the state was saved on
+    Attributes:
+        runs: interrupted runs done (the failing one included).
+        loads: resumes (``load_state_dict`` on fresh loaders; all ranks' counted once).
+        elastic: of those, onto another world size than the state was saved on.
+        samples_compared: delivered samples compared with the reference.
+        not_comparable: delivered samples no reference had (``drop_last`` tails past a resume).
+        epochs, world_sizes: what the check ran.
+        seconds, cpu_seconds: wall time, and this process's CPU time (thread workers
+            included, process workers not).
+        divergence: the first :class:`ResumeDivergence`, or ``None``.
+    """
+
+    runs: int
+    loads: int
+    elastic: int
     samples_compared: int
-    not_comparable: int  # samples no reference delivered (drop_last tails past a resume)
+    not_comparable: int
     epochs: int
     world_sizes: tuple[int, ...]
     seconds: float
-    cpu_seconds: float  # this process's (thread workers included, process workers not)
-    divergence: Divergence | None = None
+    cpu_seconds: float
+    divergence: ResumeDivergence | None = None
 
     @property
     def ok(self) -> bool:
+        """Every delivered row matched the uninterrupted run's."""
         return self.divergence is None
 
     def raise_if_failed(self) -> ResumeReport:
