@@ -423,3 +423,19 @@ def test_the_torch_iterable_dataset_refuses_a_followed_loader(tmp_path) -> None:
     write(uri, range(20))
     with pytest.raises(ValueError, match=r"IterableDataset.*follow=False"):
         torch_adapter.IterableDataset(uri, batch_size=4, follow=True)
+
+
+def test_columns_added_keep_every_row_at_its_offset_and_in_its_split(tmp_path) -> None:
+    """``add_columns`` writes data files beside each fragment's: not an append, but every row
+    keeps its offset, so splits keyed by offset are kept (not refused as a delete is)."""
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(50), max_rows_per_file=10)
+    splits = {"train": 0.7, "val": 0.3}
+    loader = ll.Loader(uri, batch_size=8, columns=["id"], splits=splits, split="val", follow=True)
+    val = once(epoch_ids(loader))
+    before = [f.metadata for f in lance.dataset(uri).get_fragments()]
+    lance.dataset(uri).add_columns({"y": "id * 2"})
+    after = [f.metadata for f in lance.dataset(uri).get_fragments()]
+    assert change_between(fragment_names(before), fragment_names(after)).kind == "columns"
+    assert once(epoch_ids(loader)) == val
+    assert loader.state_dict()["order"]["follow"]["adoptions"][-1][3] == "columns"

@@ -16,9 +16,11 @@ adopted the same versions at the same epochs, on any number of ranks.
 
 What a new version is (:func:`change_between`, from the manifests' fragment metadata alone,
 no data read): ``"append"`` (every fragment of the old version unchanged and in place, new
-ones after it), or ``"rewrite"`` (rows deleted, fragments compacted or updated, the table
-overwritten). Both are adopted at an epoch start with a new plan over the new rows (deleted rows
-are gone from it; a rewrite is logged at WARNING naming what changed). Refused, with the fix:
+ones after it), ``"columns"`` (the same rows at the same offsets, data files added or replaced:
+``add_columns``, a column rewritten in place) or ``"rewrite"`` (rows deleted, fragments
+compacted or updated, the table overwritten). All are adopted at an epoch start with a new plan
+over the new rows (deleted rows are gone from it; anything but an append is logged at WARNING
+naming what changed). Refused, with the fix:
 a rewrite under named splits keyed by row offset (offsets shift, rows would change splits),
 and a version whose projected columns changed type or vanished.
 
@@ -63,7 +65,7 @@ FOLLOW = "follow"  # the key of the following history in state["order"]
 Name = tuple[Any, ...]  # a fragment's id, physical rows, data files and deletion file
 # agree(newest version this rank sees) -> the version every rank adopts (the same on each)
 Agreement = Callable[[int], int]
-CHANGES = ("start", "append", "rewrite")
+CHANGES = ("start", "append", "columns", "rewrite")
 _logger = logging.getLogger("lanceloader")
 
 
@@ -71,7 +73,8 @@ _logger = logging.getLogger("lanceloader")
 class Adoption:
     """Epoch ``epoch`` was the first to read ``version`` (``rows`` rows after filter and split),
     which was a ``change`` of the version before: ``"start"`` (the version the loader was built
-    on), ``"append"`` or ``"rewrite"``."""
+    on), ``"append"``, ``"columns"`` (data files added or replaced, every row at its offset:
+    ``add_columns``, a column rewritten in place; maybe with appends) or ``"rewrite"``."""
 
     epoch: int
     version: int
@@ -151,8 +154,9 @@ class Following:
 @dataclass(frozen=True)
 class Change:
     """What a new version is of an old one: ``kind`` is ``"same"`` (the same data: a version
-    that changed only indices, tags or settings), ``"append"`` or ``"rewrite"``; ``detail``
-    names what changed."""
+    that changed only indices, tags or settings), ``"append"``, ``"columns"`` (the same rows at
+    the same offsets, data files added or replaced) or ``"rewrite"``; ``detail`` names what
+    changed."""
 
     kind: str
     detail: str
@@ -165,9 +169,17 @@ def change_between(before: list[Name], after: list[Name]) -> Change:
     an overwrite), rewritten (an update, compaction), or with rows deleted."""
     if before == after:
         return Change("same", "the same fragments")
+    added = sum(n[1] for n in after[len(before) :])
+    appended = f"{len(after) - len(before)} fragments of {added} rows appended"
     if after[: len(before)] == before:
-        added = sum(n[1] for n in after[len(before) :])
-        return Change("append", f"{len(after) - len(before)} fragments of {added} rows appended")
+        return Change("append", appended)
+    if [_rows_of(n) for n in after[: len(before)]] == [_rows_of(n) for n in before]:
+        changed = [a[0] for a, b in zip(before, after, strict=False) if a != b]
+        return Change(
+            "columns",
+            f"data files of fragments {_ids(changed)} added or replaced (columns added or "
+            f"rewritten in place: every row keeps its offset); {appended}",
+        )
     now = {n[0]: n for n in after}
     gone = [n[0] for n in before if n[0] not in now]
     kept = [(n, now[n[0]]) for n in before if n[0] in now]
@@ -183,6 +195,11 @@ def change_between(before: list[Name], after: list[Name]) -> Change:
         if ids
     ]
     return Change("rewrite", "; ".join(parts) or "the fragments were reordered")
+
+
+def _rows_of(name: Name) -> Name:
+    """A fragment's rows without its files: id, physical rows, deletion file."""
+    return name[0], name[1], name[3]
 
 
 def _ids(ids: list[Any], limit: int = 6) -> str:
@@ -210,7 +227,7 @@ def at_epoch_start(source: Source, epoch: int) -> Source:
     refuse_change(source, version, change)
     refuse_new_columns(source, adopted)
     kind = "append" if change.kind == "same" else change.kind
-    log = _logger.warning if kind == "rewrite" else _logger.info
+    log = _logger.info if kind == "append" else _logger.warning
     log(
         "lanceloader: epoch %d reads version %d of %r (%d rows; version %d had %d): %s%s",
         epoch,
