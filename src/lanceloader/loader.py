@@ -426,6 +426,14 @@ class Loader:
         if running is not None and running.live and at < self._read_ahead_until(next_step):
             running.reread(self.reading(self.num_workers))
 
+    def mix_shares(self) -> tuple[Any, ...]:
+        """What each source of a mix delivered since this loader began (or loaded a state),
+        per piece of its weights: ``stats().mix`` without the rest of ``stats()`` (empty for
+        a loader of no mix). Each is a ``MixShare``: ``step``, target ``weights``, ``rows``,
+        ``promised``, ``tokens``."""
+        c = self._cursor
+        return tuple(self.source.delivered(self._began, (c.epoch, c.sample)))
+
     def _read_ahead_until(self, next_step: int) -> int:
         """The step before which a live iterator may have read with the weights it began with:
         thread workers read each task with the newest weights (``set_weights``), so only the
@@ -472,8 +480,7 @@ class Loader:
             worker_type=self._pipeline.workers.worker_type,
             cache=facts.cache_choice,
         )
-        c = self._cursor
-        mix = tuple(self.source.delivered(self._began, (c.epoch, c.sample)))
+        mix = self.mix_shares()
         if mix:
             stats = dataclasses.replace(stats, mix=mix)
         if facts.padding_fraction is None:

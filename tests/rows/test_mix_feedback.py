@@ -169,3 +169,25 @@ def test_the_ledger_names_each_rows_source_and_its_weight(uris) -> None:
         assert names == ["abc"[i // 1000 - 1] for i in batch]
         stage = max(s for s in expected if s <= step)
         assert rows["source_weight"].to_pylist() == [expected[stage][n] for n in names]
+
+
+def test_metrics_give_each_sources_weight_share_and_rows(uris) -> None:
+    import lanceloader.metrics as metrics
+
+    loader = ll.Loader(mix(uris), BATCH, num_workers=1)
+    loader.set_weights({"a": 3, "b": 1, "c": 0}, step=2)
+    written: list[dict[str, float]] = []
+    for _ in metrics.log_every(loader, lambda m, step: written.append(m), every=5):
+        pass
+    last = written[-1]
+    assert last["lanceloader/mix/a/weight"] == 0.75 and last["lanceloader/mix/c/weight"] == 0
+    assert last["lanceloader/mix/a/share"] == 0.75  # 13 steps of 4 from step 2: 39 and 13
+    assert abs(last["lanceloader/mix/c/rows"] - 8 / 3) < 1  # a third of the first 2 steps'
+    assert sum(last[f"lanceloader/mix/{n}/rows"] for n in "abc") == 60
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    metrics.prometheus(loader, registry=registry)
+    labels = {"loader": "train", "rank": "0", "source": "b"}
+    assert registry.get_sample_value("lanceloader_mix_weight", labels) == 0.25
+    rows_b = sum(s.rows["b"] for s in loader.mix_shares())
+    assert registry.get_sample_value("lanceloader_mix_rows", labels) == rows_b

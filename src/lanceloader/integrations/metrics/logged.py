@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 from lanceloader.integrations.metrics.ranks import _world, across_ranks
-from lanceloader.integrations.metrics.scalars import PREFIX, scalars, totals_of
+from lanceloader.integrations.metrics.scalars import PREFIX, mix_scalars, scalars, totals_of
 
 Sink = Callable[[dict[str, float], int], None]
 # Each loader's totals at its last write, whichever wrapper wrote: a loop that wraps the loader
@@ -160,6 +160,9 @@ class LoggedLoader(Iterable[Any]):
         are gathered: every rank must call it, as iteration does at the same batches)."""
         stats = totals_of(self.loader)
         metrics = scalars(stats, self._since)
+        shares = getattr(self.loader, "mix_shares", None)  # a mix: each source's numbers
+        if shares is not None:
+            metrics.update(mix_scalars(shares()))
         if self._ranks or (self._ranks is None and _world() > 1):
             slowest = across_ranks(stats, self._since).slowest
             metrics.update(

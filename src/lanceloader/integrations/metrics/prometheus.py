@@ -13,6 +13,7 @@ from typing import Any
 
 from lanceloader.engine.stats import Stats
 from lanceloader.engine.waits import WAIT_EDGES
+from lanceloader.integrations.metrics.scalars import mix_scalars
 
 # The Prometheus histogram's bucket bounds: every half decade of the stats' own buckets, from
 # 10 µs to 1,000 s (exact counts: each bound is one of the stats' bucket edges).
@@ -45,7 +46,8 @@ class LoaderCollector:
     ``_reads_in_flight``, ``_cores_busy_ratio`` (when measured),
     ``_batch_wait_seconds`` (a histogram of the loop's wait per batch) and
     ``_batch_wait_quantile_seconds{quantile}`` (p50/p95/p99), and
-    ``lanceloader_bottleneck_info{stage}``.
+    ``lanceloader_bottleneck_info{stage}``; a mix's ``lanceloader_mix_weight{source}``,
+    ``_mix_share{source}``, ``_mix_rows{source}`` and ``_mix_tokens{source}`` (where known).
     """
 
     def __init__(self, loaders: Mapping[str, Any]) -> None:
@@ -62,6 +64,15 @@ class LoaderCollector:
         for name, loader in self.loaders.items():
             add_samples(made, [name, str(getattr(loader, "rank", 0))], loader.stats())
         yield from made.values()
+
+
+# A mix's per-source gauges (integrations/metrics/scalars.py mix_scalars), labelled source.
+MIX_GAUGES = {
+    "mix_weight": "A mix source's target share of samples now (as the interleave uses it)",
+    "mix_share": "A mix source's share of the samples delivered in the current piece of weights",
+    "mix_rows": "Rows a mix source delivered since the loader began (or loaded a state)",
+    "mix_tokens": "Tokens a mix source delivered since the loader began, where known",
+}
 
 
 def families() -> dict[str, Any]:
@@ -109,6 +120,8 @@ def families() -> dict[str, Any]:
     out["bottleneck"] = InfoMetricFamily(
         "lanceloader_bottleneck", "The stats' verdict", labels=list(LABELS)
     )
+    for key, doc in MIX_GAUGES.items():
+        out[key] = family(GaugeMetricFamily, key, doc, ("source",))
     return out
 
 
@@ -130,6 +143,9 @@ def add_samples(made: dict[str, Any], at: list[str], s: Stats) -> None:
         if value is not None:
             made["wait_quantile"].add_metric([*at, str(q)], value)
     made["bottleneck"].add_metric(at, {"stage": s.bottleneck.stage})
+    for key, value in mix_scalars(s.mix, prefix="").items():  # mix/<source>/<what>
+        _, source, what = key.split("/")
+        made[f"mix_{what}"].add_metric([*at, source], value)
 
 
 def prometheus_buckets(histogram: tuple[int, ...]) -> list[tuple[str, float]]:

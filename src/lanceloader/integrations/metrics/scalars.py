@@ -55,6 +55,33 @@ def scalars(
     }
     if stats.cores_busy is not None:
         out["cores_busy"] = stats.cores_busy
+    out.update(mix_scalars(getattr(stats, "mix", ()), prefix=""))
+    return {prefix + k: float(v) for k, v in out.items()}
+
+
+def mix_scalars(shares: Any, prefix: str = PREFIX) -> dict[str, float]:
+    """A mix's per-source numbers from its ``MixShare``s (``stats().mix`` or
+    ``loader.mix_shares()``): ``mix/<source>/weight`` (the target share now, as the interleave
+    uses it), ``mix/<source>/share`` (the share it delivered in the current piece of weights),
+    ``mix/<source>/rows`` (rows since the loader began) and ``mix/<source>/tokens`` (where
+    known); empty for no mix.
+
+    >>> from lanceloader.ordering.mixrun import MixShare
+    >>> s = MixShare(3, {"a": 0.75, "b": 0.25}, {"a": 6, "b": 2}, {"a": 6.0, "b": 2.0}, {"a": None, "b": None})
+    >>> mix_scalars([s])["lanceloader/mix/a/share"], mix_scalars([s])["lanceloader/mix/b/rows"]
+    (0.75, 2.0)
+    """
+    if not shares:
+        return {}
+    last, out = shares[-1], {}
+    total = sum(last.rows.values())
+    for name in last.rows:
+        out[f"mix/{name}/weight"] = last.weights[name]
+        out[f"mix/{name}/share"] = last.rows[name] / total if total else 0.0
+        out[f"mix/{name}/rows"] = float(sum(s.rows[name] for s in shares))
+        tokens = [s.tokens[name] for s in shares]
+        if all(t is not None for t in tokens):
+            out[f"mix/{name}/tokens"] = float(sum(tokens))
     return {prefix + k: float(v) for k, v in out.items()}
 
 
