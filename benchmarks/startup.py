@@ -3,7 +3,9 @@
 Two tables of one ``int64`` column ``id`` (written once into ``--data-dir`` with Lance's default
 1,048,576 rows a file): ``--small`` rows (1M) and ``--large`` rows (100M). For each, a fresh
 interpreter builds ``Loader(uri, shuffle=True, worker_type="process", num_workers=8)`` (the
-default cache) and times the construction and ``iter()`` to the first batch; with
+default cache, in an empty directory of its own: what a job's first start finds; a cache
+that earlier runs filled adds the reading of the pieces a first read touches, see
+docs/performance.md) and times the construction and ``iter()`` to the first batch; with
 ``--filter`` the same with ``filter="id % 2 = 0"`` (a row list of half the rows). It prints
 the bytes pickled for each worker at start-up (what the pool sends every worker before its
 first task; on code before the pool reported it, the pickled work, which was all it sent).
@@ -25,12 +27,18 @@ import sys
 from pathlib import Path
 
 CASE = r"""
-import json, sys, time
+import json, os, sys, tempfile, time
+os.environ["LANCELOADER_AUTO_CACHE_DIR"] = tempfile.mkdtemp(dir="/dev/shm", prefix="llstart-")
 import lanceloader as ll
 from lanceloader.engine.pickling import dumps
 uri, filter_, workers = sys.argv[1], sys.argv[2] or None, int(sys.argv[3])
-from lanceloader.engine.processes import start_forkserver
+try:
+    from lanceloader.engine.forkserver import WorkerProcess, start_forkserver
+except ImportError:  # code before forkserver.py
+    from lanceloader.engine.processes import WorkerProcess, start_forkserver
 start_forkserver()  # a long-running job pays the server's start once: not counted here
+ready = WorkerProcess(target=int)  # the server forks once its imports are done
+ready.start(); ready.join()
 t0 = time.perf_counter()
 loader = ll.Loader(uri, batch_size=256, shuffle=True, worker_type="process",
                    num_workers=workers, filter=filter_)
@@ -43,6 +51,7 @@ sent = getattr(getattr(pool, "pool", None), "start_bytes", None)
 if sent is None:  # code before the pool reported it: the work it pickled for each worker
     sent = len(dumps(loader._pipeline.work()))
 loader.close()
+import shutil; shutil.rmtree(os.environ["LANCELOADER_AUTO_CACHE_DIR"], ignore_errors=True)
 print(json.dumps({"construct_s": t1 - t0, "first_batch_s": t2 - t1, "bytes_per_worker": sent}))
 """
 
