@@ -183,6 +183,7 @@ class Ledger:
                 "ll.Ledger(loader) with the loader it belongs to"
             )
         rows = RowsSettings.of_state(state, storage_options).build(location, order["seed"])
+        rows = rows.resumed(state, ())[0]  # a followed table's rows carry the state's history
         the_order = Order(
             rows.num_rows, order["shuffle"], order["block_size"], order["window"], order["seed"]
         )

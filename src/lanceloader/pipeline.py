@@ -103,6 +103,7 @@ class RowsSettings:
             cache=None,
             pack=Packing(**pack) if pack else None,
             clips=clips_of(clips) if clips else None,
+            follow="follow" in order,  # the state's version, with its history (resumed)
         )
 
     def build(self, dataset: Any, seed: int = 0, random_order: bool = True) -> RowSource:

@@ -439,3 +439,12 @@ def test_columns_added_keep_every_row_at_its_offset_and_in_its_split(tmp_path) -
     assert change_between(fragment_names(before), fragment_names(after)).kind == "columns"
     assert once(epoch_ids(loader)) == val
     assert loader.state_dict()["order"]["follow"]["adoptions"][-1][3] == "columns"
+
+
+def test_a_ledger_of_a_followed_state_names_its_rows(tmp_path) -> None:
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(20))
+    loader = ll.Loader(uri, batch_size=4, columns=["id"], shuffle=True, follow=True)
+    first = next(iter(loader))["id"].tolist()
+    ledger = ll.Ledger.from_state(loader.state_dict())
+    assert ledger.rows(epoch=0, step=0)["row_offset"].to_pylist() == first
