@@ -10,7 +10,10 @@ Method
   carries over; the two tables alternate (the order flips each repeat), so drift on a shared
   machine hits both alike. Columns ``id``, ``label``, ``x``, batch 256, ``output="numpy"``.
 * In each process: ``lance.dataset(uri)`` is timed twice (the first pays Lance's start-up; the
-  second is the reference, ``open``), then ``Loader(...)`` (``construct``: default
+  second is the reference, ``open``), then ``lance.dataset(uri)`` plus the cheapest Lance calls
+  that give the plan a Loader needs (``open+plan``: every fragment's id and rows after
+  deletions, from the manifest: ``ds._ds.get_fragments()``, ``id()``, ``physical_rows`` less
+  ``num_deletions``; no per-fragment I/O), then ``Loader(...)`` (``construct``: default
   ``cache="auto"``), then two epochs (``epoch 0``, ``epoch 1``; from ``iter()`` to the last row
   counted).
 * Cases: ``block`` (``shuffle=True, shuffle_block_size=1024``, the cache ``auto`` chooses:
@@ -19,8 +22,9 @@ Method
   run, removed after: every piece filled in epoch 0), ``sequential`` (no shuffle: ``auto``
   chooses no cache) and ``full`` (``shuffle=True``).
 * Reported: the median of ``--repeats`` runs per case and table, and their ratios (many / four;
-  construct / open). Targets (issue 44): construct <= 2x ``open`` plus the plan; a block-shuffle
-  epoch over the appended table <= 1.5x the same rows in 4 fragments.
+  construct / open, construct / open+plan: the medians of the per-run ratios). Targets (issue
+  44): construct <= 2x ``open`` plus the plan; a block-shuffle epoch over the appended table
+  <= 1.5x the same rows in 4 fragments.
 
 Usage::
 
@@ -81,6 +85,10 @@ def child(uri: str, case: str) -> dict[str, Any]:
         t = time.perf_counter()
         lance.dataset(uri)
         got[key] = time.perf_counter() - t
+    t = time.perf_counter()
+    plan = plan_calls(lance.dataset(uri))
+    got["open+plan"] = time.perf_counter() - t
+    got["fragments"] = len(plan)
     cold = tempfile.mkdtemp(prefix="llfrag-", dir="/dev/shm") if case == "block cold" else None
     try:
         t = time.perf_counter()
@@ -104,6 +112,13 @@ def child(uri: str, case: str) -> dict[str, Any]:
         if cold:
             shutil.rmtree(cold, ignore_errors=True)
     return got
+
+
+def plan_calls(ds: Any) -> list[tuple[int, int]]:
+    """The cheapest Lance calls that give a Loader's plan: each fragment's id and rows after
+    deletions, from the manifest (Lance's own fragment objects, without the Python wrapper
+    ``get_fragments()`` builds around each)."""
+    return [(f.id(), f.physical_rows - f.num_deletions) for f in ds._ds.get_fragments()]
 
 
 def run_child(uri: str, case: str) -> dict[str, Any]:
@@ -143,24 +158,27 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: Any) -> N
         f"{args.rows:,} rows, appends of {args.append_rows}, {args.repeats} runs each; "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
-    keys = ("open", "construct", "epoch 0", "epoch 1")
+    keys = ("open", "open+plan", "construct", "epoch 0", "epoch 1")
     print(f"{'case':<12}{'table':<6}" + "".join(f"{k:>11}" for k in keys) + "  cache")
     med: dict[tuple[str, str, str], float] = {}
     for (case, name), runs in results.items():
         for k in keys:
             med[case, name, k] = statistics.median(r[k] for r in runs)
+        for base in ("open", "open+plan"):
+            med[case, name, f"/{base}"] = statistics.median(r["construct"] / r[base] for r in runs)
         print(
             f"{case:<12}{name:<6}"
             + "".join(f"{med[case, name, k]:>11.3f}" for k in keys)
             + f"  {runs[-1]['cache'][:50]}"
         )
-    print("ratios many / four (construct / open in brackets):")
+    print("ratios many / four; construct / open and construct / open+plan in brackets:")
     for case in dict.fromkeys(c for c, _ in results):
         ratios = "  ".join(
-            f"{k} {med[case, 'many', k] / med[case, 'four', k]:.2f}x" for k in keys[1:]
+            f"{k} {med[case, 'many', k] / med[case, 'four', k]:.2f}x" for k in keys[2:]
         )
         opens = "  ".join(
-            f"{n} {med[case, n, 'construct'] / med[case, n, 'open']:.1f}x" for n in ("four", "many")
+            f"{n} {med[case, n, '/open']:.1f}x / {med[case, n, '/open+plan']:.1f}x"
+            for n in ("four", "many")
         )
         print(f"  {case:<12}{ratios}   [{opens}]")
 
