@@ -151,6 +151,24 @@ def test_it_finds_an_epoch_skipped_at_its_end(uris: dict[str, str]) -> None:
     assert found.what == f"delivered a batch past the end of epoch {found.epoch}"
 
 
+def add_noise(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A transform with its own randomness: no per-sample seed, other values on every run."""
+    return batch.append_column("noise", pa.array(np.random.default_rng().random(len(batch))))
+
+
+@pytest.mark.parametrize("contents", [False, True])
+def test_a_transform_s_own_randomness_shows_in_contents_only(
+    uris: dict[str, str], contents: bool
+) -> None:
+    report = ll.check_resume(
+        lambda r, w: loader(uris["a"], r, w, transform=add_noise),
+        runs=3,
+        ids="id",
+        contents=contents,
+    )
+    assert report.ok is not contents, str(report)
+
+
 def test_an_error_after_a_resume_is_the_finding(uris: dict[str, str]) -> None:
     report = ll.check_resume(lambda r, w: loader(uris["a"], r, w, cls=FailsAfterResume), runs=5)
     found = report.divergence
