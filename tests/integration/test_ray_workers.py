@@ -15,6 +15,7 @@ import signal
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,16 @@ def epochs(source: ll.Loader, count: int) -> list[list[str]]:
         return [[digest(b) for b in source] for _ in range(count)]
 
 
+def warm(source: ll.Loader) -> Iterator[Any]:
+    """The loader's iterator once its actors are up (until then the loop builds batches
+    itself, and a test of the actors would test this process)."""
+    it = iter(source)
+    names = actor_names()
+    assert names, "no actor was started"
+    ray.get([ray.get_actor(n).where.remote() for n in names], timeout=120)
+    return it
+
+
 @pytest.fixture(scope="module")
 def reference(data: str) -> list[list[str]]:
     """Three epochs from local thread workers."""
@@ -121,7 +132,9 @@ def test_actors_deliver_the_thread_workers_batches_byte_for_byte(
     cluster: Any, data: str, reference: list[list[str]], actors: int
 ) -> None:
     source = loader(data, worker_type="ray", num_workers=actors)
-    got = epochs(source, 3)
+    with source:
+        got = [[digest(b) for b in warm(source)]]
+        got += [[digest(b) for b in source] for _ in range(2)]
     assert got == reference
     assert len({d for epoch in got for d in epoch}) == 3 * len(reference[0])  # epochs differ
     assert actor_names() == []  # closed with the loader
@@ -149,7 +162,7 @@ def test_a_killed_actor_loses_and_repeats_nothing(
     how = ("ray.kill", "SIGKILL")[trial % 2]
     source = loader(data, worker_type="ray", num_workers=3, prefetch=12)
     with source:
-        it = iter(source)
+        it = warm(source)
         at = draw.randrange(1, len(it) - 4)
         got = [digest(next(it)) for _ in range(at)]
         kill(draw.choice(actor_names()), how)
@@ -168,7 +181,7 @@ def test_a_removed_node_loses_and_repeats_nothing(
         data, worker_type="ray", num_workers=2, prefetch=8, ray_options={"resources": {"doomed": 1}}
     )
     with source:
-        it = iter(source)
+        it = warm(source)
         got = [digest(next(it)) for _ in range(5)]
         cluster.remove_node(extra)  # both actors gone; their tasks are built here meanwhile
         got += [digest(b) for b in it]
@@ -195,10 +208,15 @@ def test_every_actor_lost_is_a_clear_error(cluster: Any, data: str) -> None:
     """One actor, killed, and its replacement killed too: no more are started."""
     source = loader(data, worker_type="ray", num_workers=1, prefetch=2)
     with source, pytest.raises(ActorsLostError, match="Ray actors of this loader died"):
-        for i, _ in enumerate(source):
-            names = actor_names()
-            if i in (2, 6) and names:
-                kill(names[-1], "ray.kill")
+        it = warm(source)
+        killed = actor_names()
+        kill(killed[0], "ray.kill")
+        for _ in range(100):  # epochs (built here meanwhile), until the loader sees both
+            for _ in it:
+                for name in set(actor_names()) - set(killed):  # the replacement
+                    kill(name, "ray.kill")
+                    killed.append(name)
+            it = iter(source)
 
 
 def stuck_after_row_99(batch: Any) -> Any:
@@ -215,6 +233,7 @@ def test_a_stuck_actor_is_named_with_its_stack(cluster: Any, data: str) -> None:
     tasks = read_tasks(0, Plan(1500, 100), per_read=1, batches=range(2))
     pool = ActorPool(work, 1)
     try:
+        assert pool.ready(timeout=120)
         pool.submit(next(tasks))
         assert pool.take().batches[0]["id"].tolist() == list(range(100))
         pool.stall_timeout = 2
@@ -247,4 +266,6 @@ def test_a_transform_the_nodes_cannot_import_is_named(
 
     source = loader(data, worker_type="ray", num_workers=2, transform=only_here.same)
     with source, pytest.raises(ActorStartError, match=r"No module named 'only_here'.*py_modules"):
-        next(iter(source))
+        deadline = time.monotonic() + 120  # (a bound, not a timing: it raises in seconds)
+        while time.monotonic() < deadline:  # epochs, built here until the actors fail
+            list(source)

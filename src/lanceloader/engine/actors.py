@@ -15,7 +15,10 @@ Contract of an :class:`ActorPool` (a :class:`~lanceloader.engine.pool.Pool`):
   answers with one object per task (a :class:`TaskResult` of NumPy batches, which Ray hands out
   zero-copy from its object store, read-only).
 * ``submit`` gives a task to the live actor with the fewest unfinished tasks; ``take`` returns
-  results in task order. The caller bounds the tasks in flight
+  results in task order. Until an actor is up (it answered ``where()``: seconds, for its
+  imports and the dataset it opens) the consumer builds the tasks itself, in ``take``, so the
+  first batch comes as soon as a local worker's would; the actors take every task not yet
+  built once one answers (``stats()``: ``local_s``). The caller bounds the tasks in flight
   (:class:`~lanceloader.engine.pool.Ordered`), so a slow training loop never lets actors fill
   memory: at most that many reads' results exist. Finished results are pulled to this node
   ahead of their turn (``fetch_local``).
@@ -130,7 +133,7 @@ class _Actor:
     number: int
     handle: Any
     started: Any  # the ref of its where(): ready once the actor is up
-    eligible: bool  # takes tasks (a first actor at once; a replacement once up)
+    eligible: bool = False  # takes tasks: once it answered where() (it is up)
     pid: int = 0
     node: str = ""
     dead: bool = False
@@ -178,22 +181,23 @@ class ActorPool:
         # once, shared by every actor: the pickle and its arrays (Ray keeps NumPy zero-copy)
         arrays = [np.frombuffer(b.raw(), np.uint8) for b in self.shipment.buffers]
         self._work_ref = ray.put((self.shipment.data, arrays))
-        self._actors = [self._start(i, eligible=True) for i in range(num_workers)]
+        self._actors = [self._start(i) for i in range(num_workers)]
         self._pending: deque[_Task] = deque()
         self._done: dict[int, tuple[Any, BaseException | None]] = {}
         self._submitted = 0
         self.rebuilt = 0  # tasks sent again after their actor was lost
+        self._built_here = 0  # tasks built in this process (no actor up for them)
 
     @property
     def num_workers(self) -> int:
         """The actors asked for (replacements take the place of dead ones)."""
         return self._replacements_total
 
-    def _start(self, number: int, eligible: bool) -> _Actor:
+    def _start(self, number: int) -> _Actor:
         handle = self._class.options(
             **self._options, max_restarts=0, name=f"{self._name}-{number}"
         ).remote(self._work_ref)
-        return _Actor(number, handle, handle.where.remote(), eligible)
+        return _Actor(number, handle, handle.where.remote())
 
     # --- submitting --------------------------------------------------------------------
 
@@ -213,12 +217,12 @@ class ActorPool:
     def submit(self, task: Any) -> None:
         """Send ``task`` to the least busy live actor (built here when none is ready)."""
         pending = _Task(self._submitted, task, None, None, time.monotonic())
+        self._check_started()
         self._send(pending)
         self._pending.append(pending)
         self._submitted += 1
 
     def _send(self, pending: _Task) -> None:
-        self._check_started()
         ready = [a for a in self._actors if a.eligible and not a.dead]
         if not ready:
             pending.actor, pending.ref = None, None
@@ -230,7 +234,8 @@ class ActorPool:
         pending.actor, pending.ref = actor, actor.handle.run.remote(pending.task)
 
     def _check_started(self) -> None:
-        """Mark the actors that answered where(): replacements take tasks from then on."""
+        """Mark the actors that answered where(): they take tasks from then on, those built
+        here meanwhile included (all but one being built now: this runs in the consumer)."""
         waiting = {a.started: a for a in self._actors if not a.pid and not a.dead}
         if not waiting:
             return
@@ -242,16 +247,32 @@ class ActorPool:
                 actor.eligible = True
             except LOST as exc:
                 self._lost(actor, exc)
+        if up and any(a.eligible and not a.dead for a in self._actors):
+            for pending in self._pending:
+                if pending.actor is None and pending.index not in self._done:
+                    self._send(pending)
+
+    def ready(self, timeout: float | None = None) -> bool:
+        """Wait until an actor is up (at most ``timeout`` seconds); whether one is."""
+        waiting = [a.started for a in self._actors if not a.dead]
+        if waiting:
+            ray.wait(waiting, num_returns=1, timeout=timeout, fetch_local=True)
+        self._check_started()
+        return any(a.eligible and not a.dead for a in self._actors)
 
     # --- handing out ---------------------------------------------------------------------
 
     def take(self) -> Any:
         """The oldest task's result (its error re-raised), waiting at most ``stall_timeout``."""
         check_same_process(self.owner)
+        self._check_started()
         head = self._pending[0]
         deadline = None if self.stall_timeout is None else time.monotonic() + self.stall_timeout
         while head.index not in self._done:
             if head.actor is None:  # no actor was ready for it: built here
+                if not self._built_here:
+                    _logger.info("lanceloader: no Ray actor up yet: this process builds batches")
+                self._built_here += 1
                 result = self._local_work()(head.task)
                 result.seconds["local"] = sum(result.seconds.values())  # (stats: local_s)
                 self._done[head.index] = (result, None)
@@ -331,7 +352,7 @@ class ActorPool:
             )
             if self._replacements > 0:
                 self._replacements -= 1
-                self._actors.append(self._start(len(self._actors), eligible=False))
+                self._actors.append(self._start(len(self._actors)))
         if not self.live:
             raise ActorsLostError(
                 f"all {len(self._actors)} Ray actors of this loader died (the last: "
