@@ -6,13 +6,15 @@ and each piece keeps the interleave's ±1 promise in each epoch's stretch."""
 from __future__ import annotations
 
 import itertools
+import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanceloader.ordering.interleave import interleave, rational_weights
+from lanceloader.ordering.interleave import MAX_PERIOD, interleave, rational_weights
 from lanceloader.ordering.mixrun import MixRun
 from lanceloader.ordering.pieces import StepMap
 from lanceloader.ordering.plan import Plan
@@ -43,6 +45,31 @@ def test_heap_interleave_is_the_reference_and_its_prefixes(quotas, limit) -> Non
     reference = edf_reference(quotas)
     assert interleave.__wrapped__(quotas).tolist() == reference
     assert interleave.__wrapped__(quotas, limit).tolist() == reference[:limit]
+
+
+def rational_reference(weights: list[float]) -> list[int]:
+    """Quotas as first written: Fractions throughout."""
+    total = sum(Fraction(w) for w in weights)
+    shares = [(Fraction(w) / total).limit_denominator(MAX_PERIOD) for w in weights]
+    period = math.lcm(*(s.denominator for s in shares))
+    if sum(shares) == 1 and period <= MAX_PERIOD:
+        return [int(s * period) for s in shares]
+    exact = [Fraction(w) / total * MAX_PERIOD for w in weights]
+    quotas = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda k: quotas[k] - exact[k])
+    for k in by_remainder[: MAX_PERIOD - sum(quotas)]:
+        quotas[k] += 1
+    return quotas
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.integers(0, 20), st.floats(0, 1e3, allow_nan=False)), min_size=1, max_size=120
+    ).filter(lambda w: sum(w) > 0)
+)
+def test_quotas_are_the_reference_fractions(weights) -> None:
+    assert rational_weights(weights) == rational_reference(weights)
 
 
 @settings(max_examples=80, deadline=None)

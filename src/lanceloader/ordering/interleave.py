@@ -34,14 +34,23 @@ def rational_weights(weights: list[float]) -> list[int]:
     >>> rational_weights([0.7, 0.2, 0.1]), rational_weights([1, 1, 1]), rational_weights([2, 0])
     ([7, 2, 1], [1, 1, 1], [1, 0])
     """
-    total = sum(Fraction(w) for w in weights)
-    shares = [(Fraction(w) / total).limit_denominator(MAX_PERIOD) for w in weights]
-    period = math.lcm(*(s.denominator for s in shares))
-    if sum(shares) == 1 and period <= MAX_PERIOD:
+    ratios = [Fraction(w).as_integer_ratio() for w in weights]  # exact, as integers over
+    scale = math.lcm(*(d for _, d in ratios))  # one common denominator
+    numerators = [n * (scale // d) for n, d in ratios]
+    total = sum(numerators)
+    shares, period = [], 1
+    for n in numerators:  # stops at the first share whose denominator makes the period too long
+        shares.append(Fraction(n, total).limit_denominator(MAX_PERIOD))
+        period = math.lcm(period, shares[-1].denominator)
+        if period > MAX_PERIOD:
+            break
+    if len(shares) == len(weights) and sum(shares) == 1 and period <= MAX_PERIOD:
         return [int(s * period) for s in shares]
-    exact = [Fraction(w) / total * MAX_PERIOD for w in weights]
-    quotas = [math.floor(x) for x in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda k: quotas[k] - exact[k])
+    # n * P / total, floored; the remaining slots to the largest remainders (ties: first listed)
+    split = [divmod(n * MAX_PERIOD, total) for n in numerators]
+    quotas = [q for q, _ in split]
+    remainders = [r for _, r in split]
+    by_remainder = sorted(range(len(weights)), key=lambda k: -remainders[k])
     for k in by_remainder[: MAX_PERIOD - sum(quotas)]:
         quotas[k] += 1
     return quotas
@@ -140,7 +149,26 @@ class Interleave:
         return whole * self.run + np.where(inside & (at < len(self.table)), rest, 0)
 
     def counts(self, n: int) -> list[int]:
-        return [int(self.count(k, n)) for k in range(len(self.quotas))]
+        return self.counts_at(n).tolist()
+
+    def counts_at(self, n: int) -> np.ndarray:
+        """Samples of every source among the first ``n`` mixed samples (one pass over the
+        period's slots before ``n``, not one count per source).
+
+        >>> Interleave((2, 1), run=2).counts_at(7).tolist()
+        [5, 2]
+        """
+        slots, rest = divmod(int(n), self.run)
+        whole, at = divmod(slots, self.period)
+        table = self.table
+        out = whole * np.asarray(self.quotas, np.int64) + np.bincount(
+            table[:at], minlength=len(self.quotas)
+        )
+        if self.run > 1:
+            out *= self.run
+            if rest and at < len(table):  # the slot n lies in
+                out[table[at]] += rest
+        return out
 
     def position_of(self, k: int, i: int) -> int:
         """The mixed sample that is source ``k``'s ``i``-th (0-based)."""

@@ -211,8 +211,7 @@ class Pieces:
         return il
 
     def _counts(self, i: int, n: int) -> np.ndarray:
-        il = self.interleave(i)
-        return np.array([il.count(k, n) for k in range(len(il.quotas))], np.int64)
+        return self.interleave(i).counts_at(n)
 
     def place(self, i: int, index: int) -> int:
         """The place of stream index ``index`` in piece ``i``'s interleave."""
