@@ -31,13 +31,20 @@ epoch stopped, so no row is seen twice before every row is seen once.
 ends before any source would repeat a row, i.e. when the first source has given all its rows;
 ``"all_exhausted"``: when the last one has (the others oversampled).
 
+**Weights that change during a run.** ``weights=ll.Schedule({0: {...}, 1000: {...}},
+ramps={1000: 200})`` gives weights per stage from a global step on, with linear ramps (one
+constant piece a step), and ``Loader.set_weights(weights, step=s)`` sets them from the
+training loop (recorded in the state). The stream is then a chain of constant-weight pieces,
+each continuing every source's stream exactly (:mod:`lanceloader.ordering.pieces`); the epoch
+length is the first stage's. See the guide's "Weights that change during a run".
+
 **Changing weights at a resume.** ``loader.load_state_dict(state, allow_changes=("weights",))``
-continues with new weights: every source continues its own stream exactly where the checkpoint
-left it (no row lost or repeated); the new interleave applies from the checkpoint's sample on, so
-within the rest of that epoch each source's count since the checkpoint is within ±2 of its new
-share (±1 from the next epoch on); the epoch keeps its number and takes the new weights' length
-(a checkpoint past that length ends the epoch). The state records the new weights and the
-per-source offsets that make this exact (``state["order"]["mix"]``).
+continues with new weights (or another schedule): every source continues its own stream
+exactly where the checkpoint left it (no row lost or repeated); a new piece starts at the
+checkpoint's sample, so each source's count from there is within ±1 of its new share; the
+epoch keeps its number and takes the new weights' length (a checkpoint past that length ends
+the epoch). The state records the weights and where each source stood
+(``state["order"]["mix"]``: :mod:`lanceloader.ordering.mixrun`).
 
 Example::
 
@@ -92,7 +99,9 @@ class Mix:
             its ``transform``, which runs on that source's rows in the worker and must keep
             every row (use it to rename or cast to the common schema). Every source must end up
             with the same columns and types.
-        weights: ``{name: weight}`` (any positive scale; 0 leaves a source out); default equal.
+        weights: ``{name: weight}`` (any positive scale; 0 leaves a source out); default
+            equal. Or an :class:`~lanceloader.ordering.schedule.Schedule` of such weights by
+            global step (stages and linear ramps); the first stage sets the epoch's length.
         samples_per_epoch: mixed samples per epoch, or ``"first_exhausted"`` (default) or
             ``"all_exhausted"`` (see the module docstring).
         weights_by: ``"samples"`` (default) or ``"tokens"``: the weights are shares of tokens,
@@ -109,6 +118,8 @@ class Mix:
 
     >>> mix = Mix({"a": "a.lance", "b": "b.lance"}, weights={"a": 3, "b": 1})  # doctest: +SKIP
     >>> loader = Loader(mix, batch_size=256)                                    # doctest: +SKIP
+    >>> staged = Schedule({0: {"a": 3, "b": 1}, 1000: {"a": 1, "b": 1}}, ramps={1000: 100})
+    >>> mix = Mix({"a": "a.lance", "b": "b.lance"}, weights=staged)            # doctest: +SKIP
     """
 
     def __init__(
