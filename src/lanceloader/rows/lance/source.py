@@ -193,7 +193,7 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         self._tails: FragmentTails | None = None
         self._on_store = is_object_store(self.uri)
         self._store_fragment_positions: np.ndarray | None = None
-        self._fragment_ids = [f.fragment_id for f in self._fragments]
+        self._fragment_ids = [m.id for m in metadata]  # the manifest's: no call per fragment
         self._fragment_starts = np.cumsum(
             [0, *live_rows(self._fragments, metadata)], dtype=np.int64
         )
