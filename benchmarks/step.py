@@ -9,9 +9,10 @@ Method
   resized to 64x64 by ``decode_images`` in the workers, batches of 32, block shuffle),
   ``tokens`` (a mix of two token datasets, each packed into rows of 2,048, batches of 8) and
   ``clips`` (H.264 videos, clips of 8 frames at 64x64, batches of 4).
-* Each setting of the grid (``num_workers`` x ``worker_type`` x ``prefetch`` x
-  ``rows_per_read`` x ``cache``) runs ``--warmup`` steps (not counted: the pool's start), then
-  ``--steps`` steps: wait for the next batch, then the step.
+* Each setting of the grid (``num_workers`` x ``worker_type`` x reads x ``cache``; reads: the
+  defaults, or ``rows_per_read`` of one batch with ``prefetch=2``) runs ``--warmup`` steps (not
+  counted: the pool's start), then ``--steps`` steps: wait for the next batch, then the step.
+  The settings alternate within each of ``--repeats`` rounds.
 * Reported per setting: accelerator utilisation (busy / wall, MLPerf Storage's AU: busy is the
   steps' time), exposed wait per step (wall - busy), step slowdown (wall per step / the step's
   time), and the loader's CPU seconds per step (this process and its worker processes, from
@@ -52,12 +53,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-STEP_MS = {"images": 40.0, "tokens": 20.0, "clips": 60.0}
+STEP_MS = {"images": 15.0, "tokens": 4.0, "clips": 60.0}
 GRID = {
     "num_workers": [1, 2, 4],
     "worker_type": ["thread", "process"],
-    "prefetch": [None],
-    "rows_per_read": [None],
+    "reads": [
+        {"prefetch": None, "rows_per_read": None},  # the defaults: reads of many batches
+        {"prefetch": 2, "rows_per_read": "batch"},  # one batch per read, 2 read ahead
+    ],
     "cache": [None, "auto"],
 }
 QUICK_GRID = {k: v[:1] for k, v in GRID.items()}
@@ -111,9 +114,15 @@ def workloads(root: Path, quick: bool) -> dict[str, Any]:
     tokens = token_datasets(root, 60 if quick else 4000)
     clips = video_dataset(root, 2 if quick else 6, 48 if quick else 480)
 
-    def engine(s: dict[str, Any]) -> dict[str, Any]:
-        keys = ("num_workers", "worker_type", "prefetch", "rows_per_read")
-        return {k: s[k] for k in keys}
+    def engine(s: dict[str, Any], batch_size: int) -> dict[str, Any]:
+        """The engine's settings (``rows_per_read="batch"``: one batch per read)."""
+        per_read = batch_size if s["rows_per_read"] == "batch" else s["rows_per_read"]
+        return {
+            "num_workers": s["num_workers"],
+            "worker_type": s["worker_type"],
+            "prefetch": s["prefetch"],
+            "rows_per_read": per_read,
+        }
 
     def image_loader(s: dict[str, Any]) -> ll.Loader:
         return ll.Loader(
@@ -123,7 +132,7 @@ def workloads(root: Path, quick: bool) -> dict[str, Any]:
             shuffle_block_size=64,
             transform=ll.decode_images("image", size=64),
             cache=s["cache"],
-            **engine(s),
+            **engine(s, 32),
         )
 
     def token_loader(s: dict[str, Any]) -> ll.Loader:
@@ -138,7 +147,7 @@ def workloads(root: Path, quick: bool) -> dict[str, Any]:
             )
             for k, uri in enumerate(tokens)
         }
-        return ll.Loader(ll.Mix(packed, samples_per_epoch="all_exhausted"), 8, **engine(s))
+        return ll.Loader(ll.Mix(packed, samples_per_epoch="all_exhausted"), 8, **engine(s, 8))
 
     def clip_loader(s: dict[str, Any]) -> ll.Loader:
         return ll.Loader(
@@ -147,7 +156,7 @@ def workloads(root: Path, quick: bool) -> dict[str, Any]:
             clips=ll.video_clips("video", frames=8, size=(64, 64)),
             shuffle=True,
             cache=s["cache"],
-            **engine(s),
+            **engine(s, 4),
         )
 
     return {"images": image_loader, "tokens": token_loader, "clips": clip_loader}
@@ -265,7 +274,13 @@ def run_once(
 
 
 def settings(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+    """Every setting of the grid, its read settings spread into it."""
+    out = []
+    for values in itertools.product(*grid.values()):
+        setting = dict(zip(grid, values, strict=True))
+        reads = setting.pop("reads")
+        out.append({**setting, **reads})
+    return out
 
 
 def run_grid(args: Any) -> dict[str, Any]:
@@ -278,21 +293,17 @@ def run_grid(args: Any) -> dict[str, Any]:
         try:
             for name in args.workloads.split(","):
                 step_s = (1.0 if args.quick else STEP_MS[name]) * args.step_scale / 1e3
-                rows = []
-                for setting in settings(grid):
-                    runs = [
-                        run_once(makers[name], setting, acc, step_s, args)
-                        for _ in range(args.repeats)
-                    ]
-                    rows.append(
-                        {
-                            "setting": setting,
-                            **{f: statistics.median(r[f] for r in runs) for f in FIELDS},
-                        }
-                    )
-                    print(
-                        f"  {kind} {name} {setting} {rows[-1]['utilisation']:.2f}", file=sys.stderr
-                    )
+                grid_settings = settings(grid)
+                runs: list[list[dict[str, float]]] = [[] for _ in grid_settings]
+                for _ in range(args.repeats):  # the settings alternate within each repeat
+                    for i, setting in enumerate(grid_settings):
+                        runs[i].append(run_once(makers[name], setting, acc, step_s, args))
+                        got = runs[i][-1]["utilisation"]
+                        print(f"  {kind} {name} {setting} {got:.2f}", file=sys.stderr)
+                rows = [
+                    {"setting": s, **{f: statistics.median(r[f] for r in rs) for f in FIELDS}}
+                    for s, rs in zip(grid_settings, runs, strict=True)
+                ]
                 reached = [r for r in rows if r["utilisation"] >= args.target]
                 cheapest = min(reached, key=lambda r: r["loader_cpu_s_per_step"], default=None)
                 report["cases"].append(
@@ -340,14 +351,15 @@ def main() -> None:
     parser.add_argument("--burn-cores", type=int, default=1)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument(
         "--step-scale", type=float, default=1.0, help="multiplies every step's time"
     )
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    args.steps = args.steps or (4 if args.quick else 40)
+    args.steps = args.steps or (4 if args.quick else 60)
+    args.repeats = args.repeats or (1 if args.quick else 3)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 5)
     report = run_grid(args)
     report["machine"] = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
