@@ -116,7 +116,7 @@ def check_resume(
 def _check_arguments(
     runs: int, world_sizes: Sequence[int], resumes: int, epochs: int
 ) -> tuple[int, ...]:
-    for name, value, least in (("runs", runs, 0), ("resumes", resumes, 1), ("epochs", epochs, 1)):
+    for name, value, least in (("runs", runs, 1), ("resumes", resumes, 1), ("epochs", epochs, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(
                 f"check_resume: {name} must be a whole number >= {least}, got {value!r}"
