@@ -270,6 +270,11 @@ class _Reference:
                     )
         finally:
             _close(loaders)
+        if out.steps_per_epoch == 0:
+            raise ValueError(
+                f"check_resume: the loader delivered no batch in {epochs} epochs on "
+                f"{world} ranks: nothing to resume (is its dataset, filter or split empty?)"
+            )
         out.stride = -(-len(out.points) // MAX_POINTS)
         out.points = out.points[:: out.stride]
         return out

@@ -374,6 +374,8 @@ def test_bad_arguments_name_the_fix(uris: dict[str, str]) -> None:
         ll.check_resume(make, resumes=0)
     with pytest.raises(ValueError, match=r"runs must be a whole number >= 1, got 0"):
         ll.check_resume(make, runs=0)
+    with pytest.raises(ValueError, match=r"delivered no batch in 2 epochs on 1 ranks"):
+        ll.check_resume(lambda r, w: loader(uris["a"], r, w, filter="v > 10"))
     with pytest.raises(ValueError, match=r"ids='nope' is not a column .*\['id', 'v'\]"):
         ll.check_resume(make, ids="nope", runs=1)
     with pytest.raises(ValueError, match=r"built a loader of rank 0 of 1: pass rank=rank"):
