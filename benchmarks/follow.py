@@ -14,12 +14,14 @@ Method
 * Throughput: a table of ``--rows`` demo rows (default 500,000, 8 fragments), two Loaders of
   the same data (batch 256, ``output="numpy"``), pinned and ``follow=True``, built once per
   order; each repeat runs one epoch of each, the two alternating which goes first, and
-  records rows/s. ``look``: an epoch start that finds nothing newer (the followed loader's only
+  records rows/s and CPU time. ``look``: an epoch start that finds nothing newer (the followed loader's only
   extra work on an unchanged table), timed beside each adoption. The followed loader looks for a newer version at each epoch's start (there
   is none: the same data). Orders: ``sequential`` (no cache) and ``full`` (``shuffle=True``,
-  the automatic cache). Reported: the median of the per-repeat ratios followed / pinned, of
-  rows/s and of this process's CPU seconds per row (all its threads: less moved by the other
-  processes of a shared machine than the wall clock).
+  the automatic cache). A second pinned Loader runs beside them as a control (two identical
+  loaders differ by this much here); the three rotate which goes first. Reported: the median
+  of the per-repeat ratios to the pinned one, of rows/s and of this process's CPU seconds per
+  row (all its threads: less moved by the other processes of a shared machine than the wall
+  clock).
   Target: within 5%.
 
 Usage::
@@ -80,28 +82,28 @@ def adoption(uri: str, repeats: int) -> dict[str, list[float]]:
     return got
 
 
-def throughput(uri: str, order: str, repeats: int) -> list[tuple[float, float, float, float]]:
-    """(pinned, followed) rows/s of one epoch each, per repeat, alternating which runs first,
-    then (pinned, followed) CPU seconds of this process (every thread, Lance's too) per
-    million rows: less moved by other processes on the machine than the wall clock."""
+def throughput(uri: str, order: str, repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """Per repeat, (rows/s, CPU seconds of this process per million rows: every thread, Lance's
+    too, less moved by the machine's other processes than the wall clock) of one epoch of each
+    loader: pinned, a second pinned one (the control: how far two identical loaders differ
+    here) and followed, their order rotated each repeat."""
     from lanceloader import Loader
 
+    follows = {"pinned": False, "pinned again": False, "followed": True}
     loaders = {
-        follow: Loader(uri, batch_size=256, columns=COLUMNS, follow=follow, **ORDERS[order])
-        for follow in (False, True)
+        name: Loader(uri, batch_size=256, columns=COLUMNS, follow=follow, **ORDERS[order])
+        for name, follow in follows.items()
     }
     for loader in loaders.values():  # warm: the cache filled, Lance's metadata read
         sum(len(b["id"]) for b in loader)
-    pairs = []
+    got: dict[str, list[tuple[float, float]]] = {name: [] for name in loaders}
+    names = list(loaders)
     for repeat in range(repeats):
-        speed, cpu = {}, {}
-        for follow in (True, False) if repeat % 2 else (False, True):
+        for name in names[repeat % 3 :] + names[: repeat % 3]:
             t, c = time.perf_counter(), time.process_time()
-            rows = sum(len(b["id"]) for b in loaders[follow])
-            speed[follow] = rows / (time.perf_counter() - t)
-            cpu[follow] = (time.process_time() - c) / rows * 1e6
-        pairs.append((speed[False], speed[True], cpu[False], cpu[True]))
-    return pairs
+            rows = sum(len(b["id"]) for b in loaders[name])
+            got[name].append((rows / (time.perf_counter() - t), (time.process_time() - c) / rows))
+    return got
 
 
 def main() -> None:
@@ -130,14 +132,19 @@ def main() -> None:
     if not (uri / "_versions").exists():
         lance.write_dataset(demo_table(args.rows), uri, max_rows_per_file=-(-args.rows // 8))
     for order in ORDERS:
-        pairs = throughput(str(uri), order, args.repeats)
-        ratio = statistics.median(f / p for p, f, _, _ in pairs)
-        pinned = statistics.median(p for p, _, _, _ in pairs)
-        followed = statistics.median(f for _, f, _, _ in pairs)
-        cpu = statistics.median(cf / cp for _, _, cp, cf in pairs)
+        got = throughput(str(uri), order, args.repeats)
+        pinned = got["pinned"]
+        followed, control = (
+            [
+                statistics.median(r[i] / p[i] for r, p in zip(got[name], pinned, strict=True))
+                for i in (0, 1)
+            ]
+            for name in ("followed", "pinned again")
+        )
         print(
-            f"{order:<11} pinned {pinned:>12,.0f} rows/s  followed {followed:>12,.0f} rows/s  "
-            f"median ratio followed/pinned {ratio:.3f}; CPU s per row followed/pinned {cpu:.3f}"
+            f"{order:<11} pinned {statistics.median(r for r, _ in pinned):>12,.0f} rows/s; "
+            f"median ratios to it of rows/s and CPU s per row: followed {followed[0]:.3f} "
+            f"{followed[1]:.3f}; pinned again (control) {control[0]:.3f} {control[1]:.3f}"
         )
 
 
