@@ -111,6 +111,13 @@ KINDS = {
         },
         weights={"a": 2, "b": 1},
     ).source(),
+    "mix, scheduled": lambda d: ll.Mix(  # placed for the conformance loader's batch of 2
+        {
+            "a": ll.Loader(d["demo"], columns=["id"], shuffle=True),
+            "b": ll.Loader(d["demo"], columns=["id"], filter="id < 100"),
+        },
+        weights=ll.Schedule({0: {"a": 2, "b": 1}, 2: {"a": 1, "b": 3}}, ramps={2: 3}),
+    ).source(global_batch=2),
     "numpy": lambda d: array_rows(),
     "mix with numpy": lambda d: ll.Mix(
         {

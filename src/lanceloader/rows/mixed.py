@@ -162,6 +162,10 @@ class MixedSource(RowsBase):
                 "whose batch size and ranks place its steps; pass it to ll.Loader"
             )
 
+    @property
+    def _batching(self) -> tuple[int | None, bool]:
+        return self.global_batch, self.drop_last
+
     def _with_run(self, run: MixRun) -> MixedSource:
         rows = copy.copy(self)
         rows.mix = self.mix.with_run(run)
@@ -255,14 +259,16 @@ class MixedSource(RowsBase):
             k: v for k, v in current.items() if k not in RUN_KEYS
         }:
             return self, state["sample"]  # other sources or settings: the usual checks
+        batching = (state["batch_size"] * state["world_size"], state["drop_last"])
+        if saved == current and (self.global_batch is None or batching == self._batching):
+            return self, state["sample"]  # this run, at a place of its own batching
         run = saved_run(self.mix.run, saved)
         spe = state["order"]["rows"]
-        batching = (state["batch_size"] * state["world_size"], state["drop_last"])
         steps, pieces = run.pieces(spe, *batching)
         at = state["epoch"] * spe + state["sample"]
         same = run.schedule.settings() == current["schedule"]
         if same and saved["quotas"] == current["quotas"]:
-            if batching != (self.global_batch, self.drop_last):
+            if batching != self._batching:
                 run = run.continued_at(steps, at, pieces)  # steps on: the new batching's
             return self._with_run(run), state["sample"]
         if "weights" not in allow_changes:
@@ -317,7 +323,7 @@ class MixedSource(RowsBase):
                 continue
             # Without a transform each row is read once, sorted and unique: mixed_rows puts
             # every row in its mixed place, moving it once.
-            read, where = self.sources[k].read_stream(index)
+            read, where = _read_ascending(self.sources[k], index)
             io_bytes, iops = io_bytes + read.io_bytes, iops + read.io_iops
             cached += read.rows_cached
             damaged += read.cache_damaged
@@ -406,6 +412,20 @@ class MixedSource(RowsBase):
 
     def __repr__(self) -> str:
         return repr(self.mix)
+
+
+def _read_ascending(source: Any, index: np.ndarray) -> tuple[Read, np.ndarray | None]:
+    """``source.read_stream`` of stream indices in any order (it takes them ascending): a read
+    that is not in stream order (a short last batch padded from the epoch's start) is read
+    sorted, and each index's row is found through the sort."""
+    if len(index) < 2 or bool(np.all(index[1:] >= index[:-1])):
+        return source.read_stream(index)
+    order = np.argsort(index, kind="stable")
+    read, where = source.read_stream(index[order])
+    rows = np.arange(len(index)) if where is None else where
+    placed = np.empty(len(index), np.int64)
+    placed[order] = rows
+    return read, placed
 
 
 def _lineage_by_epoch(source: Any, positions: np.ndarray, epochs: np.ndarray) -> dict[str, Any]:
