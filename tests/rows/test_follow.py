@@ -448,3 +448,12 @@ def test_a_ledger_of_a_followed_state_names_its_rows(tmp_path) -> None:
     first = next(iter(loader))["id"].tolist()
     ledger = ll.Ledger.from_state(loader.state_dict())
     assert ledger.rows(epoch=0, step=0)["row_offset"].to_pylist() == first
+
+
+def test_version_given_is_the_first_epochs_then_the_newest(tmp_path) -> None:
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(10))
+    write(uri, range(10, 15), mode="append")
+    loader = ll.Loader(uri, batch_size=4, version=1, follow=True, num_workers=1)
+    assert once(epoch_ids(loader)) == set(range(10))
+    assert once(epoch_ids(loader)) == set(range(15))
