@@ -47,6 +47,7 @@ from lanceloader.pipeline import (
 )
 from lanceloader.rows.clips.source import AudioClips, VideoClips
 from lanceloader.rows.lance.follow import agreement, refuse_pending_look
+from lanceloader.rows.mixed import check_ranks_agree
 from lanceloader.rows.ordered import OrderedSource
 from lanceloader.rows.packing import Packing, PackPlan
 from lanceloader.state.cursor import Cursor
@@ -335,12 +336,22 @@ class Loader:
             c = self._cursor
         elif not (c.start or c.done):  # ranks agree on a followed table's version in iter()
             refuse_pending_look(self.source, c.epoch)
-        epoch, plan, batch = c.epoch, c.plan, c.done
+        epoch, plan, batch, pipeline = c.epoch, c.plan, c.done, self._pipeline
         if c.at_end:  # the next batch comes after this epoch's empty remainder
-            epoch, plan, batch = epoch + 1, self.plan(), 0
+            pipeline = self._next_epoch_pipeline()
+            epoch, plan, batch = epoch + 1, pipeline.spec().plan(), 0
         if len(plan) == 0:
             raise ValueError(f"{self!r} has no batches to peek at (an epoch has none)")
-        return self._pipeline.batch(epoch, plan, batch)
+        return pipeline.batch(epoch, plan, batch)
+
+    def _next_epoch_pipeline(self) -> Pipeline:
+        """What the next epoch reads, seen from the end of this one without adopting anything
+        (``follow=True``: the table's newest version; on several ranks, refused there)."""
+        if self.world_size > 1:
+            refuse_pending_look(self.source, self._cursor.epoch + 1)
+            return self._pipeline
+        source = self.source.at_epoch_start(self._cursor.epoch + 1)
+        return self._pipeline if source is self.source else self._pipeline.reading_rows(source)
 
     def _adopt_at_epoch_start(self) -> None:
         """At an epoch's sample 0, the rows that epoch reads (``follow=True``: the table's
@@ -413,13 +424,16 @@ class Loader:
         """Mix with ``weights`` (``{source: weight}``) from global ``step`` on (default: the
         next batch's, ``loader.step``; a step in the past is refused). Recorded in the state,
         so a resume on any world size replays it. Pass the same weights at the same step on
-        every rank. A step a live iterator may have read ahead already (thread workers: within
+        every rank: with ``torch.distributed`` initialised, one small all-gather checks it
+        (``ValueError`` naming the ranks that differ). A step a live iterator may have read ahead already (thread workers: within
         ``loader.prefetch + loader.batches_per_read`` steps; process workers: within its
         epoch) makes it read again from its next batch, dropping what it read ahead."""
         c = self._cursor
         next_step = self.source.step_at(c.epoch, c.sample) or 0  # rows that mix nothing refuse
         source = self.source.with_weights(weights, step, next_step)
         at = next_step if step is None else step
+        if self.world_size > 1:  # with torch.distributed: one small all-gather of the digests
+            check_ranks_agree(source.settings()["mix"]["digest"], at)
         self._pipeline = dataclasses.replace(self._pipeline, source=source)
         self._cursor.spec = self._pipeline.spec()
         running = self._live.current()

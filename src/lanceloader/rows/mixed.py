@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import sys
 from typing import Any
 
 import numpy as np
@@ -412,6 +413,28 @@ class MixedSource(RowsBase):
 
     def __repr__(self) -> str:
         return repr(self.mix)
+
+
+def check_ranks_agree(digest: str, step: int) -> None:
+    """With ``torch.distributed`` initialised on several ranks, one small all-gather: every
+    rank's digest of its feedback calls after a call for ``step`` must be the same, else the
+    ranks would mix differently (``Loader.set_weights``). Without it, nothing to check here:
+    the states' digests differ (compare them)."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    if dist.get_world_size() < 2:
+        return
+    digests: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise ValueError(
+            f"set_weights(step={step}): ranks {differ} made other weight calls than rank 0 "
+            f"(digests {digests[0]} and {digests[differ[0]]}): every rank must pass the same "
+            "weights for the same step, e.g. computed from losses reduced across ranks"
+        )
 
 
 def _read_ascending(source: Any, index: np.ndarray) -> tuple[Read, np.ndarray | None]:
