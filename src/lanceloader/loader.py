@@ -425,9 +425,11 @@ class Loader:
         next batch's, ``loader.step``; a step in the past is refused). Recorded in the state,
         so a resume on any world size replays it. Pass the same weights at the same step on
         every rank: with ``torch.distributed`` initialised, one small all-gather checks it
-        (``ValueError`` naming the ranks that differ). A step a live iterator may have read ahead already (thread workers: within
-        ``loader.prefetch + loader.batches_per_read`` steps; process workers: within its
-        epoch) makes it read again from its next batch, dropping what it read ahead."""
+        (``ValueError`` naming the ranks that differ). A step a live iterator may have read
+        ahead already (thread workers: within ``loader.prefetch + loader.batches_per_read``
+        steps; process workers: within its epoch) makes it read again from its next batch,
+        dropping what it read ahead. Example: the guide's "Weights that change during a run"
+        (``docs/pretraining.md``)."""
         c = self._cursor
         next_step = self.source.step_at(c.epoch, c.sample) or 0  # rows that mix nothing refuse
         source = self.source.with_weights(weights, step, next_step)
