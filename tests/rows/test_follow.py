@@ -457,3 +457,17 @@ def test_version_given_is_the_first_epochs_then_the_newest(tmp_path) -> None:
     loader = ll.Loader(uri, batch_size=4, version=1, follow=True, num_workers=1)
     assert once(epoch_ids(loader)) == set(range(10))
     assert once(epoch_ids(loader)) == set(range(15))
+
+
+def test_peek_at_an_epochs_end_shows_the_next_epochs_version(tmp_path) -> None:
+    """After an epoch's last batch (no StopIteration yet), peek() shows the next epoch's first
+    batch as that epoch will read it: the newest version, adopted only when it starts."""
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(4))
+    loader = ll.Loader(uri, batch_size=10, columns=["id"], follow=True, num_workers=1)
+    it = iter(loader)
+    next(it)  # the epoch's only batch: the loader stands at its end
+    write(uri, [7, 8], mode="append")
+    assert loader.peek()["id"].tolist() == [0, 1, 2, 3, 7, 8]
+    assert loader.state_dict()["order"]["follow"]["checked"] == 0  # nothing adopted by peek
+    assert next(it, None) is None and epoch_ids(loader) == [0, 1, 2, 3, 7, 8]
