@@ -191,3 +191,24 @@ def test_metrics_give_each_sources_weight_share_and_rows(uris) -> None:
     assert registry.get_sample_value("lanceloader_mix_weight", labels) == 0.25
     rows_b = sum(s.rows["b"] for s in loader.mix_shares())
     assert registry.get_sample_value("lanceloader_mix_rows", labels) == rows_b
+
+
+def test_many_calls_fold_into_the_anchor_and_deliver_the_same_stream(uris) -> None:
+    """70 calls, one a step (past the 64 a state holds: the run is anchored again), during the
+    epochs, equal the same calls made before the run began; the state holds at most 65."""
+    rng = np.random.default_rng(7)
+    calls = [
+        (
+            s,
+            s + 1,
+            dict(zip("abc", (rng.integers(0, 4, 3) + np.eye(3)[s % 3]).tolist(), strict=True)),
+        )
+        for s in range(1, 71)
+    ]
+    during = ll.Loader(mix(uris), BATCH, num_workers=2)
+    got = ids_per_step(during, 75, calls)
+    assert len(during.state_dict()["order"]["mix"]["feedback"]) <= 65
+    upfront = ll.Loader(mix(uris), BATCH, num_workers=1)
+    for _, step, weights in calls:
+        upfront.set_weights(weights, step=step)
+    assert got == ids_per_step(upfront, 75)
