@@ -471,3 +471,16 @@ def test_peek_at_an_epochs_end_shows_the_next_epochs_version(tmp_path) -> None:
     assert loader.peek()["id"].tolist() == [0, 1, 2, 3, 7, 8]
     assert loader.state_dict()["order"]["follow"]["checked"] == 0  # nothing adopted by peek
     assert next(it, None) is None and epoch_ids(loader) == [0, 1, 2, 3, 7, 8]
+
+
+def test_a_tf_dataset_of_a_followed_loader_grows_with_it(tmp_path) -> None:
+    """``as_tf_dataset`` asserts no fixed cardinality on a followed loader: each iteration is an
+    epoch, and an epoch after an append is longer."""
+    pytest.importorskip("tensorflow")
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(8))
+    loader = ll.Loader(uri, batch_size=4, columns=["id"], follow=True, num_workers=1)
+    dataset = ll.as_tf_dataset(loader)
+    assert sorted(i for b in dataset for i in b["id"].numpy().tolist()) == list(range(8))
+    write(uri, range(8, 12), mode="append")
+    assert sorted(i for b in dataset for i in b["id"].numpy().tolist()) == list(range(12))

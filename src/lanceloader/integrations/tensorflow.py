@@ -57,7 +57,8 @@ def as_tf_dataset(loader: Loader, element_spec: Any = None) -> Any:
         name: _spec(tf, name, value, sample, fixed) for name, value in sample.items()
     }
     dataset = tf.data.Dataset.from_generator(lambda: iter(loader), output_signature=signature)
-    if loader.sample == 0:  # at an epoch's start, every epoch is this long
+    # at an epoch's start every epoch is this long, unless the loader follows a growing table
+    if loader.sample == 0 and "follow" not in loader.source.settings():
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
     return dataset
 
