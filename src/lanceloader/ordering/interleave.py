@@ -178,29 +178,6 @@ class Interleave:
         return (full * self.period + int(slots[nth])) * self.run + rest
 
 
-def consumed(
-    quotas: Mapping[str, int],
-    offsets: Mapping[str, int],
-    samples_per_epoch: int,
-    epoch: int,
-    sample: int,
-    run_length: int = 1,
-) -> dict[str, int]:
-    """Samples of each source's stream taken before mixed sample ``sample`` of ``epoch``, by a
-    mix of these quotas and offsets (``state["order"]["mix"]``): pure, so a state alone says
-    where every source stands.
-
-    >>> consumed({"a": 2, "b": 1}, {"a": 0, "b": 5}, samples_per_epoch=6, epoch=1, sample=3)
-    {'a': 6, 'b': 8}
-    """
-    il = Interleave(tuple(quotas.values()), run_length)
-    per_epoch = il.counts(samples_per_epoch)
-    return {
-        n: offsets[n] + epoch * per_epoch[k] + int(il.count(k, sample))
-        for k, n in enumerate(quotas)
-    }
-
-
 @dataclass(frozen=True)
 class Runs:
     """A mixed read as runs, in stream order: run *i* is ``length[i]`` consecutive samples of
