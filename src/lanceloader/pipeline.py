@@ -50,6 +50,7 @@ from lanceloader.ordering.plan import Plan, read_tasks
 from lanceloader.rows.cache.pieces import AUTO
 from lanceloader.rows.clips.source import AudioClips, VideoClips, clip_source
 from lanceloader.rows.clips.windows import clips_of
+from lanceloader.rows.lance.follow import refuse_unagreed
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.mix import Mix
 from lanceloader.rows.packed import PackedSource
@@ -247,6 +248,7 @@ class Pipeline:
             )
         elif isinstance(dataset, RowsBase):  # rows already (a kind of the user's own)
             refuse_rows_settings(rows)
+            refuse_unagreed(dataset, batching.world_size)  # a followed Source given as rows
             source = cast(RowSource, dataset)  # RowsBase gives the defaults, the kind the rest
         else:
             source = rows.build(dataset, order.seed, random_order=order.shuffle)

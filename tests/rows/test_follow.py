@@ -484,3 +484,12 @@ def test_a_tf_dataset_of_a_followed_loader_grows_with_it(tmp_path) -> None:
     assert sorted(i for b in dataset for i in b["id"].numpy().tolist()) == list(range(8))
     write(uri, range(8, 12), mode="append")
     assert sorted(i for b in dataset for i in b["id"].numpy().tolist()) == list(range(12))
+
+
+def test_a_followed_source_given_as_rows_to_several_ranks_needs_an_agreement(tmp_path) -> None:
+    uri = str(tmp_path / "t.lance")
+    write(uri, range(8))
+    with pytest.raises(ValueError, match=r"Source\(follow=True\) given to a Loader of 2 ranks"):
+        ll.Loader(ll.Source(uri, follow=True), batch_size=2, rank=0, world_size=2)
+    agreed = ll.Source(uri, follow=Rank0().member(0))
+    assert len(ll.Loader(agreed, batch_size=2, rank=0, world_size=2)) == 2

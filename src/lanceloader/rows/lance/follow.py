@@ -450,3 +450,15 @@ def refuse_pending_look(rows: Any, epoch: int) -> None:
             "once, so the next batch is not known yet. Call peek() after iter() started the "
             "epoch"
         )
+
+
+def refuse_unagreed(rows: Any, world_size: int) -> None:
+    """Rows given to a Loader of several ranks as a ``Source(follow=True)`` without an
+    agreement: each rank would adopt the version it sees. Refused, naming the fix."""
+    if world_size > 1 and FOLLOW in rows.settings() and getattr(rows, "_agree", 1) is None:
+        raise ValueError(
+            f"a Source(follow=True) given to a Loader of {world_size} ranks: every rank must "
+            "read the same version each epoch. Pass follow=agree to the Source, a function "
+            "agree(newest) -> version returning the same version on every rank, or build "
+            "Loader(uri, follow=True) (rank 0's version through torch.distributed)"
+        )
