@@ -30,6 +30,7 @@ from lanceloader.arguments import check_int
 from lanceloader.batch.output import Conversion
 from lanceloader.batch.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError
 from lanceloader.distributed import resolve_rank_world
+from lanceloader.engine.budget import Governor
 from lanceloader.engine.pool import KeptPool
 from lanceloader.engine.stats import Recorder, Stats
 from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, EpochIterator, LiveIterator, Reading
@@ -140,6 +141,12 @@ class Loader:
         stall_timeout: seconds the loop may wait for one batch before
             :class:`~lanceloader.StallError` names the stuck worker and its stack; ``None``
             waits forever.
+        cpu_budget: cores the loader may use (its worker threads, Lance's threads, its worker
+            processes), held over any 5 s window by pacing the start of reads; ``None`` (the
+            default): no budget. ``stats()`` says when the budget held the loader back.
+        tune: start with one read in flight and add reads while the loop waits for batches
+            (more than 1% of the time), settling on the fewest that keep it fed; the batches
+            are the same bytes as without it. Default False (see docs/profiling.md).
     """
 
     def __init__(
@@ -183,7 +190,10 @@ class Loader:
         rows_per_read: int | None = None,
         log_every: int | None = None,
         stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
+        cpu_budget: float | None = None,
+        tune: bool = False,
     ) -> None:
+        self._governor = Governor.of(cpu_budget, tune)  # kept across epochs; None: neither
         rank, world_size = resolve_rank_world(rank, world_size)
         self._pipeline = Pipeline.assemble(
             dataset,
@@ -480,7 +490,7 @@ class Loader:
 
     def reading(self, workers: int) -> Reading:
         """How this loader's streams read with ``workers`` workers (see ``pipeline.py``)."""
-        return self._pipeline.reading(workers, self.recorder)
+        return self._pipeline.reading(workers, self.recorder, self._governor)
 
     # --- stats and tracing --------------------------------------------------------------
 
@@ -499,6 +509,8 @@ class Loader:
         mix = self.mix_shares()
         if mix:
             stats = dataclasses.replace(stats, mix=mix)
+        if self._governor is not None:
+            stats = self._governor.into(stats)
         if facts.padding_fraction is None:
             return stats
         return dataclasses.replace(stats, padding_fraction=facts.padding_fraction)

@@ -376,7 +376,9 @@ class Pipeline:
             self.source, self.order, s.transform, conversion, False, s.on_error, s.max_skip_fraction
         )
 
-    def reading(self, workers: int, recorder: Recorder | None = None) -> Reading:
+    def reading(
+        self, workers: int, recorder: Recorder | None = None, governor: Any = None
+    ) -> Reading:
         """How streams read with ``workers`` workers: ``prefetch`` batches (the given one, or
         the default for that many workers) in whole reads, at least one per worker. With a
         device, each stream gets a device queue (its stats go to ``recorder``): thread workers
@@ -404,6 +406,7 @@ class Pipeline:
             placement=arrive,
             stall_timeout=self.workers.stall_timeout,
             ray_options=self.workers.ray_options,
+            governor=governor,
         )
 
 

@@ -81,8 +81,12 @@ class Ordered(Iterator[R]):
     error, a dead worker, a stall, Ctrl-C in the wait) is closed either way.
     """
 
-    def __init__(self, pool: Pool[R], tasks: Iterator[Any], depth: int, keep: bool = False) -> None:
+    def __init__(
+        self, pool: Pool[R], tasks: Iterator[Any], depth: int, keep: bool = False, gate: Any = None
+    ) -> None:
         self.pool, self._tasks, self._depth, self._keep = pool, tasks, depth, keep
+        self._gate = gate  # a Governor (engine/budget.py): may put a task's start off
+        self._next: Any = None  # the next task, drawn and not yet submitted
         self._pid = os.getpid()
         self._done = False
         try:
@@ -99,10 +103,18 @@ class Ordered(Iterator[R]):
         return 0 if self._done else self.pool.in_flight
 
     def _fill(self) -> None:
+        """Submit tasks up to the depth; a gate may put them off while some are in flight
+        (with none in flight it always lets one start: the stream makes progress)."""
         while self.pool.in_flight < self._depth:
-            task = next(self._tasks, None)
-            if task is None:
+            if self._next is None:
+                self._next = next(self._tasks, None)
+                if self._next is None:
+                    return
+            if self._gate is not None and not self._gate.admit(
+                self.pool.in_flight, self._depth, self.pool
+            ):
                 return
+            task, self._next = self._next, None
             self.pool.submit(task)
 
     def __next__(self) -> R:
@@ -112,6 +124,8 @@ class Ordered(Iterator[R]):
             raise StopIteration
         try:
             result = self.pool.take()
+            if self._gate is not None:
+                self._gate.taken()
             self._fill()
         except BaseException:
             self._let_go(failed=True)

@@ -105,6 +105,7 @@ class Reading:
     placement: Callable[[Any], Any] | None = None
     stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
     ray_options: Mapping[str, Any] | None = None  # worker_type="ray": each actor's options
+    governor: Any = None  # the loader's CPU budget and tuner (engine/budget.py), or None
 
 
 def start_pool(reading: Reading, work: BatchWork, kept: KeptPool | None) -> Pool[TaskResult]:
@@ -157,8 +158,9 @@ class Stream(Iterator[Any]):
             reuse_freed_memory(TRAINING_TRIM_THRESHOLD)
         self._pool = start_pool(reading, work, kept)
         self._results: Ordered[TaskResult] = Ordered(
-            self._pool, tasks, reading.reads_in_flight, keep=kept is not None
+            self._pool, tasks, reading.reads_in_flight, kept is not None, reading.governor
         )
+        self._governor = reading.governor
         self._workers = (reading.num_workers, reading.worker_type)
         self._finish = reading.finish
         self._placement = reading.placement
@@ -196,6 +198,8 @@ class Stream(Iterator[Any]):
             batch = self._placement(batch)
         now = time.perf_counter()
         waited = now - asked if self._delivered else now - asked + self._startup_s
+        if self._governor is not None and self._delivered:  # (the pool's start left out)
+            self._governor.delivered(waited)
         count_delivered(
             self._counters, rows, nbytes, waited, asked - self._handed_out, now - self._started
         )

@@ -73,6 +73,9 @@ class Stats:
     # not on this node yet, deserializing), and building it did itself while no actor was ready
     transfer_s: float = 0.0
     local_s: float = 0.0
+    # cpu_budget= and tune= (engine/budget.py): the budget, what the loader used, the tuner's
+    # choice and why (None: neither asked for)
+    governor: str | None = None
 
     @property
     def rows_per_s(self) -> float:
@@ -234,6 +237,8 @@ class Stats:
                     f"{100 * self.padding_fraction:.1f}% of the tokens of packed rows are padding",
                 )
             )
+        if self.governor:
+            rows.append(("cpu budget, tuning", self.governor))
         for share in self.mix[-MIX_ROWS:]:  # the latest pieces of a mix's weights
             rows.append((f"mix from step {share.step}", str(share)))
         width = max(len(k) for k, _ in rows)

@@ -1,0 +1,154 @@
+"""cpu_budget= and tune= (engine/budget.py, engine/tuning.py): the loader's CPU paced within the
+budget, the stream the same bytes as a fixed setting, stats() saying what limited it."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lanceloader as ll
+from lanceloader.demo import write_demo_dataset
+from lanceloader.engine.budget import Governor
+from lanceloader.engine.pool import Ordered
+from lanceloader.engine.threads import ThreadPool
+
+BURN_S = 0.02  # CPU seconds each batch's transform burns
+
+
+def burn(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A transform that uses the CPU (its thread's clock, not the wall clock)."""
+    began = time.thread_time()
+    while time.thread_time() - began < BURN_S:
+        pass
+    return batch
+
+
+def cores_used(loader: ll.Loader) -> tuple[float, int]:
+    """(this process's CPU seconds per wall second over an epoch, batches delivered)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    batches = sum(1 for _ in loader)
+    return (time.process_time() - cpu) / (time.perf_counter() - wall), batches
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return write_demo_dataset(str(tmp_path_factory.mktemp("budget") / "d.lance"), rows=960)
+
+
+def test_cpu_budget_holds_a_cpu_bound_loader_to_its_cores(uri: str) -> None:
+    """4 workers burning CPU, a budget of 0.25 cores: the process's CPU over the epoch stays
+    within the budget (+10%, + the consumer's own share). The same loader without the budget
+    uses more (else this machine is too loaded to show anything: skipped)."""
+    budget = 0.25
+    budgeted = ll.Loader(uri, 32, columns=["id"], num_workers=4, transform=burn, cpu_budget=budget)
+    cores, batches = cores_used(budgeted)
+    assert batches == 30
+    free, _ = cores_used(ll.Loader(uri, 32, columns=["id"], num_workers=4, transform=burn))
+    bound = 1.1 * budget + 0.05
+    if free <= bound:
+        pytest.skip(f"without the budget the loader used only {free:.2f} cores here (loaded)")
+    assert cores <= bound, (cores, free)
+
+
+def test_tuned_and_budgeted_streams_are_the_fixed_stream(uri: str) -> None:
+    """Tuning and the budget change how many reads run at once, never which rows or draws a
+    batch gets: the same ids and bytes over 2 epochs with a random_map transform."""
+
+    def jitter(row: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        return {**row, "noise": float(rng.random())}
+
+    def epochs(**kw: Any) -> list[list[tuple[list[int], bytes]]]:
+        loader = ll.Loader(
+            uri, 64, columns=["id"], shuffle=True, seed=3, transform=ll.random_map(jitter), **kw
+        )
+        runs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            runs.append([(b["id"].tolist(), b["noise"].tobytes()) for b in loader])
+        return runs
+
+    fixed = epochs(num_workers=3)
+    assert epochs(num_workers=3, tune=True) == fixed
+    assert epochs(num_workers=3, tune=True, cpu_budget=0.5) == fixed
+    assert fixed[0] != fixed[1]  # (epochs draw anew: the comparison can see a difference)
+
+
+def test_a_tuned_loader_resumes_mid_epoch_as_the_fixed_one(uri: str) -> None:
+    def ids(loader: ll.Loader) -> list[list[int]]:
+        return [b["id"].tolist() for b in loader]
+
+    tuned = ll.Loader(uri, 64, columns=["id"], shuffle=True, num_workers=2, tune=True)
+    it = iter(tuned)
+    for _ in range(5):
+        next(it)
+    state = tuned.state_dict()
+    it.close()
+    rest_tuned = ll.Loader(uri, 64, columns=["id"], shuffle=True, num_workers=2, tune=True)
+    rest_tuned.load_state_dict(state)
+    rest_fixed = ll.Loader(uri, 64, columns=["id"], shuffle=True, num_workers=2)
+    rest_fixed.load_state_dict(state)
+    assert ids(rest_tuned) == ids(rest_fixed)
+    assert len(ids(ll.Loader(uri, 64, columns=["id"], shuffle=True))) == 15  # (10 were left)
+
+
+def test_stats_name_the_budget_when_it_held_the_loader_back(uri: str) -> None:
+    loader = ll.Loader(
+        uri, 32, columns=["id"], num_workers=4, transform=burn, cpu_budget=0.1, tune=True
+    )
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    assert stats.bottleneck.stage == "CPU budget"
+    assert "the CPU budget (0.1 cores) held the loader back: the loop waited" in str(stats)
+    assert "budget 0.1 cores: the loader used" in str(stats)
+    assert "tuner" in (stats.governor or "")
+    plain = ll.Loader(uri, 32, columns=["id"])
+    list(plain)
+    assert plain.stats().governor is None
+
+
+def test_a_gate_that_always_refuses_still_makes_progress() -> None:
+    """With none in flight a task always starts: a gate never stalls the stream."""
+
+    class Refuse:
+        def admit(self, in_flight: int, depth: int, pool: Any) -> bool:
+            return in_flight == 0
+
+        def taken(self) -> None:
+            pass
+
+    pool = ThreadPool(lambda x: x * 2, num_workers=4)
+    assert list(Ordered(pool, iter(range(20)), depth=4, gate=Refuse())) == [
+        2 * x for x in range(20)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("budget", "tune", "error"),
+    [
+        ("1", False, TypeError),
+        (True, False, TypeError),
+        (0, False, ValueError),
+        (-1.0, False, ValueError),
+        (float("inf"), False, ValueError),
+        (None, "yes", TypeError),
+    ],
+)
+def test_bad_budget_or_tune_is_refused_naming_the_keyword(
+    uri: str, budget: Any, tune: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match=r"cpu_budget|tune"):
+        ll.Loader(uri, 32, cpu_budget=budget, tune=tune)
+
+
+def test_a_governor_pickles_fresh() -> None:
+    governor = Governor(cpu_budget=1.5, tune=True)
+    governor.tasks = 7
+    copy = pickle.loads(pickle.dumps(governor))
+    assert (copy.cpu_budget, copy.tune, copy.tasks) == (1.5, True, 0)
+    assert ll.Loader.__init__.__kwdefaults__["cpu_budget"] is None
