@@ -546,7 +546,7 @@ BAD_LOADER_ARGUMENTS = [
     ("batch_size", 2.5, TypeError, "batch_size must be an int"),
     ("num_workers", "2", TypeError, "num_workers must be an int"),
     ("seed", None, TypeError, "seed must be an int"),
-    ("worker_type", "processes", ValueError, "worker_type must be 'thread' or 'process'"),
+    ("worker_type", "processes", ValueError, "worker_type must be 'thread', 'process' or 'ray'"),
     ("stall_timeout", 0, ValueError, "stall_timeout must be > 0 seconds"),
     ("stall_timeout", "60", TypeError, "stall_timeout must be a number of seconds"),
     ("on_error", "ignore", ValueError, "on_error must be 'raise', 'skip'"),
