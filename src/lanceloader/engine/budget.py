@@ -6,11 +6,12 @@ each ``submit``). Its contract:
 
 * The loader's CPU (:class:`LoaderClock`) is its worker threads', Lance's own threads'
   (``lance*``: its reads and decode), and its worker processes' (``pool.pids``), read from
-  ``/proc``; elsewhere this whole process's CPU (which counts the trainer's too: stricter).
+  ``/proc`` (elsewhere this whole process's CPU, which counts the trainer's too: stricter),
+  plus the consumer thread's inside ``next()`` (finishing, placing, the bookkeeping).
   Ray actors run elsewhere: only their part here (Lance's threads, none of the actors') counts.
 * A task is started only when the CPU used in the trailing ``WINDOW_S`` seconds, plus what the
   tasks in flight and this one will use (the mean CPU per task so far), stays within
-  ``budget × WINDOW_S``. The time before the first task counts as used at the budget's rate,
+  ``AIM × budget × WINDOW_S``. The time before the first task counts as used at the budget's rate,
   so the start is paced like the rest (no burst of every worker at once).
 * Progress is never blocked: with tasks in flight a refused task waits for the next ``admit``
   (the consumer takes a result, then asks again); with none in flight ``admit`` sleeps until
@@ -49,6 +50,7 @@ from lanceloader.engine.verdict import Verdict
 
 WINDOW_S = 5.0  # the budget holds over any window of this many seconds
 SAMPLE_S = 0.02  # the clocks are read at most this often
+AIM = 0.9  # the share of the budget the gate aims at
 NEAR_BUDGET = 0.8  # the loader used this share of the budget or more: the budget limits it
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _LANCE_THREADS = (b"lance", b"tokio")  # comm of Lance's runtime threads (reads, decode)
@@ -171,9 +173,12 @@ class Governor:
         """A task's result was taken (its CPU is in the clocks now)."""
         self.tasks += 1
 
-    def delivered(self, waited_s: float) -> None:
-        """The loop got a batch after waiting ``waited_s`` (the tuner's evidence)."""
-        if self.tuner is not None:
+    def delivered(self, waited_s: float | None, cpu_in: float) -> None:
+        """The loop got a batch after waiting ``waited_s`` (the tuner's evidence; None: the
+        stream's first, which waited for the pool's start); the consumer's thread clock read
+        ``cpu_in`` when it asked (what it did for the batch since is the loader's CPU too)."""
+        self._clock.total += max(0.0, time.thread_time() - cpu_in)
+        if self.tuner is not None and waited_s is not None:
             self.tuner.delivered(waited_s, self.refused)
 
     def _used(self, pool: Any) -> tuple[float, float]:
@@ -201,14 +206,19 @@ class Governor:
             return False
         _, used = self._used(pool)
         per_task = self._clock.total / self.tasks
-        return used + (in_flight + 1) * per_task <= (self.cpu_budget or 0.0) * WINDOW_S
+        return used + (in_flight + 1) * per_task <= self._allowed()
+
+    def _allowed(self) -> float:
+        """The CPU seconds the window may hold (a margin under the budget for the clocks'
+        ticks and the work between samples)."""
+        return AIM * (self.cpu_budget or 0.0) * WINDOW_S
 
     def _wait_for_room(self, pool: Any) -> None:
         began = time.perf_counter()
         while time.perf_counter() - began < WINDOW_S and self.tasks:
             _, used = self._used(pool)
             per_task = self._clock.total / self.tasks
-            if used + per_task <= (self.cpu_budget or 0.0) * WINDOW_S:
+            if used + per_task <= self._allowed():
                 break
             time.sleep(SAMPLE_S)
         self.held_s += time.perf_counter() - began

@@ -180,6 +180,7 @@ class Stream(Iterator[Any]):
 
     def __next__(self) -> Any:
         asked = time.perf_counter()
+        cpu_in = time.thread_time() if self._governor is not None else 0.0  # the budget's
         if not self._buffer:
             try:
                 result = next(self._results)  # StopIteration at the end (pool let go)
@@ -198,8 +199,8 @@ class Stream(Iterator[Any]):
             batch = self._placement(batch)
         now = time.perf_counter()
         waited = now - asked if self._delivered else now - asked + self._startup_s
-        if self._governor is not None and self._delivered:  # (the pool's start left out)
-            self._governor.delivered(waited)
+        if self._governor is not None:  # this batch's CPU here, its wait (not the pool's start)
+            self._governor.delivered(waited if self._delivered else None, cpu_in)
         count_delivered(
             self._counters, rows, nbytes, waited, asked - self._handed_out, now - self._started
         )
