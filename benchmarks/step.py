@@ -18,7 +18,8 @@ Method
   time), and the loader's CPU seconds per step (this process and its worker processes, from
   ``psutil``, the accelerator's own processes left out; a ``sleep`` step costs nothing). The
   cheapest setting that reaches ``--target`` utilisation (0.9) is the one with the least loader
-  CPU per step: the reference for a future self-tuner. Medians of ``--repeats`` runs.
+  CPU per step: the reference for a future self-tuner. Medians of ``--repeats`` runs; printed as
+  a markdown table of every setting, then a summary per workload and step.
 * ``--quick``: tiny data, a few steps, one setting (a check that it runs, not a measurement).
 
 Usage::
@@ -342,6 +343,37 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def describe(setting: dict[str, Any]) -> str:
+    """A setting in a few words: ``2 process, one batch per read, cache auto``."""
+    reads = ", one batch per read" if setting["rows_per_read"] == "batch" else ""
+    cache = ", cache auto" if setting["cache"] == "auto" else ""
+    return f"{setting['num_workers']} {setting['worker_type']}{reads}{cache}"
+
+
+def summary(report: dict[str, Any]) -> str:
+    """Per workload and step: the cheapest setting reaching the target, and the spread."""
+    lines = [
+        "| workload | step | settings reaching target | cheapest reaching it | its utilisation "
+        "| its loader CPU s/step | utilisation, all settings |",
+        "|" + "---|" * 7,
+    ]
+    for case in report["cases"]:
+        rows, best = case["rows"], case["cheapest"]
+        reached = sum(r["utilisation"] >= report["target"] for r in rows)
+        util = [r["utilisation"] for r in rows]
+        lines.append(
+            f"| {case['workload']} | {case['accelerator']} {case['step_ms']:.0f} ms "
+            f"| {reached} of {len(rows)} | {describe(best['setting']) if best else 'none'} "
+            + (
+                f"| {best['utilisation']:.2f} | {best['loader_cpu_s_per_step']:.4f} "
+                if best
+                else "| - | - "
+            )
+            + f"| {min(util):.2f}-{max(util):.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -365,6 +397,8 @@ def main() -> None:
     report["machine"] = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     print(report["machine"])
     print(markdown(report))
+    print()
+    print(summary(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 
