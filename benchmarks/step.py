@@ -16,10 +16,11 @@ Method
 * Reported per setting: accelerator utilisation (busy / wall, MLPerf Storage's AU: busy is the
   steps' time), exposed wait per step (wall - busy), step slowdown (wall per step / the step's
   time), and the loader's CPU seconds per step (this process and its worker processes, from
-  ``psutil``, the accelerator's own processes left out; a ``sleep`` step costs nothing). The
-  cheapest setting that reaches ``--target`` utilisation (0.9) is the one with the least loader
-  CPU per step: the reference for a future self-tuner. Medians of ``--repeats`` runs; printed as
-  a markdown table of every setting, then a summary per workload and step.
+  ``psutil``, the accelerator's own processes left out; a ``sleep`` step costs nothing; without
+  ``psutil``, ``resource``: this process and its ended children). The cheapest setting that
+  reaches ``--target`` utilisation (0.9) is the one with the least loader CPU per step: the
+  reference for a future self-tuner. Medians of ``--repeats`` runs; printed as a markdown
+  table of every setting, then a summary per workload and step.
 * ``--quick``: tiny data, a few steps, one setting (a check that it runs, not a measurement).
 
 Usage::
@@ -35,6 +36,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -45,10 +47,14 @@ from typing import Any
 
 import lance
 import numpy as np
-import psutil
 import pyarrow as pa
 
 import lanceloader as ll
+
+try:
+    import psutil
+except ImportError:  # then this process and its ended children only (resource)
+    psutil = None
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -222,6 +228,10 @@ class CpuMeter:
         self.start = self._times()
 
     def _times(self) -> dict[int, float]:
+        if psutil is None:
+            own = resource.getrusage(resource.RUSAGE_SELF)
+            ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return {0: own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime}
         me = psutil.Process()
         out = {}
         for proc in [me, *me.children(recursive=True)]:
