@@ -3,6 +3,7 @@ budget, the stream the same bytes as a fixed setting, stats() saying what limite
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import time
 from typing import Any
@@ -53,6 +54,38 @@ def test_cpu_budget_holds_a_cpu_bound_loader_to_its_cores(uri: str) -> None:
     if free <= bound:
         pytest.skip(f"without the budget the loader used only {free:.2f} cores here (loaded)")
     assert cores <= bound, (cores, free)
+
+
+@pytest.mark.filterwarnings("ignore:num_workers=4 process workers")
+def test_cpu_budget_counts_process_workers(uri: str) -> None:
+    """Process workers burn the CPU in other processes: their CPU (and this process's) over the
+    epoch stays within the budget; without it they use more (else skipped: too loaded)."""
+    psutil = pytest.importorskip("psutil")
+
+    def cores(loader: ll.Loader) -> float:
+        """(this process's CPU + its workers' since they started) / wall, over 29 of the
+        epoch's 30 batches (read before the epoch's end, while the workers are there)."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        it = iter(loader)
+        assert len(list(itertools.islice(it, 29))) == 29
+        workers = sum(sum(psutil.Process(p).cpu_times()[:2]) for p in loader._pool.pool.pids)
+        used = time.process_time() - cpu + workers
+        it.close()
+        loader.close()
+        return used / (time.perf_counter() - wall)
+
+    def make(**kw: Any) -> ll.Loader:
+        return ll.Loader(
+            uri, 32, columns=["id"], num_workers=4, worker_type="process", transform=burn, **kw
+        )
+
+    budget = 0.25
+    budgeted = cores(make(cpu_budget=budget))
+    free = cores(make())
+    bound = 1.1 * budget + 0.05
+    if free <= bound:
+        pytest.skip(f"without the budget the workers used only {free:.2f} cores here (loaded)")
+    assert budgeted <= bound, (budgeted, free)
 
 
 def test_tuned_and_budgeted_streams_are_the_fixed_stream(uri: str) -> None:
