@@ -10,7 +10,10 @@ out):
 * above ``WAIT_SHARE`` (1%), one more read in flight, unless all are already (the depth is
   the limit) or the CPU budget put task starts off in the period (the budget is the limit);
 * at or below it for ``SETTLE_PERIODS`` periods in a row, it settles there;
-* it settles anyway after ``TUNE_S`` seconds.
+* it settles anyway after ``TUNE_S`` seconds;
+* settled, it keeps watching: above the aim for ``SETTLE_PERIODS`` periods in a row (the
+  machine got busier, the data slower), one more read in flight (never fewer: a read less
+  would only be tried at the loop's expense).
 
 It changes only how many tasks run at once, never which tasks or their order: the batches,
 their rows and their random draws (``random_map``) are those of any fixed setting, and a
@@ -25,6 +28,7 @@ idle (no CPU).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 WAIT_SHARE = 0.01  # the exposed wait it aims under
 PERIOD_S = 0.5  # a period lasts at least this long ...
@@ -37,11 +41,12 @@ class Tuner:
     """How many reads to keep in flight, grown from 1 while the loop waits (see the module
     text). Used by the consumer thread only."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock  # (a test's own clock)
         self.active = 1
         self.settled = False
         self.why = "tuning: no batch delivered yet"
-        self._began = time.perf_counter()
+        self._began = clock()
         self._period_at = self._began
         self._waited = 0.0
         self._batches = 0
@@ -57,11 +62,9 @@ class Tuner:
     def delivered(self, waited_s: float, refused: int) -> None:
         """A batch reached the loop after ``waited_s``; ``refused``: the budget's count of task
         starts put off so far."""
-        if self.settled:
-            return
         self._waited += waited_s
         self._batches += 1
-        now = time.perf_counter()
+        now = self._clock()
         span = now - self._period_at
         if span < PERIOD_S or self._batches < PERIOD_BATCHES:
             return
@@ -73,6 +76,9 @@ class Tuner:
 
     def _step(self, share: float, budget_held: bool, now: float) -> None:
         at = f"the loop waited {100 * share:.1f}% with {self.active} read(s) in flight"
+        if self.settled:
+            self._watch(share, budget_held, at)
+            return
         if share <= WAIT_SHARE:
             self._calm += 1
             if self._calm >= SETTLE_PERIODS:
@@ -89,8 +95,17 @@ class Tuner:
             self.active += 1
             self.why = f"tuning: {at}, trying {self.active}"
 
+    def _watch(self, share: float, budget_held: bool, at: str) -> None:
+        """Settled: one more read when the loop waits above the aim period after period."""
+        self._calm = self._calm - 1 if share > WAIT_SHARE else 0
+        if self._calm > -SETTLE_PERIODS or budget_held or self.active >= self._depth:
+            return
+        self._calm = 0
+        self.active += 1
+        self.why = f"{at}, so one more later on"
+
     def _settle(self, why: str) -> None:
-        self.settled = True
+        self.settled, self._calm = True, 0
         self.why = why
 
     def report(self) -> str:
