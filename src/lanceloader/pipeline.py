@@ -284,6 +284,7 @@ class Pipeline:
                 hints.read_parts,
                 store_ranges(source, the_order),
                 shuffled and hints.gathers,
+                workers.worker_type,
             )
         )
         pipeline = cls(
@@ -385,7 +386,7 @@ class Pipeline:
         stage and register their batches in it, the consumer takes them on arrival."""
         transform = self.steps.transform is not None
         prefetch = self.workers.prefetch or default_prefetch(
-            workers, self.batches_per_read, transform
+            workers, self.batches_per_read, transform, self.workers.worker_type
         )
         work: BatchWork = self.work()
         finish = self.output.conversion if work.conversion != self.output.conversion else None

@@ -6,8 +6,8 @@ decide; the ``Loader``'s pipeline and ``MapDataset``'s read-ahead ask them.
 A read holds up to 65,536 rows (16,384 for random takes) and :data:`READ_BYTES` of Arrow data
 per Lance call, or :data:`READ_ROWS_LEAST` rows of big rows within :data:`READ_BYTES_MOST`
 (and sequential reads on an object store up to :data:`READ_BYTES_MOST`, a shuffle's gathers
-from a cache up to :data:`READ_BYTES_GATHER`); with a transform two batches. In flight: at most
-``reads_in_flight`` reads plus the one being consumed, so at most ``(reads_in_flight + 1) ×
+from a cache up to :data:`READ_BYTES_GATHER`); with a transform two batches (with Ray actors
+at least :data:`REMOTE_ROWS_PER_READ` rows). In flight: at most ``reads_in_flight`` reads plus the one being consumed, so at most ``(reads_in_flight + 1) ×
 READ_BYTES_GATHER`` of Arrow data (a mix's read: up to 4 × ``READ_BYTES``), whatever the
 dataset's size.
 """
@@ -39,6 +39,13 @@ READ_BYTES_MOST = 16 << 20
 # sizes"). Its buffers come from Arrow's pool, which reuses them (the page faults READ_BYTES
 # avoids are Lance's).
 READ_BYTES_GATHER = 32 << 20
+# Ray actors (worker_type="ray"): the training process pays Ray's cost per read (the call, the
+# wait, the get: ~2.5 ms of its CPU), whatever the read holds, so with a transform a read holds
+# at least this many rows (8 batches of 64): 0.17-0.19 cores per 10,000 rows/s of 224x224
+# images against 0.40-0.55 with reads of 2 batches (docs/performance.md, "Remote workers").
+# Rows, not batches: a read of 512 images is ~77 MB of the transform's output whatever the
+# batch size, and sizing cannot see the output's bytes (the transform makes them).
+REMOTE_ROWS_PER_READ = 512
 
 
 def batches_per_read(
@@ -49,6 +56,7 @@ def batches_per_read(
     read_parts: int = 1,
     store_ranges: bool = False,
     cache_gathers: bool = False,
+    worker_type: str = "thread",
 ) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
     cost more per call), at most :data:`READ_BYTES` of data (or :data:`READ_ROWS_LEAST` rows
@@ -92,6 +100,17 @@ def batches_per_read(
 
     >>> batches_per_read(False, 256, transform=False, bytes_per_row=272, cache_gathers=True)
     481
+
+    ``worker_type``: with Ray actors (``"ray"``) and a transform, a read holds at least
+    :data:`REMOTE_ROWS_PER_READ` rows (the training process pays Ray's cost per read), still
+    within the bytes above:
+
+    >>> batches_per_read(False, 64, transform=True, worker_type="ray")
+    8
+    >>> batches_per_read(False, 256, transform=True, worker_type="ray")
+    2
+    >>> batches_per_read(False, 64, transform=True, bytes_per_row=100_000, worker_type="ray")
+    2
     """
     rows = (ROWS_PER_READ_RANDOM if random else ROWS_PER_READ_SEQUENTIAL) * read_parts
     if cache_gathers:
@@ -107,7 +126,12 @@ def batches_per_read(
         )
         rows = min(rows, max(int(most // bytes_per_row), least))
     per_read = max(1, rows // batch_size)
-    return min(per_read, TRANSFORM_BATCHES_PER_READ * read_parts) if transform else per_read
+    if not transform:
+        return per_read
+    most = TRANSFORM_BATCHES_PER_READ
+    if worker_type == "ray":
+        most = max(most, math.ceil(REMOTE_ROWS_PER_READ / batch_size))
+    return min(per_read, most * read_parts)
 
 
 def default_workers(cores: int, worker_type: str, reads_wait: bool) -> int:
@@ -128,9 +152,19 @@ def default_workers(cores: int, worker_type: str, reads_wait: bool) -> int:
     return 2 * cores if worker_type == "thread" and reads_wait else cores
 
 
-def default_prefetch(workers: int, per_read: int, transform: bool) -> int:
+def default_prefetch(
+    workers: int, per_read: int, transform: bool, worker_type: str = "thread"
+) -> int:
     """Batches in flight by default: two per worker, and with a transform two reads per worker
-    (a worker that finishes early starts its next read instead of waiting)."""
+    (a worker that finishes early starts its next read instead of waiting). Ray actors with a
+    transform: one read per actor (their reads are :data:`REMOTE_ROWS_PER_READ` rows: two would
+    hold 4 times the rows of two local reads of 2 batches of 64 in the object store).
+
+    >>> default_prefetch(4, 2, True), default_prefetch(4, 8, True, "ray")
+    (16, 32)
+    """
+    if transform and worker_type == "ray":
+        return workers * per_read
     return 2 * workers * (per_read if transform else 1)
 
 
