@@ -27,10 +27,25 @@ def test_a_waiting_loop_grows_the_reads_to_the_depth_and_settles() -> None:
     clock = Clock()
     tuner = Tuner(clock)
     assert tuner.limit(depth=4) == 1
-    periods(tuner, clock, 3, wait_share=0.2)
+    for share in (0.4, 0.2, 0.1):  # each read more halves the wait
+        periods(tuner, clock, 1, wait_share=share)
     assert (tuner.limit(4), tuner.settled) == (4, False)
-    periods(tuner, clock, 1, wait_share=0.2)
+    periods(tuner, clock, 1, wait_share=0.05)
     assert tuner.settled and "all the prefetch depth (4) in use" in tuner.report()
+
+
+def test_a_read_more_that_does_not_cut_the_wait_is_given_back() -> None:
+    """A wait the reads cannot cut (the hand-off, a busy machine) does not grow them to the
+    depth: the tuner keeps the read count before the one that did not help."""
+    clock = Clock()
+    tuner = Tuner(clock)
+    tuner.limit(depth=8)
+    for share in (0.3, 0.05, 0.045):  # 1 -> 2 helped, 2 -> 3 did not
+        periods(tuner, clock, 1, wait_share=share)
+    assert (tuner.limit(8), tuner.settled) == (2, True)
+    assert "a read more did not cut the wait" in tuner.report()
+    periods(tuner, clock, 3, wait_share=0.06)  # no worse than it settled at: stays
+    assert tuner.limit(8) == 2
 
 
 def test_a_fed_loop_settles_at_the_fewest_reads() -> None:
@@ -57,5 +72,5 @@ def test_the_budget_stops_the_growth() -> None:
     for refused in (9, 13, 17, 21):  # still held by the budget (more starts put off): no more
         periods(tuner, clock, 1, wait_share=0.3, refused=refused)
     assert tuner.limit(8) == 1
-    periods(tuner, clock, 2, wait_share=0.3, refused=21)  # the budget no longer holds it back
+    periods(tuner, clock, 2, wait_share=0.7, refused=21)  # no budget hold, twice the wait
     assert tuner.limit(8) == 2

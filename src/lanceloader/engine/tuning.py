@@ -9,10 +9,14 @@ out):
 
 * above ``WAIT_SHARE`` (1%), one more read in flight, unless all are already (the depth is
   the limit) or the CPU budget put task starts off in the period (the budget is the limit);
+  when the last read added cut the wait by less than ``MIN_GAIN`` of it, it goes back to one
+  read fewer and settles (the wait is the hand-off to the loop, or the machine, not too few
+  reads);
 * at or below it for ``SETTLE_PERIODS`` periods in a row, it settles there;
 * it settles anyway after ``TUNE_S`` seconds;
-* settled, it keeps watching: above the aim for ``SETTLE_PERIODS`` periods in a row (the
-  machine got busier, the data slower), one more read in flight (never fewer: a read less
+* settled, it keeps watching: above the aim and twice the wait it settled at, for
+  ``SETTLE_PERIODS`` periods in a row (the machine got busier, the data slower), one more
+  read in flight (never fewer: a read less
   would only be tried at the loop's expense).
 
 It changes only how many tasks run at once, never which tasks or their order: the batches,
@@ -35,6 +39,7 @@ PERIOD_S = 0.5  # a period lasts at least this long ...
 PERIOD_BATCHES = 4  # ... and this many batches
 SETTLE_PERIODS = 2  # periods in a row under the aim before it settles
 TUNE_S = 60.0  # it settles after this long whatever it saw
+MIN_GAIN = 0.25  # a read more must cut the loop's wait by this share of it to be kept
 
 
 class Tuner:
@@ -53,6 +58,8 @@ class Tuner:
         self._calm = 0
         self._refused_at = 0
         self._depth = 1
+        self._before: float | None = None  # the wait share with one read fewer
+        self._settled_share = 0.0
 
     def limit(self, depth: int) -> int:
         """The most tasks in flight now (at most ``depth``)."""
@@ -82,30 +89,40 @@ class Tuner:
         if share <= WAIT_SHARE:
             self._calm += 1
             if self._calm >= SETTLE_PERIODS:
-                self._settle(f"{at}: under the {100 * WAIT_SHARE:g}% aim")
+                self._settle(f"{at}: under the {100 * WAIT_SHARE:g}% aim", share)
             return
         self._calm = 0
-        if budget_held:
-            self._settle(f"{at}: the CPU budget is the limit")
+        before = self._before
+        if before is not None and share > (1 - MIN_GAIN) * before:
+            self.active -= 1
+            self._settle(
+                f"{at}, {100 * before:.1f}% with {self.active}: a read more did not cut the "
+                "wait (the hand-off to the loop, or the machine, is the limit)",
+                before,
+            )
+        elif budget_held:
+            self._settle(f"{at}: the CPU budget is the limit", share)
         elif self.active >= self._depth:
-            self._settle(f"{at}: all the prefetch depth ({self._depth}) in use")
+            self._settle(f"{at}: all the prefetch depth ({self._depth}) in use", share)
         elif now - self._began >= TUNE_S:
-            self._settle(f"{at}: tuning time ({TUNE_S:g} s) over")
+            self._settle(f"{at}: tuning time ({TUNE_S:g} s) over", share)
         else:
+            self._before = share
             self.active += 1
             self.why = f"tuning: {at}, trying {self.active}"
 
     def _watch(self, share: float, budget_held: bool, at: str) -> None:
         """Settled: one more read when the loop waits above the aim period after period."""
-        self._calm = self._calm - 1 if share > WAIT_SHARE else 0
+        worse = share > max(WAIT_SHARE, 2 * self._settled_share)
+        self._calm = self._calm - 1 if worse else 0
         if self._calm > -SETTLE_PERIODS or budget_held or self.active >= self._depth:
             return
         self._calm = 0
         self.active += 1
         self.why = f"{at}, so one more later on"
 
-    def _settle(self, why: str) -> None:
-        self.settled, self._calm = True, 0
+    def _settle(self, why: str, share: float) -> None:
+        self.settled, self._calm, self._settled_share = True, 0, share
         self.why = why
 
     def report(self) -> str:
