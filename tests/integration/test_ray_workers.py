@@ -302,3 +302,51 @@ def test_a_transform_the_nodes_cannot_import_is_named(
         deadline = time.monotonic() + 120  # (a bound, not a timing: it raises in seconds)
         while time.monotonic() < deadline:  # epochs, built here until the actors fail
             list(source)
+
+
+class GateOver999:
+    """A transform that waits for a file (at most 120 s) in batches past row 999."""
+
+    def __init__(self, gate: Path) -> None:
+        self.gate = gate
+
+    def __call__(self, batch: Any) -> Any:
+        deadline = time.monotonic() + 120  # (a bound: the test opens the gate in seconds)
+        while max(batch.column("id").to_pylist()) > 999 and not self.gate.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the test never opened the gate")
+            time.sleep(0.05)
+        return batch
+
+
+def test_a_lost_actors_read_runs_at_once_not_behind_another_actors_queue(
+    cluster: Any, data: str, tmp_path: Path
+) -> None:
+    """Actor 0 dies holding the read due next while actor 1 is busy (held in a transform until
+    the test opens a gate): the lost read's batches run on actor 1 at once, beside its task,
+    so the next batch comes without waiting for actor 1's queue (before: sent to the back of
+    that queue, the read waited behind the held task: Stalled)."""
+    gate = tmp_path / "gate"
+    work = BatchWork(Source(data, ["id"]), Order(1500), GateOver999(gate), "numpy")
+    plan = Plan(1500, 100)
+    due, held = (next(read_tasks(0, plan, 2, range(b, b + 2), ramp=False)) for b in (0, 10))
+    pool = ActorPool(work, 2)
+    try:
+        ray.get([ray.get_actor(n).where.remote() for n in actor_names()], timeout=120)
+        assert pool.ready(timeout=0) and len([a for a in pool.live if a.eligible]) == 2
+        ray.kill(ray.get_actor(actor_names()[0]))  # (its death reaches the pool by its task)
+        pool.submit(due)  # -> actor 0 (dead)
+        pool.submit(held)  # -> actor 1, held at the gate
+        pool.stall_timeout = 30
+        first = pool.take()
+        gate.touch()
+        second = pool.take()
+    finally:
+        gate.touch()
+        pool.close()
+    assert [b["id"].tolist() for b in first.batches] == [list(range(0, 100)), list(range(100, 200))]
+    assert [b["id"].tolist() for b in second.batches] == [
+        list(range(1000, 1100)),
+        list(range(1100, 1200)),
+    ]
+    assert pool.rebuilt == 1

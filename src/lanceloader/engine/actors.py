@@ -46,14 +46,11 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import sys
-import threading
 import time
-import traceback
 import uuid
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -61,6 +58,8 @@ import ray
 import ray.exceptions
 
 from lanceloader.arguments import check_ray_options
+from lanceloader.engine.batch_actor import CONCURRENCY_GROUPS, BatchActor, cause_of, connect
+from lanceloader.engine.parts import merge, split
 from lanceloader.engine.pickling import Shipment
 from lanceloader.engine.pool import KeptPool
 from lanceloader.engine.threads import Stalled, check_same_process
@@ -88,44 +87,6 @@ class ActorStartError(RuntimeError):
     transform that the cluster's nodes cannot import is the usual cause."""
 
 
-def connect() -> None:
-    """Use the Ray this process is connected to; else ``ray.init()`` (``RAY_ADDRESS`` or a
-    local Ray), as Ray Data does, and say so."""
-    if not ray.is_initialized():
-        _logger.info("lanceloader: worker_type='ray' and Ray not initialized: calling ray.init()")
-        ray.init()
-
-
-class BatchActor:
-    """A Ray actor that builds batches: the work once, then tasks (one object per task)."""
-
-    def __init__(self, work: tuple[bytes, list[np.ndarray]]) -> None:
-        data, buffers = work  # a Shipment's pickle and its out-of-band arrays (read-only)
-        self._work: BatchWork = pickle.loads(data, buffers=buffers)
-        self._running: int | None = None  # the thread running a task (for stack())
-
-    @ray.method(concurrency_group="look")
-    def where(self) -> tuple[int, str]:
-        """This actor's pid and node address (answered once it is up)."""
-        return os.getpid(), ray.util.get_node_ip_address()
-
-    def run(self, task: Any) -> TaskResult:
-        """The task's batches, as a process worker builds them."""
-        self._running = threading.get_ident()
-        try:
-            return self._work(task)
-        finally:
-            self._running = None
-
-    @ray.method(concurrency_group="look")
-    def stack(self) -> str:
-        """The stack of the thread running a task (``'idle'`` between tasks)."""
-        frame = sys._current_frames().get(self._running or -1)
-        if frame is None:
-            return "(idle: no task running)\n"
-        return "".join(traceback.format_stack(frame))
-
-
 @dataclass
 class _Actor:
     """One actor of the pool: its handle, where it runs once known, and its unfinished tasks."""
@@ -145,14 +106,26 @@ class _Actor:
 
 
 @dataclass
+class _Part:
+    """One batch of a lost actor's task, sent at once to a live actor (None: built here)."""
+
+    task: Any
+    actor: _Actor | None = None
+    ref: Any = None
+    result: TaskResult | None = None
+
+
+@dataclass
 class _Task:
-    """A task in flight: its place in order, the actor on it (None: built here), its ref."""
+    """A task in flight: its place in order, the actor on it (None: built here, or its parts),
+    its ref; once its actor is lost, its batches as parts (:mod:`~lanceloader.engine.parts`)."""
 
     index: int
     task: Any
     actor: _Actor | None
     ref: Any
     sent: float
+    parts: list[_Part] = field(default_factory=list)
 
 
 class ActorPool:
@@ -177,7 +150,7 @@ class ActorPool:
         self._closed = False
         self._name = f"lanceloader-{uuid.uuid4().hex[:8]}"  # its actors': {name}-{number}
         self._replacements = self._replacements_total = num_workers
-        self._class = ray.remote(concurrency_groups={"look": 1})(BatchActor)  # type: ignore[call-overload]
+        self._class = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(BatchActor)  # type: ignore[call-overload]
         # once, shared by every actor: the pickle and its arrays (Ray keeps NumPy zero-copy)
         arrays = [np.frombuffer(b.raw(), np.uint8) for b in self.shipment.buffers]
         self._work_ref = ray.put((self.shipment.data, arrays))
@@ -249,8 +222,13 @@ class ActorPool:
                 self._lost(actor, exc)
         if up and any(a.eligible and not a.dead for a in self._actors):
             for pending in self._pending:
-                if pending.actor is None and pending.index not in self._done:
+                if pending.index in self._done:
+                    continue
+                if pending.actor is None and not pending.parts:
                     self._send(pending)
+                for part in pending.parts:
+                    if part.actor is None and part.result is None:
+                        self._send_part(part)
 
     def ready(self, timeout: float | None = None) -> bool:
         """Wait until an actor is up (at most ``timeout`` seconds); whether one is."""
@@ -269,13 +247,13 @@ class ActorPool:
         head = self._pending[0]
         deadline = None if self.stall_timeout is None else time.monotonic() + self.stall_timeout
         while head.index not in self._done:
-            if head.actor is None:  # no actor was ready for it: built here
-                if not self._built_here:
-                    _logger.info("lanceloader: no Ray actor up yet: this process builds batches")
-                self._built_here += 1
-                result = self._local_work()(head.task)
-                result.seconds["local"] = sum(result.seconds.values())  # (stats: local_s)
-                self._done[head.index] = (result, None)
+            if head.actor is None and not head.parts:  # no actor was ready for it: built here
+                self._done[head.index] = (self._build_here(head.task), None)
+                break
+            for part in head.parts:  # a lost task's batches no actor was ready for
+                if part.actor is None and part.result is None:
+                    part.result = self._build_here(part.task)
+            if head.parts and self._parts_done(head):
                 break
             left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if left <= 0:
@@ -287,6 +265,15 @@ class ActorPool:
             raise error
         return result
 
+    def _build_here(self, task: Any) -> TaskResult:
+        """``task``'s result, built in this process (no actor was ready for it)."""
+        if not self._built_here:
+            _logger.info("lanceloader: no Ray actor up: this process builds batches")
+        self._built_here += 1
+        result = self._local_work()(task)
+        result.seconds["local"] = sum(result.seconds.values())  # (stats: local_s)
+        return result
+
     def _local_work(self) -> BatchWork:
         """The work, in this process: for tasks no actor is ready to take."""
         if self._local is None:
@@ -296,7 +283,13 @@ class ActorPool:
     def _collect(self, timeout: float) -> None:
         """Take the results that are here within ``timeout`` (and start pulling the rest)."""
         self._check_started()
-        sent = {p.ref: p for p in self._pending if p.ref is not None and p.index not in self._done}
+        sent: dict[Any, tuple[_Task, _Part | None]] = {}
+        for pending in self._pending:
+            if pending.index in self._done:
+                continue
+            if pending.ref is not None:
+                sent[pending.ref] = (pending, None)
+            sent.update({p.ref: (pending, p) for p in pending.parts if p.ref is not None})
         if not sent:
             return
         refs = list(sent)
@@ -304,9 +297,11 @@ class ActorPool:
         if not first:
             return
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
-        for ref in ready:
-            pending = sent[ref]
-            if pending.ref is ref:  # (not sent again meanwhile, after its actor died)
+        for ref in ready:  # (each checked: not sent again meanwhile, after its actor died)
+            pending, part = sent[ref]
+            if part is not None and part.ref is ref and pending.index not in self._done:
+                self._receive_part(pending, part)
+            elif part is None and pending.ref is ref:
                 self._receive(pending)
 
     def _receive(self, pending: _Task) -> None:
@@ -329,6 +324,44 @@ class ActorPool:
         actor.unfinished -= 1
         pending.ref = None
 
+    def _receive_part(self, pending: _Task, part: _Part) -> None:
+        actor = part.actor
+        assert actor is not None
+        t0 = time.perf_counter()
+        try:
+            result = ray.get(part.ref)
+        except LOST as exc:
+            self._lost(actor, exc)
+            return
+        except ray.exceptions.RayTaskError as exc:  # the work raised: the user's error
+            error = exc.cause if isinstance(exc.cause, BaseException) else exc
+            self._done[pending.index] = (None, error)
+        else:
+            result.seconds["transfer"] = time.perf_counter() - t0
+            part.result = result
+        actor.unfinished -= 1
+        part.ref = None
+        self._parts_done(pending)
+
+    def _parts_done(self, pending: _Task) -> bool:
+        """Whether every part of ``pending`` is built (then its result is the parts' merged)."""
+        if pending.index in self._done:
+            return True
+        if any(part.result is None for part in pending.parts):
+            return False
+        self._done[pending.index] = (merge([p.result for p in pending.parts if p.result]), None)
+        return True
+
+    def _send_part(self, part: _Part) -> None:
+        """Send ``part`` to the least busy ready actor, to run at once (built here if none)."""
+        ready = [a for a in self._actors if a.eligible and not a.dead]
+        if not ready:
+            part.actor, part.ref = None, None
+            return
+        actor = min(ready, key=lambda a: (a.unfinished, a.number))
+        actor.unfinished += 1
+        part.actor, part.ref = actor, actor.handle.run_now.remote(part.task)
+
     def _lost(self, actor: _Actor, exc: BaseException) -> None:
         """``actor`` is gone: its unfinished tasks go to the others (in order), a replacement
         starts; with no live actor and none to start, :class:`ActorsLostError`. An actor that
@@ -336,7 +369,7 @@ class ActorPool:
         the same way)."""
         if getattr(exc, "actor_init_failed", False):
             raise ActorStartError(
-                f"{actor.name()} could not load the batch work: {_cause(exc)}. Every module "
+                f"{actor.name()} could not load the batch work: {cause_of(exc)}. Every module "
                 "the rows and the transform use must be importable on the cluster's nodes: "
                 "install it there, ship it with ray_options={'runtime_env': {'py_modules': "
                 "[module]}}, or define the transform in the training script (what __main__ "
@@ -356,19 +389,25 @@ class ActorPool:
         if not self.live:
             raise ActorsLostError(
                 f"all {len(self._actors)} Ray actors of this loader died (the last: "
-                f"{actor.name()}: {_cause(exc)}), and no "
+                f"{actor.name()}: {cause_of(exc)}), and no "
                 "more are started in their place. Check the cluster (`ray status`): nodes "
                 "lost, out of memory; or use worker_type='process' or 'thread'"
             ) from exc
-        for pending in self._pending:
-            if pending.actor is actor and pending.index not in self._done:
+        for pending in self._pending:  # its tasks' batches, each at once on a live actor
+            if pending.index in self._done:
+                continue
+            if pending.actor is actor:
                 self.rebuilt += 1
-                self._send(pending)
+                pending.actor, pending.ref = None, None
+                pending.parts = [_Part(task) for task in split(pending.task)]
+            for part in pending.parts:
+                if part.result is None and part.actor in (actor, None):
+                    self._send_part(part)
 
     def _stalled(self, head: _Task) -> Stalled:
         assert self.stall_timeout is not None
-        actor = head.actor
-        assert actor is not None
+        waiting = [p.actor for p in head.parts if p.result is None and p.actor is not None]
+        actor = head.actor or waiting[0]
         if not actor.pid:  # started since the last look?
             ray.wait([actor.started], timeout=STACK_WAIT_S, fetch_local=True)
             self._check_started()
@@ -390,8 +429,9 @@ class ActorPool:
         """Forget every task in flight: queued ones are cancelled, a running one finishes and
         its result is dropped; the actors stay, with what they opened, for the next stream."""
         for pending in self._pending:
-            if pending.ref is not None:
-                ray.cancel(pending.ref)
+            for ref in [pending.ref, *(p.ref for p in pending.parts)]:
+                if ref is not None:
+                    ray.cancel(ref)
         for actor in self._actors:
             actor.unfinished = 0
         self._pending.clear()
@@ -433,9 +473,3 @@ def actor_pool(
     assert isinstance(pool, ActorPool)
     pool.stall_timeout = stall_timeout  # the consumer's wait: no actor holds it
     return pool
-
-
-def _cause(exc: BaseException) -> str:
-    """The last line of a Ray error's text: the error the actor met, without Ray's frames."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__

@@ -1,0 +1,64 @@
+"""A lost read, built again as one task per batch: what :class:`~lanceloader.engine.actors.
+ActorPool` sends to its live actors at once when an actor dies, so the next batch due waits
+for one batch's work, not for a whole read queued behind another actor's reads.
+
+A batch is a pure function of its samples (the rows, the epoch, ``random_map``'s keys), so a
+read's batches built one by one are the read's batches, byte for byte (reads of 1, 4, 16, ...
+batches already ramp up each epoch); :func:`merge` puts their results back into the one
+result the read would have given, in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lanceloader.engine.work import TaskResult
+from lanceloader.ordering.plan import ReadTask
+
+
+def split(task: Any) -> list[Any]:
+    """``task``'s batches, one read task each, in order (a task of one batch, or one that is
+    not a read of batches, stays whole).
+
+    >>> import numpy as np
+    >>> parts = split(ReadTask(3, range(10, 12), np.arange(5), (3, 2)))
+    >>> [(p.epoch, p.batches, p.samples.tolist(), p.sizes) for p in parts]
+    [(3, range(10, 11), [0, 1, 2], (3,)), (3, range(11, 12), [3, 4], (2,))]
+    """
+    if not isinstance(task, ReadTask) or len(task.sizes) < 2:
+        return [task]
+    parts, start = [], 0
+    for batch, size in zip(task.batches, task.sizes, strict=True):
+        parts.append(
+            ReadTask(
+                task.epoch, range(batch, batch + 1), task.samples[start : start + size], (size,)
+            )
+        )
+        start += size
+    return parts
+
+
+def merge(results: list[TaskResult]) -> TaskResult:
+    """The results of a read's parts (from :func:`split`, in order) as the read's result: the
+    batches in order, the costs summed."""
+    if len(results) == 1:
+        return results[0]
+    first = results[0]
+    seconds: dict[str, float] = {}
+    for result in results:
+        for stage, value in result.seconds.items():
+            seconds[stage] = seconds.get(stage, 0.0) + value
+    return TaskResult(
+        batches=[b for r in results for b in r.batches],
+        rows=[n for r in results for n in r.rows],
+        nbytes=[n for r in results for n in r.nbytes],
+        seconds=seconds,
+        io_bytes=sum(r.io_bytes for r in results),
+        io_iops=sum(r.io_iops for r in results),
+        rows_cached=sum(r.rows_cached for r in results),
+        rows_skipped=sum(r.rows_skipped for r in results),
+        cache_damaged=sum(r.cache_damaged for r in results),
+        cache_fills=sum(r.cache_fills for r in results),
+        spans=[s for r in results for s in r.spans],
+        lane=first.lane,
+    )
