@@ -23,8 +23,10 @@ Contract of an :class:`ActorPool` (a :class:`~lanceloader.engine.pool.Pool`):
   memory: at most that many reads' results exist. Finished results are pulled to this node
   ahead of their turn (``fetch_local``).
 * An actor that dies (``ray.kill``, its process killed, its node gone: ``RayActorError``,
-  ``WorkerCrashedError``, a lost object) is dropped: its unfinished tasks go to the live actors
-  in task order, or are built in this process while none is ready. A replacement starts (at
+  ``WorkerCrashedError``, a lost object) is dropped: its unfinished tasks, split into one task
+  per batch (:mod:`~lanceloader.engine.parts`), go to the least busy live actors in task order
+  through ``run_now`` (a concurrency group of its own: they run at once, beside the task an
+  actor is running, not behind its queue), or are built in this process while none is ready. A replacement starts (at
   most ``num_workers`` in the pool's life) and takes tasks once it answers. Nothing is lost or
   repeated: each task's result is taken once, at its turn. With no live actor left and none to
   start, :class:`ActorsLostError`.
