@@ -48,6 +48,15 @@ def test_a_read_more_that_does_not_cut_the_wait_is_given_back() -> None:
     assert tuner.limit(8) == 2
 
 
+def test_a_large_wait_keeps_the_reads_growing_through_a_noisy_period() -> None:
+    clock = Clock()
+    tuner = Tuner(clock)
+    tuner.limit(depth=8)
+    for share in (0.3, 0.2, 0.25):  # 2 -> 3 looked no better, but the loop still waits 25%
+        periods(tuner, clock, 1, wait_share=share)
+    assert (tuner.limit(8), tuner.settled) == (4, False)
+
+
 def test_a_fed_loop_settles_at_the_fewest_reads() -> None:
     clock = Clock()
     tuner = Tuner(clock)

@@ -9,8 +9,8 @@ out):
 
 * above ``WAIT_SHARE`` (1%), one more read in flight, unless all are already (the depth is
   the limit) or the CPU budget put task starts off in the period (the budget is the limit);
-  when the last read added cut the wait by less than ``MIN_GAIN`` of it, it goes back to one
-  read fewer and settles (the wait is the hand-off to the loop, or the machine, not too few
+  when the last read added cut a small wait (at most ``SMALL_WAIT``) by less than ``MIN_GAIN``
+  of it, it goes back to one read fewer and settles (the wait is the hand-off to the loop, or the machine, not too few
   reads);
 * at or below it for ``SETTLE_PERIODS`` periods in a row, it settles there;
 * it settles anyway after ``TUNE_S`` seconds;
@@ -39,7 +39,8 @@ PERIOD_S = 0.5  # a period lasts at least this long ...
 PERIOD_BATCHES = 4  # ... and this many batches
 SETTLE_PERIODS = 2  # periods in a row under the aim before it settles
 TUNE_S = 60.0  # it settles after this long whatever it saw
-MIN_GAIN = 0.25  # a read more must cut the loop's wait by this share of it to be kept
+MIN_GAIN = 0.25  # a read more must cut the loop's wait by this share of it to be kept ...
+SMALL_WAIT = 0.05  # ... when the wait was this share or less (a larger one: reads are short)
 
 
 class Tuner:
@@ -93,7 +94,7 @@ class Tuner:
             return
         self._calm = 0
         before = self._before
-        if before is not None and share > (1 - MIN_GAIN) * before:
+        if before is not None and before <= SMALL_WAIT and share > (1 - MIN_GAIN) * before:
             self.active -= 1
             self._settle(
                 f"{at}, {100 * before:.1f}% with {self.active}: a read more did not cut the "
