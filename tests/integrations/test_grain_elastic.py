@@ -69,6 +69,7 @@ def test_a_state_restores_exactly_into_another_number_of_workers(
             it.close()
 
 
+@pytest.mark.slow
 def test_a_state_no_single_place_continues_is_refused_naming_the_fix(small_uri: str) -> None:
     """Workers that did not take turns (a filter before mp_prefetch) leave no one place to
     continue from in another layout: our error, before Grain's set_state."""
