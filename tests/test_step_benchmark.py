@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "step.py"
 
 
+@pytest.mark.slow  # 20-30 s: writes three small datasets, starts burner processes
 def test_quick_step_benchmark_reports_sane_figures_for_every_workload(tmp_path) -> None:
     out = tmp_path / "report.json"
     run = subprocess.run(
