@@ -380,8 +380,8 @@ class ActorPool:
         if not actor.dead:
             actor.dead = True
             _logger.warning(
-                "lanceloader: %s died (%s): its unfinished tasks are built again by the other "
-                "actors, in order",
+                "lanceloader: %s died (%s): its unfinished batches are built again at once "
+                "by the other actors, one task per batch, in order",
                 actor.name(),
                 type(exc).__name__,
             )
