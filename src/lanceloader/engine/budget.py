@@ -232,7 +232,8 @@ class Governor:
         if self.cpu_budget is not None:
             used = self._clock.total / max(time.perf_counter() - self._began, 1e-9)
             parts.append(
-                f"budget {self.cpu_budget:g} cores: the loader used {used:.2f} on average, "
+                f"budget {self.cpu_budget:g} cores: the loader used {used:.2f} on average since it "
+                f"was built, "
                 f"{self.worst:.2f} at most over a window of 1-{WINDOW_S:g} s; "
                 f"{self.refused:,} task starts put off, {self.held_s:.2f} s held"
             )
