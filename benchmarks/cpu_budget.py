@@ -118,11 +118,18 @@ def budget_run(uri: str, budget: float | None, seconds: float) -> dict[str, floa
 
 
 def tune_run(uri: str, engine: dict[str, Any], acc: Any, args: Any) -> dict[str, float]:
+    made: list[ll.Loader] = []
+
     def make(_: dict[str, Any]) -> ll.Loader:
-        return image_loader(uri, **engine)
+        made.append(image_loader(uri, **engine))
+        return made[-1]
 
     got = step.run_once(make, {}, acc, step.STEP_MS["images"] / 1e3, args)
     got["rows_per_s"] = 32 / (got["slowdown"] * step.STEP_MS["images"] / 1e3)
+    tuner = made[0]._governor.tuner if made[0]._governor else None
+    if tuner is not None:
+        got["reads_in_flight"] = tuner.active
+        print(f"    {made[0].stats().governor}", file=sys.stderr)
     return got
 
 
