@@ -12,8 +12,8 @@ from another node's object store).
   process workers (the forkserver started before, as in a long job), alternated; the median
   of the ratios. Target <= 2x.
 * ``kill``: an actor of 4 killed (``ray.kill``) at batch 20 of an epoch of fixed-latency
-  batches: the epoch's extra time against an epoch without a kill, in ms and in reads (one
-  read: 2 batches of the transform's latency).
+  batches: the loop's longest wait for a batch and the epoch's time, less those of an epoch
+  without a kill, in ms and in batches (of the transform's latency).
 * ``trials``: ``--trials`` (20) loaders of 3 actors, each killed at a random batch (``ray.kill``
   or SIGKILL of the actor's process, alternately): every epoch is the thread workers' epoch,
   batch for batch (ids and bytes), or the script fails.
@@ -240,6 +240,7 @@ def kill_latency(uri: str, rounds: int) -> dict[str, Any]:
         longest, walls = {}, {}
         with loader:
             warm(loader)
+            per_read = loader.batches_per_read
             for killed in (False, True):
                 t0 = last = time.perf_counter()
                 longest[killed] = 0.0
@@ -252,11 +253,12 @@ def kill_latency(uri: str, rounds: int) -> dict[str, Any]:
                 walls[killed] = time.perf_counter() - t0
         extra_wait.append(longest[True] - longest[False])
         extra_epoch.append(walls[True] - walls[False])
-    read_s = 2 * SLEEP_S
+    read_s = per_read * SLEEP_S
     return {
+        "batch_ms": 1000 * SLEEP_S,
         "read_ms": 1000 * read_s,
         "extra_longest_wait_ms_median": 1000 * statistics.median(extra_wait),
-        "extra_longest_wait_reads": statistics.median(extra_wait) / read_s,
+        "extra_longest_wait_batches": statistics.median(extra_wait) / SLEEP_S,
         "extra_epoch_ms_median": 1000 * statistics.median(extra_epoch),
         "extra_longest_wait_ms": [1000 * e for e in extra_wait],
         "extra_epoch_ms": [1000 * e for e in extra_epoch],
