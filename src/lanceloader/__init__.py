@@ -13,6 +13,7 @@ from lanceloader.batch.output import Conversion, ConversionError
 from lanceloader.batch.text import tokenize
 from lanceloader.batch.transforms import TooManyRowErrors, TransformOutputError, compose, map_rows
 from lanceloader.engine.processes import WorkerDiedError
+from lanceloader.engine.stalls import ActorsLostError, ActorStartError
 from lanceloader.engine.stats import Stats
 from lanceloader.engine.stream import EpochIterator, LoaderInUseError, StallError
 from lanceloader.headroom import Headroom, headroom
@@ -37,6 +38,8 @@ from lanceloader.write.convert import ConvertSummary, convert
 from lanceloader.write.materialize import MaterializeSummary, materialize
 
 __all__ = [
+    "ActorStartError",
+    "ActorsLostError",
     "ByteRows",
     "ClipError",
     "Conversion",

@@ -64,6 +64,7 @@ from lanceloader.engine.batch_actor import CONCURRENCY_GROUPS, BatchActor, cause
 from lanceloader.engine.parts import merge, split
 from lanceloader.engine.pickling import Shipment
 from lanceloader.engine.pool import KeptPool
+from lanceloader.engine.stalls import ActorsLostError, ActorStartError
 from lanceloader.engine.threads import Stalled, check_same_process
 from lanceloader.engine.work import BatchWork, TaskResult
 
@@ -78,15 +79,6 @@ LOST = (
     ray.exceptions.ObjectLostError,
     ray.exceptions.NodeDiedError,
 )
-
-
-class ActorsLostError(RuntimeError):
-    """Every actor of the pool died and none could be started in their place."""
-
-
-class ActorStartError(RuntimeError):
-    """An actor could not load the batch work (its ``__init__`` raised): a module of the
-    transform that the cluster's nodes cannot import is the usual cause."""
 
 
 @dataclass

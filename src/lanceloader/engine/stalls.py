@@ -1,5 +1,7 @@
-"""The error for a stream that waits too long: :class:`StallError`, made from a pool's
-:class:`~lanceloader.engine.threads.Stalled` (the stuck task, the worker and its stack)."""
+"""The errors of a pool that cannot make progress: :class:`StallError` for a stream that waits
+too long, made from a pool's :class:`~lanceloader.engine.threads.Stalled` (the stuck task, the
+worker and its stack), and the Ray actors' :class:`ActorsLostError` and :class:`ActorStartError`
+(here, not in ``actors.py``, so that ``import lanceloader`` names them without importing Ray)."""
 
 from __future__ import annotations
 
@@ -57,3 +59,12 @@ def stall_error(stalled: Stalled, workers: int, worker_type: str) -> StallError:
     return StallError(
         message, batch=batch, epoch=epoch, stage=stage, worker=stalled.worker, stack=stalled.stack
     )
+
+
+class ActorsLostError(RuntimeError):
+    """Every actor of the pool died and none could be started in their place."""
+
+
+class ActorStartError(RuntimeError):
+    """An actor could not load the batch work (its ``__init__`` raised): a module of the
+    transform that the cluster's nodes cannot import is the usual cause."""
