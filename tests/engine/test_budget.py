@@ -82,7 +82,9 @@ def test_cpu_budget_counts_process_workers(uri: str) -> None:
     budget = 0.25
     budgeted = cores(make(cpu_budget=budget))
     free = cores(make())
-    bound = 1.1 * budget + 0.05
+    # + 0.15: the workers' CPU is counted from their start (imports, opening the dataset), which
+    # the governor cannot pace; without the budget the same loader uses well over twice this
+    bound = 1.1 * budget + 0.15
     if free <= bound:
         pytest.skip(f"without the budget the workers used only {free:.2f} cores here (loaded)")
     assert budgeted <= bound, (budgeted, free)
@@ -133,8 +135,9 @@ def test_stats_name_the_budget_when_it_held_the_loader_back(uri: str) -> None:
     loader = ll.Loader(
         uri, 32, columns=["id"], num_workers=4, transform=burn, cpu_budget=0.1, tune=True
     )
-    for _ in loader:
+    for _ in itertools.islice(loader, 10):  # a third of the epoch: 0.2 CPU s at 0.1 cores
         pass
+    loader.close()
     stats = loader.stats()
     assert stats.bottleneck.stage == "CPU budget"
     assert "the CPU budget (0.1 cores) held the loader back: the loop waited" in str(stats)

@@ -46,7 +46,6 @@ pytestmark = [
 # The actors cannot import this module (pytest put its folder on this process's path only):
 # its functions travel by value, as a script's do.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # (Ray Train pickles with it)
 
 STORE_BYTES = 100 * 1024 * 1024  # each node's object store: this machine is small
 
@@ -351,45 +350,3 @@ def test_a_lost_actors_read_runs_at_once_not_behind_another_actors_queue(
         list(range(1100, 1200)),
     ]
     assert pool.rebuilt == 1
-
-
-def train_loop(config: dict[str, Any]) -> None:
-    """A Ray Train worker's loop: its rank's loader (rank and world from Ray Train), the ids
-    it delivers written for the test to compare."""
-    import json
-
-    import ray.train
-
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    settings = {"batch_size": 50, "columns": ["id"], "shuffle": True, "seed": 3}
-    with ll.Loader(config["uri"], **settings, rank=rank, world_size=world, num_workers=1) as each:
-        ids = [b["id"].tolist() for b in each]
-    Path(config["out"], f"rank{rank}.json").write_text(json.dumps({"world": world, "ids": ids}))
-
-
-def test_inside_ray_train_each_rank_gets_its_slice(cluster: Any, data: str, tmp_path: Path) -> None:
-    """TorchTrainer with 2 workers on the cluster, each with a Loader built in its loop (rank
-    and world size from ``ray.train.get_context()``): each rank's batches are those of a
-    Loader(rank=r, world_size=2) here, and the ranks together cover the epoch once (~25 s)."""
-    import json
-
-    pytest.importorskip("torch")
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config={"uri": data, "out": str(tmp_path)},
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-        run_config=RunConfig(storage_path=str(tmp_path / "runs"), name="lanceloader"),
-    )
-    trainer.fit()
-    settings: dict[str, Any] = {"batch_size": 50, "columns": ["id"], "shuffle": True, "seed": 3}
-    seen: list[int] = []
-    for rank in range(2):
-        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        with ll.Loader(data, **settings, rank=rank, world_size=2) as here:
-            assert got == {"world": 2, "ids": [b["id"].tolist() for b in here]}
-        seen += [i for ids in got["ids"] for i in ids]
-    assert sorted(seen) == list(range(1500))
