@@ -301,41 +301,44 @@ class ActorPool:
     def _receive(self, pending: _Task) -> None:
         actor = pending.actor
         assert actor is not None
-        t0 = time.perf_counter()
-        try:
-            result = ray.get(pending.ref)
-        except LOST as exc:
-            self._lost(actor, exc)
+        got = self._get(actor, pending.ref)
+        if got is None:
             return
-        except ray.exceptions.RayTaskError as exc:  # the work raised: the user's error
-            error = exc.cause if isinstance(exc.cause, BaseException) else exc
-            if error is not exc and hasattr(error, "add_note"):
-                error.add_note(f"in {actor.name()}:\n{exc}")
-            self._done[pending.index] = (None, error)
-        else:  # the consumer's time to get it: what was not pulled yet, deserializing
-            result.seconds["transfer"] = time.perf_counter() - t0
-            self._done[pending.index] = (result, None)
-        actor.unfinished -= 1
+        self._done[pending.index] = got
         pending.ref = None
 
     def _receive_part(self, pending: _Task, part: _Part) -> None:
         actor = part.actor
         assert actor is not None
-        t0 = time.perf_counter()
-        try:
-            result = ray.get(part.ref)
-        except LOST as exc:
-            self._lost(actor, exc)
+        got = self._get(actor, part.ref)
+        if got is None:
             return
-        except ray.exceptions.RayTaskError as exc:  # the work raised: the user's error
-            error = exc.cause if isinstance(exc.cause, BaseException) else exc
-            self._done[pending.index] = (None, error)
-        else:
-            result.seconds["transfer"] = time.perf_counter() - t0
-            part.result = result
-        actor.unfinished -= 1
+        result, error = got
+        if error is not None:
+            self._done[pending.index] = got
+        part.result = result
         part.ref = None
         self._parts_done(pending)
+
+    def _get(self, actor: _Actor, ref: Any) -> tuple[Any, BaseException | None] | None:
+        """The ready object ``ref`` of ``actor``'s: (result, None), or (None, the work's error,
+        noted with the actor); None when the actor was lost (its tasks are sent again)."""
+        t0 = time.perf_counter()
+        try:
+            result = ray.get(ref)
+        except LOST as exc:
+            self._lost(actor, exc)
+            return None
+        except ray.exceptions.RayTaskError as exc:  # the work raised: the user's error
+            error = exc.cause if isinstance(exc.cause, BaseException) else exc
+            if error is not exc and hasattr(error, "add_note"):
+                error.add_note(f"in {actor.name()}:\n{exc}")
+            actor.unfinished -= 1
+            return None, error
+        # the consumer's time to get it: what was not pulled yet, deserializing
+        result.seconds["transfer"] = time.perf_counter() - t0
+        actor.unfinished -= 1
+        return result, None
 
     def _parts_done(self, pending: _Task) -> bool:
         """Whether every part of ``pending`` is built (then its result is the parts' merged)."""
