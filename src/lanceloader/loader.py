@@ -48,13 +48,13 @@ from lanceloader.pipeline import (
 )
 from lanceloader.rows.clips.source import AudioClips, VideoClips
 from lanceloader.rows.lance.follow import agreement, refuse_pending_look
-from lanceloader.rows.mixed import check_ranks_agree
 from lanceloader.rows.ordered import OrderedSource
 from lanceloader.rows.packing import Packing, PackPlan
 from lanceloader.state.cursor import Cursor
+from lanceloader.steering import MixSteering
 
 
-class Loader:
+class Loader(MixSteering):
     """Batches of a Lance dataset, in a deterministic order, prefetched by a pool of workers.
 
     Args:
@@ -414,61 +414,6 @@ class Loader:
         self._pipeline, self._cursor = pipeline, cursor
         self._began = (cursor.epoch, cursor.sample)
         self._live.forget()
-
-    # --- mixture weights (a Loader(ll.Mix(...))) --------------------------------------------
-
-    @property
-    def step(self) -> int:
-        """The global step of the next batch: batches each rank was handed since the run's
-        start, across epochs and resumes (a mix's loader; its schedule and ``set_weights``
-        count in these steps)."""
-        step = self.source.step_at(self._cursor.epoch, self._cursor.sample)
-        if step is None:
-            raise ValueError(
-                "loader.step counts the steps of a mix, whose weights change at steps; this "
-                "loader reads no ll.Mix"
-            )
-        return step
-
-    def set_weights(self, weights: Mapping[str, float], step: int | None = None) -> None:
-        """Mix with ``weights`` (``{source: weight}``) from global ``step`` on (default: the
-        next batch's, ``loader.step``; a step in the past is refused). Recorded in the state,
-        so a resume on any world size replays it. Pass the same weights at the same step on
-        every rank: with ``torch.distributed`` initialised, one small all-gather checks it
-        (``ValueError`` naming the ranks that differ). A step a live iterator may have read
-        ahead already (thread workers: within ``loader.prefetch + loader.batches_per_read``
-        steps; process workers: within its epoch) makes it read again from its next batch,
-        dropping what it read ahead. Example: the guide's "Weights that change during a run"
-        (``docs/pretraining.md``)."""
-        c = self._cursor
-        next_step = self.source.step_at(c.epoch, c.sample) or 0  # rows that mix nothing refuse
-        source = self.source.with_weights(weights, step, next_step)
-        at = next_step if step is None else step
-        if self.world_size > 1:  # with torch.distributed: one small all-gather of the digests
-            check_ranks_agree(source.settings()["mix"]["digest"], at)
-        self._pipeline = dataclasses.replace(self._pipeline, source=source)
-        self._cursor.spec = self._pipeline.spec()
-        running = self._live.current()
-        if running is not None and running.live and at < self._read_ahead_until(next_step):
-            running.reread(self.reading(self.num_workers))
-
-    def mix_shares(self) -> tuple[Any, ...]:
-        """What each source of a mix delivered since this loader began (or loaded a state),
-        per piece of its weights: ``stats().mix`` without the rest of ``stats()`` (empty for
-        a loader of no mix). Each is a ``MixShare``: ``step``, target ``weights``, ``rows``,
-        ``promised``, ``tokens``."""
-        c = self._cursor
-        return tuple(self.source.delivered(self._began, (c.epoch, c.sample)))
-
-    def _read_ahead_until(self, next_step: int) -> int:
-        """The step before which a live iterator may have read with the weights it began with:
-        thread workers read each task with the newest weights (``set_weights``), so only the
-        reads in flight and the one being handed out; process workers hold their copy for
-        the epoch."""
-        if self.worker_type == "thread":
-            return next_step + self.prefetch + self.batches_per_read
-        step = self.source.step_at(self._cursor.epoch, self.source.num_rows)  # the next epoch's
-        return next_step if step is None else step
 
     def close(self) -> None:
         """Stop the workers (the live iterator's; process workers kept between epochs); the
