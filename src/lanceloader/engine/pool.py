@@ -44,7 +44,10 @@ class Pool(Protocol[R_co]):
     * ``submit(task)`` hands a task to the workers and never waits for them (a task that cannot
       be sent fails here).
     * ``take()`` returns the result of the oldest task submitted and not yet taken, or raises
-      its error; it waits at most ``stall_timeout`` seconds
+      its error; a pool may hand a task's result out in pieces, in order (each a result of the
+      task's next batches: :class:`~lanceloader.engine.actors.ActorPool` gives a lost read's
+      batches as they are rebuilt), the task in flight until its last piece is taken. It
+      waits at most ``stall_timeout`` seconds
       (:class:`~lanceloader.engine.threads.Stalled`), wakes for signals, and names a worker
       that died (:class:`~lanceloader.engine.processes.WorkerDiedError`). A pool whose ``take``
       raised is closed.
@@ -123,8 +126,9 @@ class Ordered(Iterator[R]):
             self.close()
             raise StopIteration
         try:
+            before = self.pool.in_flight
             result = self.pool.take()
-            if self._gate is not None:
+            if self._gate is not None and self.pool.in_flight < before:  # its last piece
                 self._gate.taken()
             self._fill()
         except BaseException:
