@@ -13,6 +13,7 @@ TypeError: shuffle must be True or False, got the str 'False' (a non-empty strin
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import numbers
 from collections.abc import Mapping
@@ -132,3 +133,16 @@ def check_ray_options(options: object) -> dict[str, object]:
             "{'decode': 1}, 'scheduling_strategy': 'SPREAD'}"
         )
     return {**DEFAULT_RAY_OPTIONS, **options}
+
+
+def check_ray_workers(num_workers: int | None, ray_options: object) -> None:
+    """Ray actors: their number given (they are another machine's cores, which this one cannot
+    count), their options Ray's, and Ray installed."""
+    check_ray_options(ray_options)
+    if num_workers is None:
+        raise ValueError(
+            "worker_type='ray' needs num_workers= (the number of Ray actors that build "
+            "batches, e.g. num_workers=8; each takes ray_options, default {'num_cpus': 1})"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ImportError("worker_type='ray' needs Ray: pip install 'ray>=2.40'")

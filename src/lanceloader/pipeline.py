@@ -13,15 +13,13 @@ rows from the same :class:`RowsSettings`.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import logging
 import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from lanceloader.arguments import check_bool, check_numbers, check_ray_options, check_seconds
+from lanceloader.arguments import check_bool, check_numbers, check_ray_workers, check_seconds
 from lanceloader.batch.checks import check_bytes_for_tensors, check_output, check_schema
 from lanceloader.batch.output import Conversion, with_fill_nulls
 from lanceloader.batch.transforms import (
@@ -60,7 +58,6 @@ from lanceloader.state.format import StreamSpec, check_keys, order_settings
 
 TENSOR_OUTPUTS = ("torch", "jax", "tf")
 _hinted: set[str] = set()
-_logger = logging.getLogger("lanceloader")
 
 
 @dataclass(frozen=True)
@@ -433,25 +430,12 @@ def check_settings(
             f"worker_type must be 'thread', 'process' or 'ray', got {workers.worker_type!r}"
         )
     if workers.worker_type == "ray":
-        check_ray_workers(workers)
+        check_ray_workers(workers.num_workers, workers.ray_options)
     elif workers.ray_options is not None:
         raise ValueError(
             f"ray_options= is for worker_type='ray' (Ray actors); got worker_type="
             f"{workers.worker_type!r}: drop ray_options or pass worker_type='ray'"
         )
-
-
-def check_ray_workers(workers: Workers) -> None:
-    """Ray actors: their number given (they are another machine's cores, which this one cannot
-    count), their options Ray's, and Ray installed."""
-    check_ray_options(workers.ray_options)
-    if workers.num_workers is None:
-        raise ValueError(
-            "worker_type='ray' needs num_workers= (the number of Ray actors that build "
-            "batches, e.g. num_workers=8; each takes ray_options, default {'num_cpus': 1})"
-        )
-    if importlib.util.find_spec("ray") is None:
-        raise ImportError("worker_type='ray' needs Ray: pip install 'ray>=2.40'")
 
 
 def given_rows_settings(rows: RowsSettings) -> list[str]:
