@@ -50,7 +50,7 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import lance
 
@@ -59,7 +59,8 @@ from lanceloader.rows.dataset import fragment_names
 from lanceloader.state.format import StateMismatchError
 
 if TYPE_CHECKING:
-    from lanceloader.rows.lance.source import Source
+    import pyarrow as pa
+    from typing_extensions import Self
 
 FOLLOW = "follow"  # the key of the following history in state["order"]
 Name = tuple[Any, ...]  # a fragment's id, physical rows, data files and deletion file
@@ -67,6 +68,45 @@ Name = tuple[Any, ...]  # a fragment's id, physical rows, data files and deletio
 Agreement = Callable[[int], int]
 CHANGES = ("start", "append", "columns", "rewrite")
 _logger = logging.getLogger("lanceloader")
+
+
+class FollowedRows(Protocol):
+    """What following needs of the rows it is mixed into (a Lance ``Source``): declared here,
+    so that this module needs nothing from ``source.py``."""
+
+    follow: Following | None
+    _agree: Agreement | None
+    _given: dict[str, Any]
+
+    @property
+    def uri(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def dataset(self) -> lance.LanceDataset: ...
+    @property
+    def columns(self) -> list[str]: ...
+    @property
+    def filter(self) -> str | None: ...
+    @property
+    def storage_options(self) -> dict[str, str] | None: ...
+    @property
+    def splits(self) -> dict[str, float] | None: ...
+    @property
+    def split(self) -> str | None: ...
+    @property
+    def split_key(self) -> str | None: ...
+    @property
+    def blobs(self) -> Any: ...
+    def schema_table(self) -> pa.Table: ...
+    def fragment_names(self) -> list[Name]: ...
+    def at_version(self, version: int) -> Self: ...
+    def following(self, history: Following | None) -> Self: ...
+
+
+R = TypeVar("R", bound=FollowedRows)
 
 
 @dataclass(frozen=True)
@@ -207,7 +247,7 @@ def _ids(ids: list[Any], limit: int = 6) -> str:
     return f"[{shown}{', ...' if len(ids) > limit else ''}] ({len(ids)})"
 
 
-def at_epoch_start(source: Source, epoch: int) -> Source:
+def at_epoch_start(source: R, epoch: int) -> R:
     """The rows epoch ``epoch`` reads, asked as it starts at sample 0: when that epoch's start
     has looked already (a resume, ``set_epoch`` back), the version the history says it read;
     else the table's newest version (``source`` with the look recorded when none is newer)."""
@@ -242,7 +282,7 @@ def at_epoch_start(source: Source, epoch: int) -> Source:
     return adopted.following(follow.adopted(epoch, adopted.version, adopted.num_rows, kind))
 
 
-def refuse_change(source: Source, version: int, change: Change) -> None:
+def refuse_change(source: FollowedRows, version: int, change: Change) -> None:
     """A rewrite under splits keyed by row offset would move rows between splits: refused."""
     if change.kind == "rewrite" and source.splits and source.split_key is None:
         raise ValueError(
@@ -254,7 +294,7 @@ def refuse_change(source: Source, version: int, change: Change) -> None:
         )
 
 
-def refuse_new_columns(old: Source, new: Source) -> None:
+def refuse_new_columns(old: FollowedRows, new: FollowedRows) -> None:
     """The projected columns must keep their types: the output checks were made on them."""
     before, after = old.schema_table().schema, new.schema_table().schema
     if not before.equals(after):
@@ -266,7 +306,7 @@ def refuse_new_columns(old: Source, new: Source) -> None:
         )
 
 
-def resumed_following(source: Source, state: dict[str, Any]) -> Source:
+def resumed_following(source: R, state: dict[str, Any]) -> R:
     """The rows that continue ``state`` of a followed table: the state's version (not the
     table's newest), with the state's history. A state without a history (a pinned loader's)
     leaves ``source`` as it is: the order check then names the difference."""
@@ -290,7 +330,7 @@ def resumed_following(source: Source, state: dict[str, Any]) -> Source:
     return rows.following(history)
 
 
-def with_history(source: Source, history: Following | None) -> Source:
+def with_history(source: R, history: Following | None) -> R:
     """``source`` (the same version's rows, sharing its dataset, cache and plan) with
     ``history``: a shallow copy (``copy.copy`` would drop the live dataset, as pickling does)."""
     twin = copy.copy(source.__dict__)
@@ -317,28 +357,27 @@ class FollowsTable:
     def fragment_names(self) -> list[Name]:
         """This version's :func:`fragment_names` (kept from construction when following)."""
         if self._names is None:
-            metadata = [f.metadata for f in cast("Source", self).dataset.get_fragments()]
+            metadata = [f.metadata for f in cast("FollowedRows", self).dataset.get_fragments()]
             self._names = fragment_names(metadata)
         return self._names
 
-    def at_epoch_start(self, epoch: int) -> Source:
+    def at_epoch_start(self: R, epoch: int) -> R:
         """The rows epoch ``epoch`` reads, asked as it starts at sample 0: these, or with
         ``follow=True`` the table's newest version (:func:`at_epoch_start`)."""
-        return at_epoch_start(cast("Source", self), epoch)
+        return at_epoch_start(self, epoch)
 
-    def resumed(self, state: dict[str, Any], allow_changes: tuple[str, ...]) -> tuple[Source, int]:
+    def resumed(self: R, state: dict[str, Any], allow_changes: tuple[str, ...]) -> tuple[R, int]:
         """These rows continue any state of them; a followed table's, at the state's version
         with its history (:func:`resumed_following`)."""
-        rows = cast("Source", self)
         if self.follow is None:
-            return rows, state["sample"]
-        return resumed_following(rows, state), state["sample"]
+            return self, state["sample"]
+        return resumed_following(self, state), state["sample"]
 
-    def at_version(self, version: int) -> Source:
+    def at_version(self: R, version: int) -> R:
         """These settings' rows of ``version`` of the same table, following with the same
         agreement (its history starts there: see :meth:`following`)."""
-        rows = cast("Source", self)
-        return type(rows)(
+        rows = self
+        return cast(Any, type(rows))(
             rows.uri,
             rows.columns,
             rows.filter,
@@ -352,9 +391,9 @@ class FollowsTable:
             **self._given,
         )
 
-    def following(self, history: Following | None) -> Source:
+    def following(self: R, history: Following | None) -> R:
         """These rows with the following ``history`` (a copy sharing the dataset and cache)."""
-        return with_history(cast("Source", self), history)
+        return with_history(self, history)
 
 
 def refuse_following(rows: Any, what: str) -> None:
