@@ -350,3 +350,31 @@ def test_a_lost_actors_read_runs_at_once_not_behind_another_actors_queue(
         list(range(1100, 1200)),
     ]
     assert pool.rebuilt == 1
+
+
+def test_a_lost_reads_batches_are_handed_out_as_they_are_back(
+    cluster: Any, data: str, tmp_path: Path
+) -> None:
+    """Actor 0 dies holding a read of two batches whose second waits at a gate: the pool hands
+    out the first as soon as it is rebuilt, so the loop waits for its next batch, not for the
+    read's last (before: ``take`` returned the read whole, after its last part: Stalled)."""
+    gate = tmp_path / "gate"
+    work = BatchWork(Source(data, ["id"]), Order(1500), GateOver999(gate), "numpy")
+    lost = next(read_tasks(0, Plan(1500, 100), 2, range(9, 11), ramp=False))  # rows 900-1099
+    pool = ActorPool(work, 2)
+    try:
+        ray.get([ray.get_actor(n).where.remote() for n in actor_names()], timeout=120)
+        assert pool.ready(timeout=0) and len([a for a in pool.live if a.eligible]) == 2
+        ray.kill(ray.get_actor(actor_names()[0]))  # (its death reaches the pool by its task)
+        pool.submit(lost)  # -> actor 0 (dead): its two batches go to actor 1 at once
+        pool.stall_timeout = 30
+        first = pool.take()
+        assert pool.in_flight == 1  # the read is taken with its last batch
+        gate.touch()
+        second = pool.take()
+    finally:
+        gate.touch()
+        pool.close()
+    assert [b["id"].tolist() for b in first.batches] == [list(range(900, 1000))]
+    assert [b["id"].tolist() for b in second.batches] == [list(range(1000, 1100))]
+    assert pool.in_flight == 0 and pool.rebuilt == 1

@@ -26,7 +26,9 @@ Contract of an :class:`ActorPool` (a :class:`~lanceloader.engine.pool.Pool`):
   ``WorkerCrashedError``, a lost object) is dropped: its unfinished tasks, split into one task
   per batch (:mod:`~lanceloader.engine.parts`), go to the least busy live actors in task order
   through ``run_now`` (a concurrency group of its own: they run at once, beside the task an
-  actor is running, not behind its queue), or are built in this process while none is ready. A replacement starts (at
+  actor is running, not behind its queue), or are built in this process while none is ready;
+  ``take`` hands a lost read's batches out as they are back, in order (the loop waits for its
+  next batch, not for the read's last). A replacement starts (at
   most ``num_workers`` in the pool's life) and takes tasks once it answers. Nothing is lost or
   repeated: each task's result is taken once, at its turn. With no live actor left and none to
   start, :class:`ActorsLostError`.
@@ -101,18 +103,25 @@ class _Actor:
 
 @dataclass
 class _Part:
-    """One batch of a lost actor's task, sent at once to a live actor (None: built here)."""
+    """One batch of a lost actor's task, sent at once to a live actor (None: built here);
+    handed out as soon as it and the parts before it are back (its result or its error)."""
 
     task: Any
     actor: _Actor | None = None
     ref: Any = None
     result: TaskResult | None = None
+    error: BaseException | None = None
+
+    @property
+    def back(self) -> bool:
+        return self.result is not None or self.error is not None
 
 
 @dataclass
 class _Task:
     """A task in flight: its place in order, the actor on it (None: built here, or its parts),
-    its ref; once its actor is lost, its batches as parts (:mod:`~lanceloader.engine.parts`)."""
+    its ref; once its actor is lost, its batches as parts (:mod:`~lanceloader.engine.parts`)
+    not yet handed out."""
 
     index: int
     task: Any
@@ -221,7 +230,7 @@ class ActorPool:
                 if pending.actor is None and not pending.parts:
                     self._send(pending)
                 for part in pending.parts:
-                    if part.actor is None and part.result is None:
+                    if part.actor is None and not part.back:
                         self._send_part(part)
 
     def ready(self, timeout: float | None = None) -> bool:
@@ -235,7 +244,9 @@ class ActorPool:
     # --- handing out ---------------------------------------------------------------------
 
     def take(self) -> Any:
-        """The oldest task's result (its error re-raised), waiting at most ``stall_timeout``."""
+        """The oldest task's result (its error re-raised), waiting at most ``stall_timeout``;
+        a lost task's batches are handed out as they are back (the parts ready, in order),
+        the task taken with its last."""
         check_same_process(self.owner)
         self._check_started()
         head = self._pending[0]
@@ -244,11 +255,12 @@ class ActorPool:
             if head.actor is None and not head.parts:  # no actor was ready for it: built here
                 self._done[head.index] = (self._build_here(head.task), None)
                 break
-            for part in head.parts:  # a lost task's batches no actor was ready for
-                if part.actor is None and part.result is None:
-                    part.result = self._build_here(part.task)
-            if head.parts and self._parts_done(head):
-                break
+            if head.parts:
+                first = head.parts[0]
+                if first.actor is None and not first.back:  # no actor was ready for it
+                    first.result = self._build_here(first.task)
+                if first.back:
+                    return self._hand_out(head)
             left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if left <= 0:
                 raise self._stalled(head)
@@ -258,6 +270,23 @@ class ActorPool:
         if error is not None:
             raise error
         return result
+
+    def _hand_out(self, head: _Task) -> TaskResult:
+        """The parts of ``head`` back at its front, as one result (the first part's error
+        raised); the task is taken with its last part."""
+        ready = 0
+        while ready < len(head.parts) and head.parts[ready].result is not None:
+            ready += 1
+        if not ready:  # its first part's error: the task's
+            self._pending.popleft()
+            error = head.parts[0].error
+            assert error is not None
+            raise error
+        results = [p.result for p in head.parts[:ready] if p.result is not None]
+        del head.parts[:ready]
+        if not head.parts:
+            self._pending.popleft()
+        return merge(results)
 
     def _build_here(self, task: Any) -> TaskResult:
         """``task``'s result, built in this process (no actor was ready for it)."""
@@ -293,8 +322,8 @@ class ActorPool:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
         for ref in ready:  # (each checked: not sent again meanwhile, after its actor died)
             pending, part = sent[ref]
-            if part is not None and part.ref is ref and pending.index not in self._done:
-                self._receive_part(pending, part)
+            if part is not None and part.ref is ref:
+                self._receive_part(part)
             elif part is None and pending.ref is ref:
                 self._receive(pending)
 
@@ -307,18 +336,14 @@ class ActorPool:
         self._done[pending.index] = got
         pending.ref = None
 
-    def _receive_part(self, pending: _Task, part: _Part) -> None:
+    def _receive_part(self, part: _Part) -> None:
         actor = part.actor
         assert actor is not None
         got = self._get(actor, part.ref)
         if got is None:
             return
-        result, error = got
-        if error is not None:
-            self._done[pending.index] = got
-        part.result = result
+        part.result, part.error = got
         part.ref = None
-        self._parts_done(pending)
 
     def _get(self, actor: _Actor, ref: Any) -> tuple[Any, BaseException | None] | None:
         """The ready object ``ref`` of ``actor``'s: (result, None), or (None, the work's error,
@@ -339,15 +364,6 @@ class ActorPool:
         result.seconds["transfer"] = time.perf_counter() - t0
         actor.unfinished -= 1
         return result, None
-
-    def _parts_done(self, pending: _Task) -> bool:
-        """Whether every part of ``pending`` is built (then its result is the parts' merged)."""
-        if pending.index in self._done:
-            return True
-        if any(part.result is None for part in pending.parts):
-            return False
-        self._done[pending.index] = (merge([p.result for p in pending.parts if p.result]), None)
-        return True
 
     def _send_part(self, part: _Part) -> None:
         """Send ``part`` to the least busy ready actor, to run at once (built here if none)."""
@@ -398,12 +414,12 @@ class ActorPool:
                 pending.actor, pending.ref = None, None
                 pending.parts = [_Part(task) for task in split(pending.task)]
             for part in pending.parts:
-                if part.result is None and part.actor in (actor, None):
+                if not part.back and part.actor in (actor, None):
                     self._send_part(part)
 
     def _stalled(self, head: _Task) -> Stalled:
         assert self.stall_timeout is not None
-        waiting = [p.actor for p in head.parts if p.result is None and p.actor is not None]
+        waiting = [p.actor for p in head.parts if not p.back and p.actor is not None]
         actor = head.actor or waiting[0]
         if not actor.pid:  # started since the last look?
             ray.wait([actor.started], timeout=STACK_WAIT_S, fetch_local=True)
