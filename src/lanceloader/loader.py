@@ -144,9 +144,11 @@ class Loader(MixSteering):
         cpu_budget: cores the loader may use (its worker threads, Lance's threads, its worker
             processes), held over any 5 s window by pacing the start of reads; ``None`` (the
             default): no budget. ``stats()`` says when the budget held the loader back.
-        tune: start with one read in flight and add reads while the loop waits for batches
-            (more than 1% of the time), settling on the fewest that keep it fed; the batches
-            are the same bytes as without it. Default False (see docs/profiling.md).
+        tune: give up reads in flight while the loop waits for batches under 1% of the time,
+            settling on the fewest that keep it fed (less memory, fewer bursts on the
+            trainer's cores); the batches are the same bytes as without it. ``None`` (the
+            default): on when ``num_workers`` and ``prefetch`` are left to the loader, off when
+            either is given; ``True``/``False``: on/off (see docs/profiling.md).
     """
 
     def __init__(
@@ -191,9 +193,10 @@ class Loader(MixSteering):
         log_every: int | None = None,
         stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
         cpu_budget: float | None = None,
-        tune: bool = False,
+        tune: bool | None = None,
     ) -> None:
-        self._governor = Governor.of(cpu_budget, tune)  # kept across epochs; None: neither
+        # kept across epochs; None: neither a budget nor tuning
+        self._governor = Governor.of(cpu_budget, tune, num_workers, prefetch)
         rank, world_size = resolve_rank_world(rank, world_size)
         self._pipeline = Pipeline.assemble(
             dataset,

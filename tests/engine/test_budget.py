@@ -110,6 +110,7 @@ def test_tuned_and_budgeted_streams_are_the_fixed_stream(uri: str) -> None:
     fixed = epochs(num_workers=3)
     assert epochs(num_workers=3, tune=True) == fixed
     assert epochs(num_workers=3, tune=True, cpu_budget=0.5) == fixed
+    assert epochs() == epochs(tune=False)  # the default (tuned) and the loader's own fixed
     assert fixed[0] != fixed[1]  # (epochs draw anew: the comparison can see a difference)
 
 
@@ -127,7 +128,11 @@ def test_a_tuned_loader_resumes_mid_epoch_as_the_fixed_one(uri: str) -> None:
     rest_tuned.load_state_dict(state)
     rest_fixed = ll.Loader(uri, 64, columns=["id"], shuffle=True, num_workers=2)
     rest_fixed.load_state_dict(state)
-    assert ids(rest_tuned) == ids(rest_fixed)
+    rest = ids(rest_fixed)
+    assert ids(rest_tuned) == rest
+    rest_default = ll.Loader(uri, 64, columns=["id"], shuffle=True)  # tuned by default
+    rest_default.load_state_dict(state)
+    assert ids(rest_default) == rest
     assert len(ids(ll.Loader(uri, 64, columns=["id"], shuffle=True))) == 15  # (10 were left)
 
 
@@ -143,9 +148,23 @@ def test_stats_name_the_budget_when_it_held_the_loader_back(uri: str) -> None:
     assert "the CPU budget (0.1 cores) held the loader back: the loop waited" in str(stats)
     assert "budget 0.1 cores: the loader used" in str(stats)
     assert "tuner" in (stats.governor or "")
-    plain = ll.Loader(uri, 32, columns=["id"])
+    plain = ll.Loader(uri, 32, columns=["id"], tune=False)
     list(plain)
     assert plain.stats().governor is None
+
+
+def test_a_default_loader_tunes_and_one_given_its_workers_or_prefetch_does_not(uri: str) -> None:
+    """tune=None (the default) tunes what the loader chose, never a number the user gave."""
+
+    def line(**kw: Any) -> str | None:
+        loader = ll.Loader(uri, 32, columns=["id"], **kw)
+        list(loader)
+        return loader.stats().governor
+
+    assert (line() or "").startswith("tuner ")
+    assert line(num_workers=2) is None and line(prefetch=4) is None
+    assert (line(num_workers=2, tune=True) or "").startswith("tuner ")
+    assert line(tune=False) is None
 
 
 def test_a_gate_that_always_refuses_still_makes_progress() -> None:
@@ -173,6 +192,7 @@ def test_a_gate_that_always_refuses_still_makes_progress() -> None:
         (-1.0, False, ValueError),
         (float("inf"), False, ValueError),
         (None, "yes", TypeError),
+        (None, 1, TypeError),
     ],
 )
 def test_bad_budget_or_tune_is_refused_naming_the_keyword(
@@ -188,3 +208,4 @@ def test_a_governor_pickles_fresh() -> None:
     copy = pickle.loads(pickle.dumps(governor))
     assert (copy.cpu_budget, copy.tune, copy.tasks) == (1.5, True, 0)
     assert ll.Loader.__init__.__kwdefaults__["cpu_budget"] is None
+    assert ll.Loader.__init__.__kwdefaults__["tune"] is None

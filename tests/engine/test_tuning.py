@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from lanceloader.engine.tuning import PERIOD_BATCHES, PERIOD_S, Tuner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lanceloader.engine.tuning import PERIOD_BATCHES, PERIOD_S, TUNE_S, WAIT_SHARE, Tuner, tunes
 
 
 class Clock:
@@ -23,63 +26,84 @@ def periods(tuner: Tuner, clock: Clock, n: int, wait_share: float, refused: int 
             tuner.delivered(wait_share * per_batch, refused)
 
 
-def test_a_waiting_loop_grows_the_reads_to_the_depth_and_settles() -> None:
+def test_it_starts_at_the_depth_a_fixed_setting_runs() -> None:
+    tuner = Tuner(Clock())
+    assert tuner.limit(depth=6) == 6
+    assert "tuning, at 6 read(s)" in tuner.report()
+
+
+def test_a_fed_loop_gives_up_reads_down_to_one() -> None:
     clock = Clock()
     tuner = Tuner(clock)
-    assert tuner.limit(depth=4) == 1
-    for share in (0.4, 0.2, 0.1):  # each read more halves the wait
-        periods(tuner, clock, 1, wait_share=share)
-    assert (tuner.limit(4), tuner.settled) == (4, False)
-    periods(tuner, clock, 1, wait_share=0.05)
-    assert tuner.settled and "all the prefetch depth (4) in use" in tuner.report()
-
-
-def test_a_read_more_that_does_not_cut_the_wait_is_given_back() -> None:
-    """A wait the reads cannot cut (the hand-off, a busy machine) does not grow them to the
-    depth: the tuner keeps the read count before the one that did not help."""
-    clock = Clock()
-    tuner = Tuner(clock)
-    tuner.limit(depth=8)
-    for share in (0.3, 0.05, 0.045):  # 1 -> 2 helped, 2 -> 3 did not
-        periods(tuner, clock, 1, wait_share=share)
-    assert (tuner.limit(8), tuner.settled) == (2, True)
-    assert "a read more did not cut the wait" in tuner.report()
-    periods(tuner, clock, 3, wait_share=0.06)  # no worse than it settled at: stays
-    assert tuner.limit(8) == 2
-
-
-def test_a_large_wait_keeps_the_reads_growing_through_a_noisy_period() -> None:
-    clock = Clock()
-    tuner = Tuner(clock)
-    tuner.limit(depth=8)
-    for share in (0.3, 0.2, 0.25):  # 2 -> 3 looked no better, but the loop still waits 25%
-        periods(tuner, clock, 1, wait_share=share)
-    assert (tuner.limit(8), tuner.settled) == (4, False)
-
-
-def test_a_fed_loop_settles_at_the_fewest_reads() -> None:
-    clock = Clock()
-    tuner = Tuner(clock)
-    tuner.limit(depth=8)
-    periods(tuner, clock, 1, wait_share=0.3)  # 1 -> 2
+    tuner.limit(depth=4)
+    for expected in (3, 2, 1):  # two fed periods, one read fewer
+        periods(tuner, clock, 2, wait_share=0.0)
+        assert (tuner.limit(4), tuner.settled) == (expected, False)
     periods(tuner, clock, 2, wait_share=0.0)
-    assert (tuner.limit(8), tuner.settled) == (2, True)
-    assert tuner.report().startswith("tuner chose 2 read(s) in flight")
-    periods(tuner, clock, 1, wait_share=0.5)  # one bad period after settling: stays
-    assert tuner.limit(8) == 2
-    periods(tuner, clock, 1, wait_share=0.5)  # two in a row: one more
-    assert tuner.limit(8) == 3
+    assert (tuner.limit(4), tuner.settled) == (1, True)
+    assert tuner.report().startswith("tuner chose 1 read(s) in flight")
 
 
-def test_the_budget_stops_the_growth() -> None:
+def test_the_read_whose_loss_made_the_loop_wait_is_taken_back() -> None:
     clock = Clock()
     tuner = Tuner(clock)
     tuner.limit(depth=8)
-    periods(tuner, clock, 1, wait_share=0.3, refused=5)
-    assert (tuner.limit(8), tuner.settled) == (1, True)
-    assert "the CPU budget is the limit" in tuner.report()
-    for refused in (9, 13, 17, 21):  # still held by the budget (more starts put off): no more
-        periods(tuner, clock, 1, wait_share=0.3, refused=refused)
-    assert tuner.limit(8) == 1
-    periods(tuner, clock, 2, wait_share=0.7, refused=21)  # no budget hold, twice the wait
-    assert tuner.limit(8) == 2
+    periods(tuner, clock, 4, wait_share=0.005)  # fed at 8 and at 7: 6
+    assert tuner.limit(8) == 6
+    periods(tuner, clock, 1, wait_share=0.2)  # 6 leaves the loop waiting: back to 7
+    assert (tuner.limit(8), tuner.settled) == (7, True)
+    assert "fed with 7" in tuner.report()
+    periods(tuner, clock, 1, wait_share=0.5)  # one bad period after settling: stays
+    assert tuner.limit(8) == 7
+    periods(tuner, clock, 2, wait_share=0.5)  # two in a row: one more
+    assert tuner.limit(8) == 8
+    periods(tuner, clock, 4, wait_share=0.5)  # never past the depth
+    assert tuner.limit(8) == 8
+
+
+def test_a_waiting_loop_keeps_the_depth_and_settles_after_the_tuning_time() -> None:
+    clock = Clock()
+    tuner = Tuner(clock)
+    tuner.limit(depth=5)
+    periods(tuner, clock, int(TUNE_S / PERIOD_S) - 1, wait_share=0.3)
+    assert (tuner.limit(5), tuner.settled) == (5, False)
+    periods(tuner, clock, 2, wait_share=0.3)
+    assert (tuner.limit(5), tuner.settled) == (5, True)
+    assert "tuning time" in tuner.report()
+
+
+def test_settled_it_adds_no_read_while_the_budget_holds_the_loader() -> None:
+    clock = Clock()
+    tuner = Tuner(clock)
+    tuner.limit(depth=4)
+    periods(tuner, clock, 2, wait_share=0.0)
+    periods(tuner, clock, 1, wait_share=0.1)  # 3 was too few: back to 4, settled
+    periods(tuner, clock, 2, wait_share=0.0)
+    tuner.active = 2  # (as if settled lower)
+    for refused in (3, 6, 9, 12):  # the budget put starts off each period: not the reads
+        periods(tuner, clock, 1, wait_share=0.5, refused=refused)
+    assert tuner.limit(4) == 2
+    periods(tuner, clock, 2, wait_share=0.5, refused=12)  # no budget hold: one more
+    assert tuner.limit(4) == 3
+
+
+@given(depth=st.integers(1, 12), shares=st.lists(st.floats(0.0, 1.0), max_size=200))
+def test_reads_stay_within_one_and_the_depth_and_a_waiting_loop_keeps_them_all(
+    depth: int, shares: list[float]
+) -> None:
+    """Whatever the waits, 1 <= reads <= depth; a loop that always waits more than the aim
+    (the loader is the limit) keeps every read of the depth: never slower than fixed."""
+    clock = Clock()
+    tuner = Tuner(clock)
+    tuner.limit(depth)
+    for share in shares:
+        periods(tuner, clock, 1, wait_share=share)
+        assert 1 <= tuner.limit(depth) <= depth
+    if all(share > 1.001 * WAIT_SHARE for share in shares):  # (a margin for the float sums)
+        assert tuner.limit(depth) == depth
+
+
+def test_tunes_only_what_the_loader_chose() -> None:
+    assert tunes(None, None, None)
+    assert not tunes(None, 4, None) and not tunes(None, None, 8)
+    assert tunes(True, 4, 8) and not tunes(False, None, None)

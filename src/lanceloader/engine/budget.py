@@ -17,8 +17,8 @@ each ``submit``). Its contract:
   (the consumer takes a result, then asks again); with none in flight ``admit`` sleeps until
   the window has room, at most ``WINDOW_S`` seconds, then starts it anyway. That wait is the
   loop's (the budget is then what limits the loader: :meth:`report` says so in ``stats()``).
-* The tuner (:class:`~lanceloader.engine.tuning.Tuner`, ``tune=True``) bounds the tasks in
-  flight further; it changes how many tasks run at once, never which tasks or in what order,
+* The tuner (:class:`~lanceloader.engine.tuning.Tuner`, on by default where the loader chose
+  ``num_workers`` and ``prefetch``) bounds the tasks in flight further; it changes how many tasks run at once, never which tasks or in what order,
   so the batches are the same bytes as without it.
 
 Example::
@@ -45,7 +45,7 @@ from collections import deque
 from typing import Any
 
 from lanceloader.engine.threads import WORKER_NAME
-from lanceloader.engine.tuning import Tuner
+from lanceloader.engine.tuning import Tuner, tunes
 from lanceloader.engine.verdict import Verdict
 
 WINDOW_S = 5.0  # the budget holds over any window of this many seconds
@@ -131,11 +131,17 @@ class Governor:
         self.worst = 0.0  # the most cores used over a full window, as sampled
 
     @classmethod
-    def of(cls, cpu_budget: object, tune: object) -> Governor | None:
-        """The governor a loader's ``cpu_budget=`` and ``tune=`` ask for (None: neither),
-        after checking them (each error names the keyword and what it takes)."""
-        if not isinstance(tune, bool):
-            raise TypeError(f"tune must be True or False, got the {type(tune).__name__} {tune!r}")
+    def of(
+        cls, cpu_budget: object, tune: object, num_workers: object = None, prefetch: object = None
+    ) -> Governor | None:
+        """The governor a loader's ``cpu_budget=`` and ``tune=`` ask for (None: neither), after
+        checking them (each error names the keyword and what it takes); ``tune=None`` tunes
+        when ``num_workers`` and ``prefetch`` were left to the loader (:func:`tunes`)."""
+        if tune is not None and not isinstance(tune, bool):
+            raise TypeError(
+                f"tune must be True, False or None (the default: tune what the loader chose), "
+                f"got the {type(tune).__name__} {tune!r}"
+            )
         if cpu_budget is not None:
             if isinstance(cpu_budget, bool) or not isinstance(cpu_budget, numbers.Real):
                 raise TypeError(
@@ -146,9 +152,10 @@ class Governor:
                 raise ValueError(
                     f"cpu_budget must be > 0 cores (e.g. 0.5 or 2), or None, got {cpu_budget}"
                 )
-        if cpu_budget is None and not tune:
+        tuned = tunes(tune, num_workers, prefetch)
+        if cpu_budget is None and not tuned:
             return None
-        return cls(None if cpu_budget is None else float(cpu_budget), tune)
+        return cls(None if cpu_budget is None else float(cpu_budget), tuned)
 
     def __reduce__(self) -> tuple[type, tuple[float | None, bool]]:
         return (Governor, (self.cpu_budget, self.tune))  # a copy starts with fresh clocks
