@@ -318,7 +318,7 @@ class Pipeline:
             drop_last=b.drop_last,
             uri=name.uri,
             version=name.version,
-            dataset=name.identity,
+            named=name,  # its identity read when a state is made or checked (Lance: made then)
             columns=tuple(src.columns),
         )
 
@@ -343,7 +343,7 @@ class Pipeline:
                 **state,
                 "order": dict(spec.order),
                 "fingerprint": spec.fingerprint,
-                "dataset": spec.dataset,
+                "dataset": spec.identity,
                 "uri": spec.uri,
                 "sample": sample,
             },

@@ -24,9 +24,9 @@ from lanceloader.rows.cache.disk import SUFFIX
 from lanceloader.rows.cache.pieces import fragment_key
 from lanceloader.rows.dataset import dataset_identity
 from lanceloader.rows.lance import nulls
-from lanceloader.rows.lance.plan import live_rows
+from lanceloader.rows.lance.fragments import Fragments
 from lanceloader.rows.lance.source import Source
-from lanceloader.rows.lance.units import cache_units
+from lanceloader.rows.lance.units import cache_units, unit_metadata
 
 
 def appended(path, fragments: int, rows: int, nulls_at: tuple[int, ...] = ()) -> str:
@@ -57,26 +57,17 @@ counts_strategy = st.lists(st.integers(0, 40), max_size=30)
 def test_units_cover_the_fragments_in_order_and_appends_change_the_last_only(
     counts, piece_rows, cut
 ) -> None:
-    metas = [_Meta(i) for i in range(len(counts))]
-    units, starts = cache_units(metas, np.array(counts, dtype=np.int64), piece_rows)
+    units, starts = cache_units(np.array(counts, dtype=np.int64), piece_rows)
     covered = [i for u in units for i in range(u.first, u.stop)]
     assert covered == list(range(len(counts)))
     assert starts.tolist() == [0, *np.cumsum(counts)[[u.stop - 1 for u in units]].tolist()]
     for u in units:
         assert u.stop - u.first == 1 or sum(counts[u.first : u.stop]) <= piece_rows
     cut = min(cut, len(counts))
-    prefix, _ = cache_units(metas[:cut], np.array(counts[:cut], dtype=np.int64), piece_rows)
+    prefix, _ = cache_units(np.array(counts[:cut], dtype=np.int64), piece_rows)
     assert [(u.first, u.stop) for u in prefix[:-1]] == [(u.first, u.stop) for u in units][
         : max(len(prefix) - 1, 0)
     ]
-
-
-class _Meta:
-    """Fragment metadata as the unit code reads it."""
-
-    def __init__(self, i: int) -> None:
-        self.id, self.physical_rows, self.deletion_file = i, 1, None
-        self.files = [type("F", (), {"path": f"{i}.lance"})()]
 
 
 def test_a_unit_of_one_fragment_keeps_the_fragments_piece_names(tmp_path) -> None:
@@ -85,9 +76,10 @@ def test_a_unit_of_one_fragment_keeps_the_fragments_piece_names(tmp_path) -> Non
     ds = lance.dataset(uri)
     fragments = ds.get_fragments()
     metas = [f.metadata for f in fragments]
-    units, _ = cache_units(metas, np.array([f.count_rows() for f in fragments]), 1000)
+    units, _ = cache_units(np.array([f.count_rows() for f in fragments]), 1000)
     schema = ds.schema
-    assert [fragment_key(u.metadata, ["id"], schema) for u in units] == [
+    named = [unit_metadata(metas[u.first : u.stop]) for u in units]
+    assert [fragment_key(m, ["id"], schema) for m in named] == [
         fragment_key(m, ["id"], schema) for m in metas
     ]
 
@@ -98,10 +90,10 @@ def test_a_runs_piece_name_changes_with_any_of_its_fragments(tmp_path) -> None:
     def keys() -> list[str]:
         ds = lance.dataset(uri)
         fragments = ds.get_fragments()
-        units, _ = cache_units(
-            [f.metadata for f in fragments], np.array([f.count_rows() for f in fragments]), 30
-        )
-        return [fragment_key(u.metadata, ["id"], ds.schema) for u in units]
+        metas = [f.metadata for f in fragments]
+        units, _ = cache_units(np.array([f.count_rows() for f in fragments]), 30)
+        named = [unit_metadata(metas[u.first : u.stop]) for u in units]
+        return [fragment_key(m, ["id"], ds.schema) for m in named]
 
     before = keys()
     assert len(before) == 2
@@ -184,7 +176,7 @@ def test_the_dataset_identity_is_the_hash_it_was(many_uri) -> None:
 
 def test_live_rows_from_the_manifest_are_lances_counts_after_deletions(many_uri) -> None:
     fragments = lance.dataset(many_uri).get_fragments()
-    rows = live_rows(fragments, [f.metadata for f in fragments])
+    rows = Fragments(lance.dataset(many_uri)).live_rows()
     assert rows.tolist() == [f.count_rows() for f in fragments]
     assert rows.sum() < 120 * 50  # deletions counted
     assert Source(many_uri, ["id"]).num_rows == lance.dataset(many_uri).count_rows()

@@ -57,7 +57,7 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,10 @@ class StreamSpec:
     """Everything a state records besides the position, and the plan of this rank.
 
     Built once by each stateful class (``Loader``, samplers, ``IterableDataset``); ``uri``,
-    ``version`` and ``dataset`` are ``None`` for a sampler over a plain number of rows.
+    ``version`` and ``dataset`` are ``None`` for a sampler over a plain number of rows. With
+    ``named`` (the rows' ``DatasetName``), the identity is read from it when a state is first
+    made or checked (:attr:`identity`): Lance rows make it then, not at construction (every
+    fragment's metadata: 20-30 ms over 2,000 fragments).
     """
 
     num_rows: int
@@ -171,6 +174,12 @@ class StreamSpec:
     version: int | None = None
     dataset: str | None = None
     columns: tuple[str, ...] | None = None
+    named: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def identity(self) -> str | None:
+        """The dataset identity: ``dataset``, or ``named``'s."""
+        return self.dataset if self.named is None else self.named.identity
 
     def plan(self, start: int = 0) -> Plan:
         """This rank's plan for an epoch that starts at global sample ``start``."""
@@ -180,7 +189,7 @@ class StreamSpec:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.dataset, self.version, self.order)
+        return fingerprint(self.identity, self.version, self.order)
 
     def state(self, epoch: int, sample: int, **extra: Any) -> dict[str, Any]:
         """The state at ``(epoch, sample)``: the same keys at every position (plus ``extra``)."""
@@ -188,7 +197,7 @@ class StreamSpec:
             "format": FORMAT,
             "uri": self.uri,
             "version": self.version,
-            "dataset": self.dataset,
+            "dataset": self.identity,
             "order": dict(self.order),
             "fingerprint": self.fingerprint,
             "batch_size": self.batch_size,
@@ -357,10 +366,10 @@ def _dataset_problems(saved: dict[str, Any], spec: StreamSpec, allow: tuple[str,
             f"dataset version: state has version {version} of {uri!r}, this loader reads "
             f"version {spec.version} of {spec.uri!r}" + _version_hint(version)
         ]
-    if identity != spec.dataset:
+    if identity != spec.identity:
         return [
             f"dataset identity: state has dataset {identity} at {uri!r}, this loader reads "
-            f"dataset {spec.dataset} at {spec.uri!r} (both version {version}): these are "
+            f"dataset {spec.identity} at {spec.uri!r} (both version {version}): these are "
             "different data (re-created, or overwritten and cleaned up), so the state's "
             "samples do not exist here. Point the loader at the dataset the state came from, "
             "or start without the state"

@@ -55,6 +55,8 @@ class _Lance(Protocol):
 
     def read_fragment(self, index: int, start: int, rows: int, io: StorageIO) -> pa.Table: ...
 
+    def unit_metadata(self, index: int) -> Any: ...
+
     def read_offsets(self, offsets: np.ndarray, io: StorageIO) -> pa.Table: ...
 
 
@@ -74,25 +76,24 @@ class _Placed:
 
 class CachedReads:
     """The pieces of a source's fragments and its reads through ``source.cache`` (see the
-    module's text). ``fragments``: the pinned version's fragments (their metadata names the
-    pieces); ``starts``: each fragment's first row offset, then the row count; ``selected``:
-    the row offsets the filter and split keep (``None``: every row); ``on_store``: an object
-    store (every piece a read wants is filled: a take costs a round trip there)."""
+    module's text). ``units``: what pieces are cut from (``rows/lance/units.py``; each one's
+    metadata names its pieces, asked of the source when first needed: :meth:`unit_key`);
+    ``starts``: each unit's first row offset, then the row count; ``selected``: the row offsets
+    the filter and split keep (``None``: every row); ``on_store``: an object store (every piece
+    a read wants is filled: a take costs a round trip there)."""
 
     def __init__(
         self,
         source: _Lance,
-        fragments: list[Any],
+        units: list[Any],
         starts: np.ndarray,
         selected: np.ndarray | None,
         on_store: bool,
     ) -> None:
         self.source, self.on_store = source, on_store
         self.piece_rows = policy.piece_rows(source.bytes_per_row)
-        schema = source.schema_table().schema
-        self.fragment_keys = [
-            policy.fragment_key(f.metadata, source.columns, schema) for f in fragments
-        ]
+        self._schema = source.schema_table().schema
+        self._keys: list[str | None] = [None] * len(units)  # unit_key(), made when first named
         per_fragment = [-(-int(n) // self.piece_rows) for n in np.diff(starts)]
         self.piece_base = np.cumsum([0, *per_fragment], dtype=np.int64)
         # where offsets lie among the pieces (numbered as piece_base counts them)
@@ -102,7 +103,7 @@ class CachedReads:
                 + [starts[-1:]]
             )
         )
-        self.piece_fragment = np.repeat(np.arange(len(fragments)), np.diff(self.piece_base))
+        self.piece_fragment = np.repeat(np.arange(len(units)), np.diff(self.piece_base))
         sizes = np.diff(self.pieces_at.starts)
         chosen = (
             sizes
@@ -117,9 +118,24 @@ class CachedReads:
 
     def name(self, piece: int) -> str:
         """The cache name of piece number ``piece``."""
-        fragment = int(self.piece_fragment[piece])
-        number = piece - int(self.piece_base[fragment])
-        return policy.piece_name(self.fragment_keys[fragment], self.piece_rows, number)
+        unit = int(self.piece_fragment[piece])
+        number = piece - int(self.piece_base[unit])
+        return policy.piece_name(self.unit_key(unit), self.piece_rows, number)
+
+    def unit_key(self, unit: int) -> str:
+        """The name of unit ``unit``'s data in the projection (:func:`~lanceloader.rows.cache.
+        pieces.fragment_key` of its metadata), made in this process when first asked (a slot
+        made twice by two threads holds the same name)."""
+        key = self._keys[unit]
+        if key is None:
+            meta = self.source.unit_metadata(unit)
+            key = self._keys[unit] = policy.fragment_key(meta, self.source.columns, self._schema)
+        return key
+
+    @property
+    def fragment_keys(self) -> list[str]:
+        """Every unit's :meth:`unit_key`, in order."""
+        return [self.unit_key(i) for i in range(len(self._keys))]
 
     def read(self, offsets: np.ndarray, io: StorageIO) -> tuple[pa.Table, int]:
         """The rows at Lance ``offsets`` through the cache, and how many came from it."""

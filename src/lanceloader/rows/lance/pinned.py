@@ -1,21 +1,27 @@
 """The pinned dataset of Lance rows, opened in each process: lazily, once per process (keyed by
 PID), never carried into a child (pickled, a ``Source`` is plain parameters: URI, version,
 storage options, columns and the computed row list), refused in a process forked after Lance
-ran (it would hang there: reads go through a clean reader instead); and the per-process state
+ran (it would hang there: reads go through a clean reader instead); the per-process state
 of reads on an object store (the fragments whose metadata this process has, the fragment
-slivers its sequential reads share)."""
+slivers its sequential reads share); and what is made of every fragment's metadata when first
+needed, not at construction (the dataset identity, a cache unit's metadata: 20-30 ms over
+2,000 fragments, ``rows/lance/fragments.py``)."""
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import lance
 
 from lanceloader.lifecycle import forksafe
+from lanceloader.rows.dataset import fragment_names, names_identity
 from lanceloader.rows.lance.first_reads import FirstReads
 from lanceloader.rows.lance.fragment_tails import FragmentTails
+from lanceloader.rows.lance.fragments import Fragments
+from lanceloader.rows.lance.units import Unit, UnitMetadata, unit_metadata
 from lanceloader.rows.protocol import DatasetName
 from lanceloader.rows.store import object_store_options
 
@@ -23,15 +29,16 @@ _MAKING = threading.Lock()  # one FragmentTails per Source and process, whicheve
 
 
 class PinnedDataset:
-    """What a ``Source`` opens per process (see the module's text); it sets ``dataset_name``,
-    ``storage_options``, ``_ds``, ``_pid``, ``_fragments``, ``_reader``,
+    """What a ``Source`` opens per process (see the module's text); it sets ``dataset_name``
+    (a :class:`LateName`), ``storage_options``, ``_ds``, ``_pid``, ``_fragments``, ``_reader``, ``_units``,
     ``_first_reads`` and ``_tails``."""
 
     dataset_name: DatasetName
     storage_options: dict[str, str] | None
     _ds: lance.LanceDataset | None
     _pid: int
-    _fragments: Any
+    _fragments: Fragments | None
+    _units: list[Unit]
     _first_reads: FirstReads | None
     _tails: FragmentTails | None
 
@@ -59,16 +66,35 @@ class PinnedDataset:
             # Opened into locals and published fragments first, the process id last: a thread
             # that reads concurrently (Grain calls from many threads) sees either nothing (and
             # opens its own: harmless) or a dataset with its fragments, never one without.
+            name = self.dataset_name
             ds = lance.dataset(
-                self.dataset_name.uri,
-                version=self.dataset_name.version,
-                storage_options=object_store_options(self.dataset_name.uri, self.storage_options),
+                name.uri,
+                version=name.version,
+                storage_options=object_store_options(name.uri, self.storage_options),
             )
-            self._fragments = ds.get_fragments()
+            self._fragments = Fragments(ds)
             self._first_reads = None  # a new dataset object: no file metadata cached yet
             self._ds = ds
             self._pid = os.getpid()
         return self._ds
+
+    def unit_metadata(self, index: int) -> UnitMetadata:
+        """What names the data of cache unit ``index`` (``rows/lance/units.py``), from its
+        fragments' metadata, read in this process."""
+        unit, fragments = self._units[index], self._opened_fragments()
+        return unit_metadata([fragments.metadata(i) for i in range(unit.first, unit.stop)])
+
+    def made_identity(self) -> str:
+        """The dataset identity (:func:`~lanceloader.rows.dataset.dataset_identity`) of the
+        pinned version, made from every fragment's metadata, read in this process."""
+        names = fragment_names(self._opened_fragments().all_metadata())
+        return names_identity(self.dataset.schema, names)
+
+    def _opened_fragments(self) -> Fragments:
+        """This process's :class:`Fragments` of the pinned version (opened with the dataset)."""
+        fragments = self._fragments if self.dataset is not None else None
+        assert fragments is not None  # the dataset sets them before it is published
+        return fragments
 
     def _sharing(self) -> FragmentTails:
         """This process's :class:`FragmentTails` (made here after unpickling)."""
@@ -86,3 +112,26 @@ class PinnedDataset:
         if first is None:
             first = self._first_reads = FirstReads()
         return first
+
+
+class LateName(DatasetName):
+    """A Lance dataset's name whose identity is made when first read (a state, a cache key, a
+    ledger), not at construction: by ``make``, a method of the rows that own it, in the
+    process that reads it first (pickled once made, it carries the identity). Equal, hashed
+    and shown as the :class:`DatasetName` it stands for."""
+
+    def __init__(
+        self, uri: str, version: int, make: Callable[[], str], identity: str | None = None
+    ) -> None:
+        object.__setattr__(self, "uri", uri)
+        object.__setattr__(self, "version", version)
+        object.__setattr__(self, "_identity", identity)
+        object.__setattr__(self, "_make", make)
+
+    @property
+    def identity(self) -> str:
+        identity: str | None = self.__dict__["_identity"]
+        if identity is None:  # two threads making it make the same string
+            identity = self.__dict__["_make"]()
+            object.__setattr__(self, "_identity", identity)
+        return identity

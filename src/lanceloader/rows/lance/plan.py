@@ -7,6 +7,7 @@ where Lance may be used: no process forked later needs to.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import lance
@@ -21,24 +22,6 @@ from lanceloader.rows.dataset import (
 )
 from lanceloader.rows.lance.blobs import payload_bytes_per_row
 from lanceloader.rows.lance.splits import split_mask
-
-
-def live_rows(fragments: list[Any], metadata: list[Any]) -> np.ndarray:
-    """Each fragment's rows after deletions, from the manifest (``metadata``, read once by the
-    caller): physical rows less the rows its deletion file records, no per-fragment call into
-    Lance (``fragment.count_rows()`` cost 10-20 ms over 2,000 fragments). A deletion file that
-    records no count (written by an old Lance) is counted by Lance, which reads it.
-
-    >>> from lanceloader.rows.lance.units import UnitMetadata
-    >>> live_rows([], [UnitMetadata(0, 5, [], None), UnitMetadata(1, 7, [], None)]).tolist()
-    [5, 7]
-    """
-    rows = np.empty(len(metadata), dtype=np.int64)
-    for i, meta in enumerate(metadata):
-        deletion = meta.deletion_file
-        deleted = 0 if deletion is None else deletion.num_deleted_rows
-        rows[i] = fragments[i].count_rows() if deleted is None else meta.physical_rows - deleted
-    return rows
 
 
 def select_rows(source: Any, ds: lance.LanceDataset) -> np.ndarray | None:
@@ -81,7 +64,7 @@ def scan_rows(source: Any, ds: lance.LanceDataset) -> np.ndarray:
 
 
 def bytes_per_row(
-    source: Any, fragments: list[Any], starts: np.ndarray, sample_rows: int = 256
+    source: Any, fragments: Sequence[Any], starts: np.ndarray, sample_rows: int = 256
 ) -> tuple[float, int | None]:
     """Arrow bytes per row of the source's columns, estimated from the first rows of the first
     non-empty fragment, taken (a take of 256 rows cost a third to a half of a scan limited to

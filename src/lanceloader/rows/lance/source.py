@@ -72,13 +72,13 @@ from lanceloader.rows.lance.describe import (
 from lanceloader.rows.lance.first_reads import FirstReads
 from lanceloader.rows.lance.follow import Agreement, FollowsTable, agreed_dataset, start_following
 from lanceloader.rows.lance.fragment_tails import FragmentTails
+from lanceloader.rows.lance.fragments import Fragments
 from lanceloader.rows.lance.nulls import check_nulls
-from lanceloader.rows.lance.pinned import PinnedDataset
-from lanceloader.rows.lance.plan import bytes_per_row, live_rows, select_rows
+from lanceloader.rows.lance.pinned import LateName, PinnedDataset
+from lanceloader.rows.lance.plan import bytes_per_row, select_rows
 from lanceloader.rows.lance.sorted_read import read_sorted_local
 from lanceloader.rows.lance.units import Unit, cache_units, read_unit
 from lanceloader.rows.protocol import (
-    DatasetName,
     Intervals,
     Read,
     ReadHints,
@@ -168,11 +168,12 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         self.storage_options = dict(storage_options) if storage_options else None
         version = int(version) if isinstance(version, numbers.Integral) else version
         ds = agreed_dataset(open_dataset(dataset, version, self.storage_options), follow, version)
-        self._fragments = ds.get_fragments()
-        metadata = [f.metadata for f in self._fragments]  # once: 14 us a fragment
-        names = fragment_names(metadata)  # what the identity hashes (and a followed table keeps)
-        identity = names_identity(ds.schema, names)
-        self.dataset_name = DatasetName(local_uri(ds.uri), ds.version, identity)
+        self._fragments = fragments = Fragments(ds)  # wrapped and described on demand
+        # the fragments' names: what the identity hashes and a followed table keeps; when
+        # pinned, both are made when first asked (dataset_name: pinned.py)
+        names = fragment_names(fragments.all_metadata()) if follow else []
+        known = names_identity(ds.schema, names) if follow else None
+        self.dataset_name = LateName(local_uri(ds.uri), ds.version, self.made_identity, known)
         self._version: int = ds.version
         self.schema: pa.Schema = ds.schema
         self.columns: list[str] = check_columns(columns, ds.schema)
@@ -193,14 +194,12 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         self._tails: FragmentTails | None = None
         self._on_store = is_object_store(self.uri)
         self._store_fragment_positions: np.ndarray | None = None
-        self._fragment_ids = [m.id for m in metadata]  # the manifest's: no call per fragment
-        self._fragment_starts = np.cumsum(
-            [0, *live_rows(self._fragments, metadata)], dtype=np.int64
-        )
+        self._fragment_ids = fragments.ids()  # the manifest's: no call per fragment
+        self._fragment_starts = np.cumsum([0, *fragments.live_rows()], dtype=np.int64)
         self._fragments_at = Intervals(self._fragment_starts)  # before any read (its errors)
         self.plan_origin = "none"
         self._rows: np.ndarray | None = select_rows(self, ds)
-        self.bytes_per_row, sampled = bytes_per_row(self, self._fragments, self._fragment_starts)
+        self.bytes_per_row, sampled = bytes_per_row(self, fragments, self._fragment_starts)
         if sampled is not None:
             self._opening().opened([sampled])  # its file's metadata is in ds's cache now
         if auto:  # decided once the rows and their size are known
@@ -211,7 +210,7 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
                 cache_size,
             )
         self._units: list[Unit] = []  # what the cache's pieces are cut from (_cached_reads)
-        self.cached = None if self.cache is None else self._cached_reads(metadata)
+        self.cached = None if self.cache is None else self._cached_reads()
         ds.io_stats_incremental()  # construction's I/O is not the first read's (stats())
         following = start_following(follow, ds.version, self.num_rows, names)
         self.follow, self._agree, self._names = following
@@ -220,11 +219,11 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
 
     # --- construction -------------------------------------------------------------------
 
-    def _cached_reads(self, metadata: list[Any]) -> CachedReads:
+    def _cached_reads(self) -> CachedReads:
         """The reads through the cache (``rows/lance/cached.py``), its pieces cut from cache
         units: a fragment, or a run of consecutive small ones (``rows/lance/units.py``)."""
         self._units, starts = cache_units(
-            metadata, np.diff(self._fragment_starts), piece_rows(self.bytes_per_row)
+            np.diff(self._fragment_starts), piece_rows(self.bytes_per_row)
         )
         return CachedReads(self, self._units, starts, self._rows, self._on_store)
 
@@ -404,7 +403,7 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
         the rows): ``to_table`` gave a chunk per 8,192 rows, which the cache then copied into one
         (3.6 ms of CPU per 13.6 MB piece on the emulated store, same requests)."""
         unit = self._units[index]
-        table = read_unit(self.dataset, self._fragments, unit, self.columns, start, rows)
+        table = read_unit(self.dataset, self._opened_fragments(), unit, self.columns, start, rows)
         first = int(self._fragment_starts[unit.first]) + start
         return attach_blobs(table, np.arange(first, first + table.num_rows), self.blobs, self, io)
 
@@ -418,7 +417,7 @@ class Source(PinnedDataset, FollowsTable, RowsBase):
                 return ds.take(offsets, columns=self.columns), np.arange(len(offsets))
         return read_sorted_local(
             ds,
-            self._fragments,
+            self._opened_fragments(),
             self._fragment_starts,
             self._fragment_of(offsets),
             offsets,

@@ -10,15 +10,18 @@ near their intended size whatever the fragments are.
 
 Contract: the units cover the pinned version's fragments in order, each fragment in exactly one;
 a prefix of the fragments is grouped the same whatever follows it, so appending fragments
-changes the last unit only (its pieces are filled again, the others stay valid). A unit's
-``metadata`` names its data as :func:`~lanceloader.rows.cache.pieces.fragment_key` reads it: for
-a unit of one fragment exactly the fragment's own (the pieces cached before runs existed stay
+changes the last unit only (its pieces are filled again, the others stay valid). Units are cut
+from the fragments' row counts alone; a unit's :func:`unit_metadata` (made from its fragments'
+metadata when its pieces are first named, not at construction: 2,000 fragments' metadata cost
+20-30 ms) names its data as :func:`~lanceloader.rows.cache.pieces.fragment_key` reads it: for a
+unit of one fragment exactly the fragment's own (the pieces cached before runs existed stay
 valid); for a run, every fragment's id, files and deletions, so any change to one of them
 changes the run's name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,18 +63,15 @@ class UnitMetadata:
 class Unit:
     """Fragments ``first .. stop - 1`` of the pinned version (indices in its fragment list)."""
 
-    metadata: UnitMetadata
     first: int
     stop: int
 
 
-def cache_units(
-    metadata: list[Any], counts: np.ndarray, piece_rows: int
-) -> tuple[list[Unit], np.ndarray]:
-    """The units of fragments with ``metadata`` and ``counts`` rows each (see the module's text),
-    and each unit's first row offset, then the row count.
+def cache_units(counts: np.ndarray, piece_rows: int) -> tuple[list[Unit], np.ndarray]:
+    """The units of fragments of ``counts`` rows each (see the module's text), and each unit's
+    first row offset, then the row count.
 
-    >>> units, starts = cache_units([_meta(i) for i in range(5)], np.array([3, 3, 9, 2, 2]), 6)
+    >>> units, starts = cache_units(np.array([3, 3, 9, 2, 2]), 6)
     >>> [(u.first, u.stop) for u in units], starts.tolist()
     ([(0, 2), (2, 3), (3, 5)], [0, 6, 15, 19])
     """
@@ -79,22 +79,25 @@ def cache_units(
     first, rows = 0, 0
     for i, n in enumerate(counts.tolist()):
         if i > first and rows + n > piece_rows:
-            units.append(_unit(metadata, first, i))
+            units.append(Unit(first, i))
             first, rows = i, 0
         rows += n
     if len(counts):
-        units.append(_unit(metadata, first, len(counts)))
+        units.append(Unit(first, len(counts)))
     ends = np.cumsum(counts, dtype=np.int64)
     return units, np.concatenate(([0], ends[[u.stop - 1 for u in units]])).astype(np.int64)
 
 
-def _unit(metadata: list[Any], first: int, stop: int) -> Unit:
-    """The unit of fragments ``first .. stop - 1``."""
-    metas = metadata[first:stop]
+def unit_metadata(metas: list[Any]) -> UnitMetadata:
+    """What names the data of the unit of fragments with metadata ``metas`` (in order).
+
+    >>> unit_metadata([_meta(3)]).id, unit_metadata([_meta(3), _meta(4)]).id
+    (3, 'run [3, 4]')
+    """
     files = [UnitFile(p) for m in metas for p in file_paths(m)]
     if len(metas) == 1:
         m = metas[0]
-        return Unit(UnitMetadata(m.id, m.physical_rows, files, m.deletion_file), first, stop)
+        return UnitMetadata(m.id, m.physical_rows, files, m.deletion_file)
     deletions = [m.deletion_file for m in metas]
     gone = (
         None
@@ -105,14 +108,12 @@ def _unit(metadata: list[Any], first: int, stop: int) -> Unit:
         )
     )
     ids = [m.id for m in metas]
-    return Unit(
-        UnitMetadata(f"run {ids}", sum(m.physical_rows for m in metas), files, gone), first, stop
-    )
+    return UnitMetadata(f"run {ids}", sum(m.physical_rows for m in metas), files, gone)
 
 
 def read_unit(
     ds: lance.LanceDataset,
-    fragments: list[Any],
+    fragments: Sequence[Any],
     unit: Unit,
     columns: list[str],
     start: int,
