@@ -59,7 +59,7 @@ class Tuner:
         self._clock = clock  # (a test's own clock)
         self.active: int | None = None  # the depth until the first stream asks
         self.settled = False
-        self.why = "tuning: no batch delivered yet"
+        self.why = f"tuning: no full period ({PERIOD_S:g} s and {PERIOD_BATCHES} batches) yet"
         self._began = clock()
         self._period_at = self._began
         self._waited = 0.0
