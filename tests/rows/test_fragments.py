@@ -3,13 +3,14 @@
 The cache cuts its pieces from units (a fragment, or a run of consecutive small ones), a run of
 rows that crosses fragments is one read, the construction-time null scan stops past
 ``NULL_SCAN_FRAGMENTS`` fragments (the batch holding a null still refuses it), and the dataset
-identity is the hash it was.
+identity is the hash it was, made when first read (a state, a cache key), not at construction.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 
 import lance
 import numpy as np
@@ -27,6 +28,7 @@ from lanceloader.rows.lance import nulls
 from lanceloader.rows.lance.fragments import Fragments
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.lance.units import cache_units, unit_metadata
+from lanceloader.state.format import fingerprint
 
 
 def appended(path, fragments: int, rows: int, nulls_at: tuple[int, ...] = ()) -> str:
@@ -152,11 +154,12 @@ def test_the_null_scan_stops_past_its_fragment_cap_and_the_batch_refuses(
     assert "its row 15 is position 47" in "\n".join(info.value.__notes__)
 
 
-def test_the_dataset_identity_is_the_hash_it_was(many_uri) -> None:
-    ds = lance.dataset(many_uri)
-    fragments = ds.get_fragments()
+def old_identity(uri: str) -> str:
+    """The dataset identity by the formula before issue 44, through Lance's ``DataFile.path``
+    (what states saved by older releases carry)."""
+    ds = lance.dataset(uri)
     parts: list = [ds.schema.to_string(show_schema_metadata=False)]
-    for f in fragments:  # the formula before issue 44, through Lance's DataFile.path
+    for f in ds.get_fragments():
         m = f.metadata
         d = m.deletion_file
         parts.append(
@@ -168,10 +171,84 @@ def test_the_dataset_identity_is_the_hash_it_was(many_uri) -> None:
             ]
         )
     blob = json.dumps(parts, separators=(",", ":"), default=str).encode()
-    before = hashlib.blake2b(blob, digest_size=8).hexdigest()
+    return hashlib.blake2b(blob, digest_size=8).hexdigest()
+
+
+def test_the_dataset_identity_is_the_hash_it_was(many_uri) -> None:
+    before = old_identity(many_uri)
+    ds = lance.dataset(many_uri)
+    fragments = ds.get_fragments()
     assert dataset_identity(ds.schema, fragments) == before
     assert dataset_identity(ds.schema, [f.metadata for f in fragments]) == before
     assert Source(many_uri, columns=["id"]).identity == before
+
+
+def test_construction_reads_no_fragment_metadata_and_the_state_has_the_identity(
+    many_uri, tmp_path
+) -> None:
+    loader = ll.Loader(
+        many_uri, batch_size=64, columns=["id"], shuffle=True, cache=str(tmp_path / "c")
+    )
+    src = loader.source
+    assert src.dataset_name.__dict__["_identity"] is None  # not made at construction
+    assert all(m is None for m in src._fragments._metadata)  # no fragment's metadata read
+    next(iter(loader))  # a read names the pieces it uses (their units' metadata read)
+    assert src.dataset_name.__dict__["_identity"] is None  # nor made by an epoch's start
+    assert loader.state_dict()["dataset"] == old_identity(many_uri)
+    assert src.cached.fragment_keys == [
+        fragment_key(unit_metadata(metas), ["id"], src.schema_table().schema)
+        for metas in (
+            [f.metadata for f in lance.dataset(many_uri).get_fragments()[u.first : u.stop]]
+            for u in src._units
+        )
+    ]
+
+
+def test_the_identity_is_the_same_across_opens_and_changes_with_the_data(tmp_path) -> None:
+    uri = appended(tmp_path / "grows.lance", 3, 10)
+    first = Source(uri, ["id"]).identity
+    assert Source(uri, ["id"]).identity == first == old_identity(uri)
+    assert Source(lance.dataset(uri), ["id"]).identity == first
+    unpickled = pickle.loads(pickle.dumps(Source(uri, ["id"])))  # made after reopening
+    assert unpickled.identity == first
+    seen = {first}
+    table = pa.table({"id": np.arange(5), "label": np.arange(5), "score": np.ones(5, "f4")})
+    lance.write_dataset(table, uri, mode="append")
+    versions = [lance.dataset(uri).version]
+    lance.dataset(uri).delete("id = 3")
+    versions.append(lance.dataset(uri).version)
+    lance.write_dataset(lance.dataset(uri).to_table(), uri, mode="overwrite")  # the same rows
+    versions.append(lance.dataset(uri).version)
+    for version in versions:
+        identity = Source(uri, ["id"], version=version).identity
+        assert identity == old_identity_at(uri, version) and identity not in seen
+        seen.add(identity)
+
+
+def old_identity_at(uri: str, version: int) -> str:
+    """The identity of ``uri`` at ``version`` made at once (:func:`dataset_identity`)."""
+    ds = lance.dataset(uri, version=version)
+    return dataset_identity(ds.schema, ds.get_fragments())
+
+
+def test_a_state_saved_before_issue_44_loads_and_another_datasets_is_refused(tmp_path) -> None:
+    uri = appended(tmp_path / "a.lance", 4, 25)
+    other = appended(tmp_path / "b.lance", 4, 25)  # the same rows, other files
+    loader = ll.Loader(uri, batch_size=10, columns=["id"], shuffle=True, seed=5)
+    it = iter(loader)
+    seen = [next(it)["id"] for _ in range(3)]
+    state = loader.state_dict()
+    old = {**state, "dataset": old_identity(uri)}  # as the release before saved it
+    old["fingerprint"] = fingerprint(old["dataset"], old["version"], old["order"])
+    assert old == state
+    fresh = ll.Loader(uri, batch_size=10, columns=["id"], shuffle=True, seed=5)
+    fresh.load_state_dict(old)  # its identity made here, by the check
+    rest = [b["id"] for b in fresh]
+    whole = [b["id"] for b in ll.Loader(uri, batch_size=10, columns=["id"], shuffle=True, seed=5)]
+    assert [x.tolist() for x in seen + rest] == [x.tolist() for x in whole]
+    elsewhere = ll.Loader(other, batch_size=10, columns=["id"], shuffle=True, seed=5)
+    with pytest.raises(ll.StateMismatchError, match="dataset identity"):
+        elsewhere.load_state_dict(old)
 
 
 def test_live_rows_from_the_manifest_are_lances_counts_after_deletions(many_uri) -> None:
