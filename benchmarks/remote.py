@@ -220,7 +220,7 @@ def kill(name: str, how: str) -> None:
     if how == "ray.kill":
         ray.kill(actor)
     else:
-        pid, _ = ray.get(actor.where.remote())
+        pid: int = ray.get(actor.where.remote())[0]
         os.kill(pid, signal.SIGKILL)
 
 
