@@ -25,11 +25,15 @@ Method
   construct / open, construct / open+plan: the medians of the per-run ratios). Targets (issue
   44): construct <= 2x ``open`` plus the plan; a block-shuffle epoch over the appended table
   <= 1.5x the same rows in 4 fragments.
+* ``--before SRC``: every run is made twice, with this checkout's code and with the ``src``
+  folder of another (``git worktree add /tmp/old HEAD~1``; on ``PYTHONPATH``), in alternating
+  order; reported as one more table, ``before``, and the medians of after / before per run.
 
 Usage::
 
     python benchmarks/fragments.py                       # 1M rows, 5 repeats
     python benchmarks/fragments.py --rows 100000 --repeats 2   # smoke run
+    python benchmarks/fragments.py --before /tmp/old/src --cases block,sequential
 """
 
 from __future__ import annotations
@@ -121,10 +125,15 @@ def plan_calls(ds: Any) -> list[tuple[int, int]]:
     return [(f.id(), f.physical_rows - f.num_deletions) for f in ds._ds.get_fragments()]
 
 
-def run_child(uri: str, case: str) -> dict[str, Any]:
-    """:func:`child` in a fresh process."""
+def run_child(uri: str, case: str, src: str | None = None) -> dict[str, Any]:
+    """:func:`child` in a fresh process (importing lanceloader from ``src`` when given)."""
+    env = {**os.environ, "PYTHONPATH": src} if src else None
     out = subprocess.run(
-        [sys.executable, __file__, "--child", uri, case], check=True, capture_output=True, text=True
+        [sys.executable, __file__, "--child", uri, case],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -136,6 +145,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--before", default=None, help="another checkout's src folder")
     parser.add_argument("--child", nargs=2, metavar=("URI", "CASE"))
     args = parser.parse_args()
     if args.child:
@@ -148,7 +158,10 @@ def main() -> None:
     for repeat in range(args.repeats):
         for case in args.cases.split(","):
             for name in ["many", "four"] if repeat % 2 else ["four", "many"]:
-                results.setdefault((case, name), []).append(run_child(tables[name], case))
+                codes = [None, args.before] if args.before else [None]
+                for src in codes if repeat % 2 == 0 else codes[::-1]:
+                    key = (case, name if src is None else f"{name} before")
+                    results.setdefault(key, []).append(run_child(tables[name], case, src))
     report(results, args)
 
 
@@ -159,7 +172,7 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: Any) -> N
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     keys = ("open", "open+plan", "construct", "epoch 0", "epoch 1")
-    print(f"{'case':<12}{'table':<6}" + "".join(f"{k:>11}" for k in keys) + "  cache")
+    print(f"{'case':<12}{'table':<13}" + "".join(f"{k:>11}" for k in keys) + "  cache")
     med: dict[tuple[str, str, str], float] = {}
     for (case, name), runs in results.items():
         for k in keys:
@@ -167,7 +180,7 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: Any) -> N
         for base in ("open", "open+plan"):
             med[case, name, f"/{base}"] = statistics.median(r["construct"] / r[base] for r in runs)
         print(
-            f"{case:<12}{name:<6}"
+            f"{case:<12}{name:<13}"
             + "".join(f"{med[case, name, k]:>11.3f}" for k in keys)
             + f"  {runs[-1]['cache'][:50]}"
         )
@@ -181,6 +194,25 @@ def report(results: dict[tuple[str, str], list[dict[str, Any]]], args: Any) -> N
             for n in ("four", "many")
         )
         print(f"  {case:<12}{ratios}   [{opens}]")
+    if args.before:
+        after_before(results, keys)
+
+
+def after_before(results: dict[tuple[str, str], list[dict[str, Any]]], keys: tuple) -> None:
+    """Medians of after / before, per run (the runs alternated the two codes)."""
+    print("after / before (medians of per-run ratios); construct / open+plan before -> after:")
+    for (case, name), runs in results.items():
+        if name.endswith("before"):
+            continue
+        old = results[case, f"{name} before"]
+        ratios = "  ".join(
+            f"{k} {statistics.median(a[k] / b[k] for a, b in zip(runs, old, strict=True)):.2f}x"
+            for k in keys[2:]
+        )
+        plan = [
+            statistics.median(r["construct"] / r["open+plan"] for r in rs) for rs in (old, runs)
+        ]
+        print(f"  {case:<12}{name:<6}{ratios}   [{plan[0]:.1f}x -> {plan[1]:.1f}x]")
 
 
 if __name__ == "__main__":
