@@ -8,6 +8,11 @@ Method
   ``--seconds`` per run, with ``cpu_budget`` None, 0.5, 1 and 2. A sampler reads this
   process's and its children's CPU (``psutil``) every 0.25 s; reported: the most cores used
   over any 5 s window (every window of consecutive samples 5 s apart), the mean, and rows/s.
+* ``heavy``: the case where the budget must bind on a 2-core machine: 4 process workers, each
+  batch's transform burning ``BURN_S`` of CPU in pure Python (no I/O, no GIL shared with the
+  loop), the loop taking batches as fast as they come and doing nothing with them; budgets None
+  and 1 (and ``--heavy-budgets``), measured as ``budget`` is (the workers are this process's
+  descendants, so the sampler counts them).
 * ``tune``: step.py's accelerator (``sleep``, 15 ms per batch) fed by ``tune=True`` (4 workers,
   the default prefetch) and by fixed settings (1, 2, 4 workers); after ``--warmup`` steps (the
   tuner works during them), ``--steps`` steps: utilisation, loader CPU s per step, rows/s.
@@ -17,6 +22,7 @@ Usage::
 
     python benchmarks/cpu_budget.py                    # both parts
     python benchmarks/cpu_budget.py --parts budget --seconds 12 --repeats 1
+    python benchmarks/cpu_budget.py --parts heavy --seconds 15 --repeats 3
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import step  # noqa: E402  (benchmarks/step.py: the data, the accelerator, one r
 
 WINDOW_S = 5.0
 SAMPLE_S = 0.25
+BURN_S = 0.02  # CPU seconds a heavy batch's transform burns
 
 
 def image_loader(uri: str, **engine: Any) -> ll.Loader:
@@ -56,23 +63,24 @@ def image_loader(uri: str, **engine: Any) -> ll.Loader:
 
 
 class Sampler(threading.Thread):
-    """This process's and its children's CPU seconds, every ``SAMPLE_S``, until ``stop``."""
+    """This process's and its descendants' CPU seconds, every ``SAMPLE_S``, until ``stop``;
+    a process that ended (a worker killed when a stream stops early) keeps what it used."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.samples: list[tuple[float, float]] = []
         self.done = threading.Event()
+        self._seen: dict[int, float] = {}  # pid -> its CPU seconds when last read
 
     def cpu(self) -> float:
         me = psutil.Process()
-        total = 0.0
         for proc in [me, *me.children(recursive=True)]:
             try:
                 t = proc.cpu_times()
             except psutil.Error:
                 continue
-            total += t.user + t.system
-        return total
+            self._seen[proc.pid] = t.user + t.system
+        return sum(self._seen.values())
 
     def run(self) -> None:
         while not self.done.is_set():
@@ -94,15 +102,41 @@ class Sampler(threading.Thread):
         return worst
 
 
-def budget_run(uri: str, budget: float | None, seconds: float) -> dict[str, float]:
-    loader = image_loader(uri, num_workers=4, cpu_budget=budget)
+def burn(batch: Any) -> Any:
+    """A CPU-heavy transform: ``BURN_S`` of this thread's CPU in pure Python."""
+    began = time.thread_time()
+    while time.thread_time() - began < BURN_S:
+        pass
+    return batch
+
+
+def heavy_loader(uri: str, budget: float | None) -> ll.Loader:
+    return ll.Loader(
+        uri,
+        batch_size=32,
+        columns=["label"],
+        transform=burn,
+        num_workers=4,
+        worker_type="process",
+        cache=None,
+        cpu_budget=budget,
+    )
+
+
+def budget_run(
+    uri: str, budget: float | None, seconds: float, heavy: bool = False
+) -> dict[str, float]:
+    if heavy:
+        loader = heavy_loader(uri, budget)
+    else:
+        loader = image_loader(uri, num_workers=4, cpu_budget=budget)
     sampler = Sampler()
     rows, t0 = 0, time.perf_counter()
     sampler.start()
     try:
         while time.perf_counter() - t0 < seconds:
             for batch in loader:
-                rows += len(batch["image"])
+                rows += len(batch["label"])
                 if time.perf_counter() - t0 >= seconds:
                     break
     finally:
@@ -140,7 +174,8 @@ def medians(runs: list[dict[str, float]]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, default=HERE / "data" / "step")
-    parser.add_argument("--parts", default="budget,tune")
+    parser.add_argument("--parts", default="budget,heavy,tune")
+    parser.add_argument("--heavy-budgets", default="1")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
@@ -158,6 +193,20 @@ def main() -> None:
                 runs[str(b)].append(budget_run(uri, b, args.seconds))
                 print(f"  budget {b}: {runs[str(b)][-1]}", file=sys.stderr)
         report["budget"] = {k: medians(v) for k, v in runs.items()}
+    if "heavy" in args.parts:
+        heavy_budgets: list[float | None] = [
+            None,
+            *(float(b) for b in args.heavy_budgets.split(",")),
+        ]
+        heavy: dict[str, list[dict[str, float]]] = {str(b): [] for b in heavy_budgets}
+        for _ in range(args.repeats):
+            for b in heavy_budgets:
+                heavy[str(b)].append(budget_run(uri, b, args.seconds, heavy=True))
+                print(f"  heavy, budget {b}: {heavy[str(b)][-1]}", file=sys.stderr)
+        report["heavy"] = {k: medians(v) for k, v in heavy.items()}
+        report["heavy_worst_of_runs"] = {
+            k: max(r["worst_5s_cores"] for r in v) for k, v in heavy.items()
+        }
     if "tune" in args.parts:
         engines: dict[str, dict[str, Any]] = {
             "tune=True, 4 workers": {"num_workers": 4, "tune": True},
