@@ -39,6 +39,21 @@ from pathlib import Path
 CASE = r"""
 import json, os, sys, tempfile, time
 import lanceloader as ll
+
+def descendants_cpu():
+    # CPU seconds of this process's descendants (the forkserver and its workers), from /proc
+    parents, ticks = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(pid)], ticks[int(pid)] = int(fields[1]), int(fields[11]) + int(fields[12])
+    mine, total = {os.getpid()}, 0
+    for _ in range(3):  # grandchildren: the forkserver's workers
+        mine |= {p for p, q in parents.items() if q in mine}
+    return sum(ticks[p] for p in mine - {os.getpid()}) / os.sysconf("SC_CLK_TCK")
+
 uri, worker_type, cache, epochs = sys.argv[1:5]
 with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
     os.environ["LANCELOADER_AUTO_CACHE_DIR"] = shm
@@ -46,16 +61,19 @@ with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="llbench-") as shm:
         {"cache": os.path.join(shm, "given")}
     loader = ll.Loader(uri, batch_size=256, columns=["id", "label", "x"], shuffle=True, seed=0,
                        output="numpy", num_workers=2, worker_type=worker_type, **kwargs)
-    rates = []
+    rates, cpus = [], []
     for _ in range(int(epochs)):
         start, rows = time.perf_counter(), 0
+        cpu = time.process_time() + descendants_cpu()
         for batch in loader:
             rows += len(batch["id"])
         rates.append(rows / (time.perf_counter() - start))
+        cpus.append((time.process_time() + descendants_cpu() - cpu) * 1e6 / rows)
     stats = loader.stats()
     fills = getattr(stats, "cache_fills", None)
     loader.close()
-print(json.dumps({**{f"epoch{i + 1}": r for i, r in enumerate(rates)}, "fills": fills,
+print(json.dumps({**{f"epoch{i + 1}": r for i, r in enumerate(rates)},
+                  **{f"cpu{i + 1}": c for i, c in enumerate(cpus)}, "fills": fills,
                   "cached": stats.rows_cached}))
 """
 
@@ -161,35 +179,55 @@ def main() -> None:
 
 
 def report(results: dict, args: argparse.Namespace, caches: list[str], codes: list[str]) -> None:
-    """Medians per case and epoch, and process / thread within each round, per code."""
+    """Medians per case and epoch (rows/s, and CPU µs a row over the consumer and its worker
+    processes), process / thread within each round per code, and this / before per case."""
     epochs = [f"epoch{i + 1}" for i in range(args.epochs)]
+    cpus = [f"cpu{i + 1}" for i in range(args.epochs)]
     print(f"\n{args.rows:,} rows, full shuffle, 2 workers, {args.repeats} rounds (medians)\n")
-    print(f"| code | cache | workers | {' | '.join(e + ' rows/s' for e in epochs)} | fills |")
-    print(f"|---|---|---|{'---:|' * len(epochs)}---|")
+    heads = (
+        " | ".join(e + " rows/s" for e in epochs) + " | " + " | ".join(c + " µs/row" for c in cpus)
+    )
+    print(f"| code | cache | workers | {heads} | fills |")
+    print(f"|---|---|---|{'---:|' * 2 * len(epochs)}---|")
     for code in codes:
         for cache in caches:
             for worker_type in ("thread", "process"):
                 runs = results[(code, worker_type, cache)]
                 rates = " | ".join(f"{statistics.median(r[e] for r in runs):,.0f}" for e in epochs)
+                cpu = " | ".join(
+                    f"{statistics.median(r.get(c, 0) for r in runs):.2f}" for c in cpus
+                )
                 fills = [r["fills"] for r in runs]
-                print(f"| {code} | {cache} | {worker_type} | {rates} | {fills} |")
+                print(f"| {code} | {cache} | {worker_type} | {rates} | {cpu} | {fills} |")
     print()
     for code in codes:
         for cache in caches:
             for epoch in epochs:
-                ratios = [
-                    p[epoch] / t[epoch]
-                    for p, t in zip(
-                        results[(code, "process", cache)],
-                        results[(code, "thread", cache)],
-                        strict=True,
-                    )
-                ]
-                print(
-                    f"{code}: process / thread, cache={cache}, {epoch}: median "
-                    f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}, "
-                    f"max {max(ratios):.2f})"
+                _ratio_line(
+                    f"{code}: process / thread, cache={cache}, {epoch}",
+                    results[(code, "process", cache)],
+                    results[(code, "thread", cache)],
+                    epoch,
                 )
+    if len(codes) == 2:
+        for cache in caches:
+            for worker_type in ("thread", "process"):
+                for key in (*epochs, *cpus):
+                    _ratio_line(
+                        f"this / before, {worker_type}, cache={cache}, {key}",
+                        results[("this", worker_type, cache)],
+                        results[("before", worker_type, cache)],
+                        key,
+                    )
+
+
+def _ratio_line(what: str, tops: list[dict], bottoms: list[dict], key: str) -> None:
+    """The median (min, max) of ``top[key] / bottom[key]`` over the rounds."""
+    ratios = [t[key] / b[key] for t, b in zip(tops, bottoms, strict=True)]
+    print(
+        f"{what}: median {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, "
+        f"max {max(ratios):.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ from typing import Any
 
 from lanceloader.engine.memory import reuse_freed_memory
 from lanceloader.engine.pickling import dumps
-from lanceloader.engine.transport import load_shipped, pack
+from lanceloader.engine.segments import Segments
+from lanceloader.engine.transport import load_shipped
 from lanceloader.lifecycle import lifetime
 from lanceloader.lifecycle.lifetime import SHM_DIR, picklable_error
 
@@ -142,6 +143,7 @@ def worker_main(
     faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True)
     fn = load_shipped(*work)
     counter = itertools.count()
+    segments = Segments(SHM_DIR / f"{prefix}-{os.getpid()}-ring")
     while True:
         try:
             message = tasks.recv()
@@ -153,7 +155,7 @@ def worker_main(
         index, task = message
         path = SHM_DIR / f"{prefix}-{os.getpid()}-{next(counter)}"
         try:
-            payload: tuple[Any, ...] = ("ok", index, *pack(fn(task), path), str(path))
+            payload: tuple[Any, ...] = ("ok", index, *segments.pack(fn(task), path))
         except BaseException as exc:
             path.unlink(missing_ok=True)
             payload = (

@@ -13,10 +13,12 @@ Contract:
   the oldest task kept its later tasks queued while the others idled. Results are read as they
   come from every worker and taken in task order. The caller bounds the tasks in flight
   (``in_flight``: submitted and not yet taken, finished ones waiting their turn included).
-* NumPy arrays in a result travel through shared memory (:mod:`lanceloader.engine.transport`):
-  the worker writes them into one ``/dev/shm`` file per task, the consumer maps it and unlinks
-  it at once, and the arrays it hands out view that mapping (no pickling, one copy in the
-  worker). Everything else in a result is pickled.
+* NumPy arrays in a result travel through shared memory (:mod:`lanceloader.engine.transport`,
+  :mod:`lanceloader.engine.segments`): the worker writes them into one of the few ``/dev/shm``
+  segments it keeps (a file of the task's own when the consumer holds every one), the consumer
+  maps each segment once and unlinks its name at once, and the arrays it hands out view that
+  mapping (no pickling, one copy in the worker). A segment is written again only after the last
+  array viewing it is gone. Everything else in a result is pickled.
 * A worker that dies (SIGKILL, ``os._exit``, a crash) is reported in the consumer at once, with
   its index, PID and exit status; an exception in a worker is re-raised in the consumer with the
   worker's traceback as a note. Either closes the pool.
@@ -68,8 +70,9 @@ from lanceloader.engine.forkserver import (
     worker_stack,
 )
 from lanceloader.engine.pickling import Shipment
+from lanceloader.engine.segments import Leases
 from lanceloader.engine.threads import Stalled, check_same_process
-from lanceloader.engine.transport import ship, unpack
+from lanceloader.engine.transport import ship
 from lanceloader.lifecycle import lifetime
 from lanceloader.lifecycle.lifetime import SHM_DIR
 
@@ -151,6 +154,7 @@ class ProcessPool:
         self._done: dict[int, tuple[Any, BaseException | None]] = {}  # index -> (result, error)
         self._workers: list[_Worker | None] = [None] * num_workers
         self._work: tuple[Any, ...] = ()
+        self._leases = Leases()  # the workers' segments, as the consumer maps them
         try:
             self._work = ship(self.shipment, Path(SHM_DIR / f"{self._prefix}-work"))
             self.start_bytes = len(pickle.dumps(self._work))
@@ -266,15 +270,15 @@ class ProcessPool:
         return bool(ready)
 
     def _answer(self, worker: int, message: tuple[Any, ...]) -> None:
-        kind, index, a, b, path = message
+        kind, index, a, b, where = message
         if kind == "error":
             exc: BaseException = pickle.loads(a)
             if hasattr(exc, "add_note"):
                 pid = self._workers[worker].proc.pid  # type: ignore[union-attr]
                 exc.add_note(f"in worker process {worker} (pid {pid}):\n{b}")
             self._done[index] = (None, exc)
-        else:  # mapped (and its file unlinked) now, whatever its turn
-            self._done[index] = (unpack(a, b, Path(path)), None)
+        else:  # mapped (a file of its own unlinked) now, whatever its turn
+            self._done[index] = (self._leases.unpack(a, b, where), None)
 
     def _stalled(self, i: int, task: Any) -> Stalled:
         assert self.stall_timeout is not None
@@ -301,6 +305,7 @@ class ProcessPool:
             pid = worker.proc.pid
             worker.release()
             lifetime.remove_prefix(f"{self._prefix}-{pid}")  # its unread answers, its stack
+            self._leases.forget(f"{SHM_DIR / self._prefix}-{pid}-")
             self._workers[i] = None
         self._pending.clear()
         self._done.clear()
@@ -327,6 +332,7 @@ class ProcessPool:
         for worker in workers:
             worker.release()
         lifetime.remove_prefix(self._prefix)
+        self._leases.forget()
         self._pending.clear()
         self._done.clear()
 

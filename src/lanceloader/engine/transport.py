@@ -1,7 +1,8 @@
-"""The shared-memory transport of process workers' results: NumPy arrays written into one
-``/dev/shm`` file per task (each 64-byte aligned), the rest of the result pickled; the consumer
-maps the file, unlinks its name at once, and hands out arrays that view the mapping (one copy,
-in the worker). Also used by the torch collation's shared batches."""
+"""The shared-memory transport of process workers' results: NumPy arrays written into a
+``/dev/shm`` file (each 64-byte aligned), the rest of the result pickled; the consumer maps the
+file, unlinks its name at once, and hands out arrays that view the mapping (one copy, in the
+worker). Which file (a recycled segment, or one of the task's own) is
+:mod:`lanceloader.engine.segments`'s. Also used by the torch collation's shared batches."""
 
 from __future__ import annotations
 
@@ -59,25 +60,38 @@ def _join(value: Any, arrays: list[np.ndarray]) -> Any:
     return value
 
 
-def write_arrays(path: Path, arrays: list[np.ndarray]) -> list[int]:
-    """Write ``arrays`` into the new shared-memory file ``path``, each at a 64-byte-aligned
-    offset; returns the offsets."""
+def offsets_of(arrays: list[np.ndarray]) -> tuple[list[int], int]:
+    """Where each of ``arrays`` goes in a file (64-byte-aligned offsets), and the file's size."""
     offsets, size = [], 0
     for a in arrays:
         size = -(-size // _ALIGN) * _ALIGN
         offsets.append(size)
         size += a.nbytes
+    return offsets, size
+
+
+def write_into(fd: int, arrays: list[np.ndarray], offsets: list[int]) -> None:
+    """Write ``arrays`` into the open file ``fd`` at ``offsets``.
+
+    pwrite, not a mapping: the kernel fills a new file's pages as it copies, where a mapping
+    takes a page fault (and zeroes a page) per 4 KiB first. Measured on a batch of 256 decoded
+    128x128 images (12.6 MB): 8-10 ms of CPU against 15-21 ms.
+    """
+    for a, offset in zip(arrays, offsets, strict=True):
+        data = np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], offset + written)
+
+
+def write_arrays(path: Path, arrays: list[np.ndarray]) -> list[int]:
+    """Write ``arrays`` into the new shared-memory file ``path``, each at a 64-byte-aligned
+    offset; returns the offsets."""
+    offsets, size = offsets_of(arrays)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, max(size, 1))
-        # pwrite, not a mapping: the kernel fills the new file's pages as it copies, where a
-        # mapping takes a page fault (and zeroes a page) per 4 KiB first. Measured on a batch
-        # of 256 decoded 128x128 images (12.6 MB): 8-10 ms of CPU against 15-21 ms.
-        for a, offset in zip(arrays, offsets, strict=True):
-            data = np.ascontiguousarray(a).reshape(-1).view(np.uint8).data
-            written = 0
-            while written < len(data):
-                written += os.pwrite(fd, data[written:], offset + written)
+        write_into(fd, arrays, offsets)
     except BaseException:
         path.unlink(missing_ok=True)  # half-written: nobody will take it
         raise
@@ -105,7 +119,8 @@ def _regions(arrays: list[np.ndarray]) -> tuple[list[np.ndarray], list[tuple[int
     per column and chunk, not one per batch and column: a read of 480 batches of 3 columns
     made 1,440); any other array is a region of its own.
     """
-    parts = [_part_of(a) for a in arrays]
+    addresses: dict[int, int] = {}  # per root: its address, looked up once (~2.6 µs each)
+    parts = [_part_of(a, addresses) for a in arrays]
     roots = {id(root): root for root, _ in parts if root is not None}
     covered = dict.fromkeys(roots, 0)
     for a, (root, _) in zip(arrays, parts, strict=True):
@@ -126,48 +141,80 @@ def _regions(arrays: list[np.ndarray]) -> tuple[list[np.ndarray], list[tuple[int
     return regions, places
 
 
-def _part_of(a: np.ndarray) -> tuple[np.ndarray | None, int]:
+def _part_of(a: np.ndarray, addresses: dict[int, int]) -> tuple[np.ndarray | None, int]:
     """The C-contiguous array whose memory the C-contiguous ``a`` is a part of, and where in it
-    ``a`` starts; ``(None, 0)`` when ``a`` owns its memory or is not such a part."""
+    ``a`` starts; ``(None, 0)`` when ``a`` owns its memory or is not such a part.
+    ``addresses``: roots' addresses known so far (filled here)."""
     root = a
     while isinstance(root.base, np.ndarray):
         root = root.base
     if root is a or not (a.flags.c_contiguous and root.flags.c_contiguous):
         return None, 0
-    start = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    base = addresses.get(id(root))
+    if base is None:
+        base = addresses[id(root)] = root.__array_interface__["data"][0]
+    start = a.__array_interface__["data"][0] - base
     return (root, start) if start >= 0 and start + a.nbytes <= root.nbytes else (None, 0)
 
 
-def pack(result: Any, path: Path) -> tuple[bytes, list[tuple[int, str, tuple[int, ...]]]]:
-    """Write the arrays of ``result`` into the shared-memory file ``path``.
+Layout = list[tuple[int, str, tuple[int, ...]]]  # per array: (offset, dtype, shape)
 
-    Returns the pickled rest of the result and, per array, ``(offset, dtype, shape)``.
-    """
+
+@dataclasses.dataclass
+class Packing:
+    """A result taken apart for the transport: ``regions`` to write at ``offsets`` (a file of
+    ``size`` bytes), the pickled rest (``skeleton``) and each array's place (``layout``)."""
+
+    skeleton: bytes
+    regions: list[np.ndarray]
+    offsets: list[int]
+    size: int
+    layout: Layout
+
+
+def take_apart(result: Any) -> Packing:
+    """The arrays of ``result``, where each goes in its file, and the pickled rest."""
     arrays: list[np.ndarray] = []
     skeleton = _split(result, arrays)
     regions, places = _regions(arrays)
-    starts = write_arrays(path, regions) if regions else []
+    starts, size = offsets_of(regions)
     layout = [
         (starts[region] + offset, a.dtype.str, a.shape)
         for (region, offset), a in zip(places, arrays, strict=True)
     ]
     try:
-        return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL), layout
+        pickled = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError):
         # Values of a class defined in __main__ or a notebook cell: the worker has it by value,
         # and cloudpickle sends it back, where it unpickles as the consumer's own class.
-        return dumps(skeleton), layout
+        pickled = dumps(skeleton)
+    return Packing(pickled, regions, starts, size, layout)
 
 
-def unpack(skeleton: bytes, layout: list[tuple[int, str, tuple[int, ...]]], path: Path) -> Any:
+def pack(result: Any, path: Path) -> tuple[bytes, Layout]:
+    """Write the arrays of ``result`` into the new shared-memory file ``path``.
+
+    Returns the pickled rest of the result and, per array, ``(offset, dtype, shape)``.
+    """
+    packing = take_apart(result)
+    if packing.regions:
+        write_arrays(path, packing.regions)
+    return packing.skeleton, packing.layout
+
+
+def unpack(skeleton: bytes, layout: Layout, path: Path) -> Any:
     """Map ``path`` (then unlink it) and rebuild the result with arrays viewing the mapping."""
+    return rebuild(skeleton, layout, take_mapping(path) if layout else None)
+
+
+def rebuild(skeleton: bytes, layout: Layout, buf: Any) -> Any:
+    """The result whose arrays lie in ``buf`` (a mapping, or a NumPy array of bytes: each
+    array then views it, and it lives while they do) at ``layout``."""
     arrays: list[np.ndarray] = []
-    if layout:
-        buf = take_mapping(path)
-        for offset, dtype, shape in layout:
-            dt = np.dtype(dtype)
-            count = math.prod(shape)  # np.prod of a small tuple costs ~4.6 us, 3 a batch
-            arrays.append(np.frombuffer(buf, dt, count, offset).reshape(shape))
+    for offset, dtype, shape in layout:
+        dt = np.dtype(dtype)
+        count = math.prod(shape)  # np.prod of a small tuple costs ~4.6 us, 3 a batch
+        arrays.append(np.frombuffer(buf, dt, count, offset).reshape(shape))
     return _join(pickle.loads(skeleton), arrays)
 
 

@@ -1,0 +1,114 @@
+"""Recycled shared memory for process workers' results (engine/segments.py): a segment is
+written again only once every array of its last result is gone, in the consumer and in a
+process forked from it; nothing is left in /dev/shm."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import workerfns
+from lanceloader.engine.pool import Ordered
+from lanceloader.engine.processes import ProcessPool
+from lanceloader.engine.segments import SLOTS, Leases, Segments
+
+
+def result(x: int, rows: int = 1000) -> dict:
+    """A result like a read's: batches that are row slices of one array per column."""
+    column = np.full((rows, 8), x, dtype=np.float32)
+    return {"batches": [column[i : i + 100] for i in range(0, rows, 100)], "x": x}
+
+
+def holds(back: dict, x: int) -> bool:
+    return back["x"] == x and all(bool((b == x).all()) for b in back["batches"])
+
+
+@pytest.fixture
+def pair(tmp_path: Path):
+    """A worker's segments and the consumer's leases, in this process."""
+    base = Path("/dev/shm") / f"lanceloader-test-{os.getpid()}-{tmp_path.name}"
+    yield Segments(base), Leases(), base
+    for leftover in Path("/dev/shm").glob(f"{base.name}*"):
+        leftover.unlink()
+
+
+def test_a_segment_is_written_again_only_once_its_arrays_are_gone(pair) -> None:
+    """Results dropped give their segment back (the next goes into memory used before);
+    results held keep theirs unchanged while other results come and go."""
+    segments, leases, base = pair
+    wheres, kept = [], {}
+    for x in range(40):
+        back = leases.unpack(*(packed := segments.pack(result(x), base.with_suffix(f".{x}"))))
+        wheres.append(packed[2])
+        assert holds(back, x)
+        if x % 10 == 0:
+            kept[x] = back["batches"][3]  # one batch of the result, not the whole result
+        del back
+    gc.collect()
+    assert all(bool((batch == x).all()) for x, batch in kept.items())
+    slots = [w[1] for w in wheres]
+    assert all(isinstance(w, tuple) for w in wheres)  # never a file of its own: slots free
+    assert len(set(slots)) <= len(kept) + 1  # recycled: each held result pins one slot
+    assert {w[1] for x, w in enumerate(wheres) if x in kept}.isdisjoint(
+        w[1] for x, w in enumerate(wheres) if x > max(kept)
+    )  # the slot of the last held result was never written after it
+    assert list(Path("/dev/shm").glob(f"{base.name}*")) == []  # names unlinked when mapped
+
+
+def test_with_every_slot_held_a_result_gets_a_file_of_its_own(pair) -> None:
+    segments, leases, base = pair
+    held = [
+        leases.unpack(*segments.pack(result(x), base.with_suffix(f".{x}"))) for x in range(SLOTS)
+    ]
+    packed = segments.pack(result(99), base.with_suffix(".99"))
+    assert isinstance(packed[2], str)  # the worker never waits for the consumer
+    assert holds(leases.unpack(*packed), 99)
+    assert all(holds(back, x) for x, back in enumerate(held))
+    assert not Path(packed[2]).exists()
+
+
+def test_a_larger_result_replaces_a_free_segment_too_small(pair) -> None:
+    segments, leases, base = pair
+    small = leases.unpack(*segments.pack(result(1, rows=100), base.with_suffix(".1")))
+    del small
+    big = leases.unpack(*(packed := segments.pack(result(2, rows=200_000), base.with_suffix(".2"))))
+    assert holds(big, 2) and isinstance(packed[2], tuple)
+
+
+def test_slots_held_at_a_fork_are_never_written_again(pair) -> None:
+    """A process forked from the consumer holds a copy of its batches' mappings (shared with
+    the worker): the parent dropping them must not let the worker overwrite them."""
+    segments, leases, base = pair
+    back = leases.unpack(*(first := segments.pack(result(7), base.with_suffix(".7"))))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: wait until the parent let go and wrote more, then check
+        os.close(write)
+        os.read(read, 1)
+        os._exit(0 if holds(back, 7) else 1)
+    os.close(read)
+    del back
+    gc.collect()
+    later = [segments.pack(result(x), base.with_suffix(f".{x}"))[2] for x in range(8, 20)]
+    assert first[2][1] not in {w[1] for w in later if isinstance(w, tuple)}
+    os.write(write, b"x")
+    os.close(write)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_a_pools_results_stay_intact_while_held_and_nothing_is_left() -> None:
+    """Through real worker processes: every third result held to the end, the others dropped
+    as they come; each held one is still what its worker sent."""
+    prefix = f"lanceloader-pool-{os.getpid()}-"
+    held = {}
+    with Ordered(ProcessPool(workerfns.echo, 2), iter(range(60)), 4) as results:
+        for r in results:
+            if r["x"] % 3 == 0:
+                held[r["x"]] = r["value"]
+    assert sorted(held) == list(range(0, 60, 3))
+    assert all(bool((value == x).all()) for x, value in held.items())
+    assert list(Path("/dev/shm").glob(f"{prefix}*")) == []
