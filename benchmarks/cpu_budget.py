@@ -8,13 +8,15 @@ Method
   ``--seconds`` per run, with ``cpu_budget`` None, 0.5, 1 and 2. A sampler reads this
   process's and its children's CPU (``psutil``) every 0.25 s; reported: the most cores used
   over any 5 s window (every window of consecutive samples 5 s apart), the mean, and rows/s.
-* ``heavy``: the case where the budget must bind on a 2-core machine: 4 process workers, each
+* ``heavy``: the case where the budget must bind on a 2-core machine: ``--heavy-workers`` (4)
+  process workers (more on a machine others load, so the loader's share exceeds 1.3 cores), each
   batch's transform burning ``BURN_S`` of CPU in pure Python (no I/O, no GIL shared with the
   loop), the loop taking batches as fast as they come and doing nothing with them; budgets None
   and 1 (and ``--heavy-budgets``), measured as ``budget`` is (the workers are this process's
   descendants, so the sampler counts them).
-* ``tune``: step.py's accelerator (``sleep``, 15 ms per batch) fed by ``tune=True`` (4 workers,
-  the default prefetch) and by fixed settings (1, 2, 4 workers); after ``--warmup`` steps (the
+* ``tune``: step.py's accelerator (``sleep``, 15 ms per batch) fed by the default loader (tuned:
+  the loader chose its workers and prefetch), the same with ``tune=False``, ``tune=True`` with 4
+  workers, and fixed settings (1, 2, 4 workers); after ``--warmup`` steps (the
   tuner works during them), ``--steps`` steps: utilisation, loader CPU s per step, rows/s.
 * The runs alternate within each of ``--repeats`` rounds; medians.
 
@@ -110,24 +112,23 @@ def burn(batch: Any) -> Any:
     return batch
 
 
-def heavy_loader(uri: str, budget: float | None) -> ll.Loader:
+def heavy_loader(uri: str, budget: float | None, workers: int) -> ll.Loader:
     return ll.Loader(
         uri,
         batch_size=32,
         columns=["label"],
         transform=burn,
-        num_workers=4,
+        num_workers=workers,
         worker_type="process",
         cache=None,
         cpu_budget=budget,
     )
 
 
-def budget_run(
-    uri: str, budget: float | None, seconds: float, heavy: bool = False
-) -> dict[str, float]:
+def budget_run(uri: str, budget: float | None, seconds: float, heavy: int = 0) -> dict[str, float]:
+    """One run of ``seconds``; ``heavy``: that many process workers burning CPU (0: images)."""
     if heavy:
-        loader = heavy_loader(uri, budget)
+        loader = heavy_loader(uri, budget, heavy)
     else:
         loader = image_loader(uri, num_workers=4, cpu_budget=budget)
     sampler = Sampler()
@@ -176,6 +177,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=HERE / "data" / "step")
     parser.add_argument("--parts", default="budget,heavy,tune")
     parser.add_argument("--heavy-budgets", default="1")
+    parser.add_argument("--heavy-workers", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
@@ -201,7 +203,7 @@ def main() -> None:
         heavy: dict[str, list[dict[str, float]]] = {str(b): [] for b in heavy_budgets}
         for _ in range(args.repeats):
             for b in heavy_budgets:
-                heavy[str(b)].append(budget_run(uri, b, args.seconds, heavy=True))
+                heavy[str(b)].append(budget_run(uri, b, args.seconds, heavy=args.heavy_workers))
                 print(f"  heavy, budget {b}: {heavy[str(b)][-1]}", file=sys.stderr)
         report["heavy"] = {k: medians(v) for k, v in heavy.items()}
         report["heavy_worst_of_runs"] = {
@@ -209,6 +211,8 @@ def main() -> None:
         }
     if "tune" in args.parts:
         engines: dict[str, dict[str, Any]] = {
+            "default (tuned)": {},
+            "default, tune=False": {"tune": False},
             "tune=True, 4 workers": {"num_workers": 4, "tune": True},
             **{f"fixed, {n} workers": {"num_workers": n} for n in (1, 2, 4)},
         }
