@@ -178,6 +178,7 @@ def main() -> None:
     parser.add_argument("--parts", default="budget,heavy,tune")
     parser.add_argument("--heavy-budgets", default="1")
     parser.add_argument("--heavy-workers", type=int, default=4)
+    parser.add_argument("--engines", default="", help="the tune part's settings, ';'-separated")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
@@ -216,6 +217,8 @@ def main() -> None:
             "tune=True, 4 workers": {"num_workers": 4, "tune": True},
             **{f"fixed, {n} workers": {"num_workers": n} for n in (1, 2, 4)},
         }
+        if args.engines:
+            engines = {k: v for k, v in engines.items() if k in args.engines.split(";")}
         acc = step.Accelerator("sleep", 0)
         tuned: dict[str, list[dict[str, float]]] = {k: [] for k in engines}
         try:
