@@ -39,10 +39,13 @@ class PinnedDataset:
     _pid: int
     _fragments: Fragments | None
     _units: list[Unit]
+    cached: Any  # the reads through the cache (cached.py), or None
     _first_reads: FirstReads | None
     _tails: FragmentTails | None
 
     def __getstate__(self) -> dict[str, Any]:
+        if self._ds is not None and self._pid == os.getpid() and not forksafe.tainted():
+            self.settle()  # here, once: not in each process it goes to (a request each there)
         state = self.__dict__.copy()
         for live in ("_ds", "_fragments", "_reader", "_first_reads", "_tails", "_agree", "_names"):
             state[live] = None  # opened anew in each process (a followed table's agreement
@@ -77,6 +80,13 @@ class PinnedDataset:
             self._ds = ds
             self._pid = os.getpid()
         return self._ds
+
+    def settle(self) -> list[str | None]:
+        """Make now, in this process, what is made when first needed, and return it: the
+        dataset identity and the cache units' names (a process given a pickled copy then has
+        them, and opens nothing to name a piece it finds in the cache)."""
+        made: list[str | None] = [self.dataset_name.identity]
+        return made if self.cached is None else made + self.cached.fragment_keys
 
     def unit_metadata(self, index: int) -> UnitMetadata:
         """What names the data of cache unit ``index`` (``rows/lance/units.py``), from its
