@@ -16,7 +16,7 @@ Method
 
 Usage::
 
-    python benchmarks/headroom.py                 # 5 rounds of 100 steps
+    python benchmarks/headroom.py                 # 5 rounds of 60 steps of 50 ms
     python benchmarks/headroom.py --repeats 1 --steps 20
 """
 
@@ -80,9 +80,9 @@ def estimate(uri: str, batch_s: float, step_s: float, steps: int) -> dict[str, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--step-ms", type=float, default=10.0)
+    parser.add_argument("--step-ms", type=float, default=50.0)
     parser.add_argument("--data-bound", type=float, default=0.3)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
