@@ -28,6 +28,7 @@ from lanceloader.rows.lance import nulls
 from lanceloader.rows.lance.fragments import Fragments
 from lanceloader.rows.lance.source import Source
 from lanceloader.rows.lance.units import cache_units, unit_metadata
+from lanceloader.rows.protocol import DatasetName
 from lanceloader.state.format import fingerprint
 
 
@@ -195,6 +196,8 @@ def test_construction_reads_no_fragment_metadata_and_the_state_has_the_identity(
     next(iter(loader))  # a read names the pieces it uses (their units' metadata read)
     assert src.dataset_name.__dict__["_identity"] is None  # nor made by an epoch's start
     assert loader.state_dict()["dataset"] == old_identity(many_uri)
+    made = DatasetName(src.uri, src.version, old_identity(many_uri))
+    assert src.dataset_name == made and hash(src.dataset_name) == hash(made)
     assert src.cached.fragment_keys == [
         fragment_key(unit_metadata(metas), ["id"], src.schema_table().schema)
         for metas in (

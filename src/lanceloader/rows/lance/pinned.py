@@ -127,8 +127,8 @@ class PinnedDataset:
 class LateName(DatasetName):
     """A Lance dataset's name whose identity is made when first read (a state, a cache key, a
     ledger), not at construction: by ``make``, a method of the rows that own it, in the
-    process that reads it first (pickled once made, it carries the identity). Equal, hashed
-    and shown as the :class:`DatasetName` it stands for."""
+    process that reads it first (pickled once made, it carries the identity). Equal to and
+    hashed as the :class:`DatasetName` it stands for."""
 
     def __init__(
         self, uri: str, version: int, make: Callable[[], str], identity: str | None = None
@@ -145,3 +145,13 @@ class LateName(DatasetName):
             identity = self.__dict__["_make"]()
             object.__setattr__(self, "_identity", identity)
         return identity
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DatasetName) and (self.uri, self.version, self.identity) == (
+            other.uri,
+            other.version,
+            other.identity,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.uri, self.version, self.identity))
