@@ -1,6 +1,6 @@
 """Recycled shared memory for process workers' results (engine/segments.py): a segment is
 written again only once every array of its last result is gone, in the consumer and in a
-process forked from it; nothing is left in /dev/shm."""
+process forked from it; nothing is left in /dev/shm. A task's gathers write straight into a free segment."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import workerfns
+from lanceloader.engine import segments as segments_module
 from lanceloader.engine.pool import Ordered
 from lanceloader.engine.processes import ProcessPool
 from lanceloader.engine.segments import SLOTS, Leases, Segments
+from lanceloader.rows.gather import gather_rows
 
 
 def result(x: int, rows: int = 1000) -> dict:
@@ -112,3 +115,53 @@ def test_a_pools_results_stay_intact_while_held_and_nothing_is_left() -> None:
     assert sorted(held) == list(range(0, 60, 3))
     assert all(bool((value == x).all()) for x, value in held.items())
     assert list(Path("/dev/shm").glob(f"{prefix}*")) == []
+
+
+def gathered(parts: list[pa.Table], x: int) -> dict:
+    """A read through a cache: a gather of rows of ``parts``, converted, sliced in batches."""
+    n = sum(len(p) for p in parts)
+    table = gather_rows(
+        parts, [None] * len(parts), [np.arange(n)[k :: len(parts)] for k in range(len(parts))], n
+    )
+    column = table.column("v").to_numpy()
+    return {"batches": [column[i : i + 100] for i in range(0, n, 100)], "x": x}
+
+
+def test_a_gather_in_a_task_writes_straight_into_the_segment(pair, monkeypatch) -> None:
+    """Gathered columns lie in the segment the result travels in: nothing is copied into it;
+    the rows come back as gathered."""
+    segments, leases, base = pair
+    parts = [pa.table({"v": np.arange(k, 4000, 2, dtype=np.int64)}) for k in range(2)]
+    first = leases.unpack(*segments.pack(gathered(parts, 0), base.with_suffix(".0")))
+    del first
+    writes = []
+    monkeypatch.setattr(segments_module, "write_into", lambda *a: writes.append(a))
+    with segments.arena() as arena:
+        assert arena is not None
+        packed = segments.pack(gathered(parts, 1), base.with_suffix(".1"), arena)
+    back = leases.unpack(*packed)
+    assert writes == [] and back["x"] == 1
+    assert np.concatenate(back["batches"]).tolist() == list(range(4000))
+
+
+def test_a_segment_the_worker_still_views_is_not_lent_again(pair) -> None:
+    """A buffer a task's gather made and the worker kept past its task (a cache of its own,
+    say) is never written over by a later result, even once the consumer let go of it."""
+    segments, leases, base = pair
+    parts = [pa.table({"v": np.arange(1000, dtype=np.int64)})]
+    leases.unpack(*segments.pack(gathered(parts, 0), base.with_suffix(".0")))
+    gc.collect()
+    with segments.arena() as arena:
+        assert arena is not None
+        kept = gathered(parts, 1)  # kept by the worker after its task
+        packed = segments.pack(kept, base.with_suffix(".1"), arena)
+    leases.unpack(*packed)  # and dropped by the consumer at once
+    gc.collect()
+    for x in range(2, 2 + 2 * SLOTS):
+        with segments.arena() as arena:
+            assert arena is None or arena.slot != packed[2][1]
+            result = {"batches": [np.full(1000, x)], "x": x}
+            where = segments.pack(result, base.with_suffix(f".{x}"), arena)
+            assert where[2][1] != packed[2][1]
+        leases.unpack(*where)
+    assert np.concatenate(kept["batches"]).tolist() == list(range(1000))

@@ -155,7 +155,8 @@ def worker_main(
         index, task = message
         path = SHM_DIR / f"{prefix}-{os.getpid()}-{next(counter)}"
         try:
-            payload: tuple[Any, ...] = ("ok", index, *segments.pack(fn(task), path))
+            with segments.arena() as arena:  # a gather's columns straight into shared memory
+                payload: tuple[Any, ...] = ("ok", index, *segments.pack(fn(task), path, arena))
         except BaseException as exc:
             path.unlink(missing_ok=True)
             payload = (

@@ -17,6 +17,13 @@ Contract:
   (a slot never used, or a free one too small, replaced); with every slot held, into a file of
   its own, as before (a worker never waits for the consumer). A free segment unused for
   :data:`IDLE_PACKS` results is removed (its memory goes back once the consumer unmaps it).
+* Around each task the worker lends a free segment at least as large as its last result to
+  the task's gathers (:meth:`Segments.arena`, :func:`~lanceloader.rows.gather.output_memory`):
+  a cached shuffle's columns are gathered straight into the memory they travel in, and the
+  result is sent with no copy (what is not in it is written after it, or, if that does not
+  fit, everything goes into another segment). The worker keeps weak references to what it
+  lent: a segment is free again only when the consumer gave it back *and* nothing of the
+  worker still views it (a buffer kept past its task is never written over).
 * The consumer (:class:`Leases`) maps a segment the first time it sees it and unlinks its name
   at once (so does it the flags file): nothing is left in ``/dev/shm`` by a live pool, and the
   memory goes back when both processes let go. The arrays of a result view one NumPy array over
@@ -30,13 +37,18 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from lanceloader.engine.transport import (
     Packing,
@@ -46,6 +58,7 @@ from lanceloader.engine.transport import (
     write_arrays,
     write_into,
 )
+from lanceloader.rows.gather import output_memory
 
 #: segments a worker keeps (its results in flight and held by the consumer take one each)
 SLOTS = 8
@@ -70,7 +83,10 @@ class Segments:
         self._sizes = [0] * SLOTS
         self._paths = [""] * SLOTS
         self._used = [0] * SLOTS  # the pack count when each slot was last written
+        self._maps: list[mmap.mmap | None] = [None] * SLOTS  # this worker's, for arenas
+        self._lent: list[list[weakref.ref[Any]]] = [[] for _ in range(SLOTS)]  # arena buffers
         self._packs = 0
+        self._last = 0  # the size of the last result
 
     def _flags_map(self) -> mmap.mmap:
         if self._flags is None:
@@ -82,34 +98,86 @@ class Segments:
                 os.close(fd)
         return self._flags
 
-    def pack(self, result: Any, path: Path) -> tuple[bytes, Any, Where]:
+    def _free(self, i: int) -> bool:
+        """Slot ``i`` may be written: the consumer gave it back, and nothing of this worker
+        (a gather's buffer kept past its task) still views it."""
+        if self._flags_map()[i] != FREE:
+            return False
+        self._lent[i] = [ref for ref in self._lent[i] if ref() is not None]
+        return not self._lent[i]
+
+    @contextlib.contextmanager
+    def arena(self) -> Iterator[Arena | None]:
+        """Around a task: gathers in this thread put their columns into a free segment at
+        least as large as the last result (:func:`~lanceloader.rows.gather.output_memory`),
+        which :meth:`pack` then sends without a copy; None when no segment is free."""
+        fits = [i for i in range(SLOTS) if self._fds[i] is not None and self._free(i)]
+        fits = [i for i in fits if self._sizes[i] >= self._last]
+        if not fits or not self._last:
+            yield None
+            return
+        slot = min(fits, key=lambda i: self._sizes[i])
+        mapping = self._maps[slot]
+        if mapping is None:
+            mapping = self._maps[slot] = mmap.mmap(self._fds[slot], self._sizes[slot])  # type: ignore[arg-type]
+        arena = Arena(slot, mapping, self._lent[slot])
+        with output_memory(arena.allocate):
+            yield arena
+
+    def pack(self, result: Any, path: Path, arena: Arena | None = None) -> tuple[bytes, Any, Where]:
         """Write the arrays of ``result`` into a free segment (or the new file ``path`` when
-        every slot is held); the pickled rest, the arrays' layout and where they are."""
+        every slot is held); the pickled rest, the arrays' layout and where they are. Arrays
+        already in ``arena`` stay where they are."""
         packing = take_apart(result)
         self._packs += 1
+        self._last = packing.size
         if not packing.regions:
             return packing.skeleton, packing.layout, ""
-        slot = self._slot_for(packing.size)
+        busy = None  # the arena's slot holds arrays of the result: never written over here
+        if arena is not None and arena.used:
+            placed = self._in_arena(arena, packing)
+            if placed is not None:
+                return packing.skeleton, placed, self._where(arena.slot)
+            busy = arena.slot
+        slot = self._slot_for(packing.size, busy)
         if slot is None:
             write_arrays(path, packing.regions)
             return packing.skeleton, packing.layout, str(path)
-        self._write(slot, packing)
-        where = (self._flags_path, slot, self._paths[slot], self._sizes[slot])
-        return packing.skeleton, packing.layout, where
+        self._hold(slot)
+        write_into(self._fds[slot], packing.regions, packing.offsets)  # type: ignore[arg-type]
+        return packing.skeleton, packing.layout, self._where(slot)
 
-    def _write(self, slot: int, packing: Packing) -> None:
-        flags = self._flags_map()
-        flags[slot] = HELD  # before the write: the consumer gives it back only after a result
+    def _in_arena(self, arena: Arena, packing: Packing) -> Any:
+        """The layout with the regions already in ``arena`` where they are and the others
+        written after them; None when those do not fit (then all are written elsewhere)."""
+        offsets, rest, end = [], [], arena.used
+        for region in packing.regions:
+            at = arena.offset_of(region)
+            if at is None:
+                at = end = -(-end // 64) * 64
+                end += region.nbytes
+                rest.append((region, at))
+            offsets.append(at)
+        if end > self._sizes[arena.slot]:
+            return None
+        self._hold(arena.slot)
+        if rest:
+            regions, starts = zip(*rest, strict=True)
+            write_into(self._fds[arena.slot], list(regions), list(starts))  # type: ignore[arg-type]
+        return packing.layout_at(offsets)
+
+    def _hold(self, slot: int) -> None:
+        self._flags_map()[slot] = HELD  # before the write: given back only after a result
         self._used[slot] = self._packs
-        fd = self._fds[slot]
-        assert fd is not None
-        write_into(fd, packing.regions, packing.offsets)
 
-    def _slot_for(self, size: int) -> int | None:
-        """The free slot whose segment fits ``size`` (the smallest), or one made for it; None
-        when every slot is held. Frees segments idle for :data:`IDLE_PACKS` results."""
-        flags = self._flags_map()
-        free = [i for i in range(SLOTS) if flags[i] == FREE]
+    def _where(self, slot: int) -> Where:
+        return (self._flags_path, slot, self._paths[slot], self._sizes[slot])
+
+    def _slot_for(self, size: int, busy: int | None = None) -> int | None:
+        """The free slot (not ``busy``) whose segment fits ``size`` (the smallest), or one made
+        for it; None when every slot is held. Frees segments idle for :data:`IDLE_PACKS`
+        results."""
+        free = [i for i in range(SLOTS) if i != busy and self._free(i)]
         for i in free:
             if self._fds[i] is not None and self._packs - self._used[i] > IDLE_PACKS:
                 self._drop(i)
@@ -135,14 +203,41 @@ class Segments:
         self._fds[slot], self._sizes[slot], self._paths[slot] = fd, capacity, path
 
     def _drop(self, slot: int) -> None:
-        """Let go of the slot's segment (free: the consumer holds none of it; its name was
-        unlinked when the consumer mapped it, or is unlinked here)."""
+        """Let go of the free slot's segment (its name was unlinked when the consumer mapped
+        it, or is unlinked here; nothing views this worker's mapping of it)."""
         fd = self._fds[slot]
         if fd is None:
             return
         os.close(fd)
         Path(self._paths[slot]).unlink(missing_ok=True)
         self._fds[slot], self._sizes[slot], self._paths[slot] = None, 0, ""
+        self._maps[slot] = None
+
+
+class Arena:
+    """A free segment lent to one task's gathers: buffers handed out in order, 64-byte
+    aligned, each a ctypes object over the worker's mapping (``lent`` keeps weak references,
+    so the segment is not written again while the worker still views one)."""
+
+    def __init__(self, slot: int, mapping: mmap.mmap, lent: list[weakref.ref[Any]]) -> None:
+        self.slot, self.used = slot, 0
+        self._mapping, self._lent = mapping, lent
+        self._base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+
+    def allocate(self, size: int) -> pa.Buffer | None:
+        """A mutable buffer of ``size`` bytes in the segment; None when it is full."""
+        start = -(-self.used // 64) * 64
+        if not size or start + size > len(self._mapping):
+            return None
+        memory = (ctypes.c_char * size).from_buffer(self._mapping, start)
+        self._lent.append(weakref.ref(memory))
+        self.used = start + size
+        return pa.py_buffer(memory)
+
+    def offset_of(self, region: np.ndarray) -> int | None:
+        """Where ``region`` lies in the segment, if it lies in what was handed out."""
+        at = region.__array_interface__["data"][0] - self._base
+        return at if at >= 0 and at + region.nbytes <= self.used else None
 
 
 class _Ring:

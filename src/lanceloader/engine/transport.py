@@ -163,13 +163,20 @@ Layout = list[tuple[int, str, tuple[int, ...]]]  # per array: (offset, dtype, sh
 @dataclasses.dataclass
 class Packing:
     """A result taken apart for the transport: ``regions`` to write at ``offsets`` (a file of
-    ``size`` bytes), the pickled rest (``skeleton``) and each array's place (``layout``)."""
+    ``size`` bytes), the pickled rest (``skeleton``) and each array's place (``layout``);
+    ``places``: per array, its region and byte offset in it (:meth:`layout_at` other
+    offsets)."""
 
     skeleton: bytes
     regions: list[np.ndarray]
     offsets: list[int]
     size: int
     layout: Layout
+    places: list[tuple[int, int, str, tuple[int, ...]]]
+
+    def layout_at(self, offsets: list[int]) -> Layout:
+        """The layout with the regions at ``offsets`` instead."""
+        return [(offsets[r] + at, dtype, shape) for r, at, dtype, shape in self.places]
 
 
 def take_apart(result: Any) -> Packing:
@@ -178,17 +185,18 @@ def take_apart(result: Any) -> Packing:
     skeleton = _split(result, arrays)
     regions, places = _regions(arrays)
     starts, size = offsets_of(regions)
-    layout = [
-        (starts[region] + offset, a.dtype.str, a.shape)
+    placed = [
+        (region, offset, a.dtype.str, a.shape)
         for (region, offset), a in zip(places, arrays, strict=True)
     ]
+    layout = [(starts[r] + at, dtype, shape) for r, at, dtype, shape in placed]
     try:
         pickled = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError):
         # Values of a class defined in __main__ or a notebook cell: the worker has it by value,
         # and cloudpickle sends it back, where it unpickles as the consumer's own class.
         pickled = dumps(skeleton)
-    return Packing(pickled, regions, starts, size, layout)
+    return Packing(pickled, regions, starts, size, layout, placed)
 
 
 def pack(result: Any, path: Path) -> tuple[bytes, Layout]:

@@ -18,8 +18,10 @@ may be freed afterwards).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -150,6 +152,31 @@ def _checked_parts(
                 f"first has {schema}: gather parts of one projection"
             )
     return schema
+
+
+_output = threading.local()  # .allocate: this thread's output_memory
+
+
+@contextlib.contextmanager
+def output_memory(allocate: Callable[[int], pa.Buffer | None]) -> Iterator[None]:
+    """Gathers in this thread put their columns in memory from ``allocate(size)`` (a mutable
+    buffer, or None for Arrow's pool): a process worker gathers straight into the shared
+    memory its result travels in (:mod:`lanceloader.engine.segments`), not into a buffer it
+    then copies."""
+    before = getattr(_output, "allocate", None)
+    _output.allocate = allocate
+    try:
+        yield
+    finally:
+        _output.allocate = before
+
+
+def allocate(size: int) -> pa.Buffer:
+    """A new mutable buffer of ``size`` bytes for a gather's column: from this thread's
+    :func:`output_memory` where it has room, else from Arrow's pool."""
+    given = getattr(_output, "allocate", None)
+    buffer = given(size) if given is not None else None
+    return pa.allocate_buffer(size) if buffer is None else buffer
 
 
 _views: dict[int, tuple[weakref.ref[pa.Table], list[list[np.ndarray] | None]]] = {}
@@ -306,7 +333,7 @@ def gather_fixed(
     ``runs[k]``, where given (:func:`run_of`), copies part ``k``'s consecutive rows to
     consecutive places by slices."""
     width = row_width(kind)
-    buffer = pa.allocate_buffer(n * width)
+    buffer = allocate(n * width)
     out = np.frombuffer(buffer, np.uint8).view(f"V{width}")
     targets = scatter or [None] * len(columns)
     for chunks, where, place, target, run in zip(
