@@ -191,10 +191,10 @@ def test_construction_reads_no_fragment_metadata_and_the_state_has_the_identity(
         many_uri, batch_size=64, columns=["id"], shuffle=True, cache=str(tmp_path / "c")
     )
     src = loader.source
-    assert src.dataset_name.__dict__["_identity"] is None  # not made at construction
+    assert src.dataset_name.__dict__["identity"] is None  # not made at construction
     assert all(m is None for m in src._fragments._metadata)  # no fragment's metadata read
     next(iter(loader))  # a read names the pieces it uses (their units' metadata read)
-    assert src.dataset_name.__dict__["_identity"] is None  # nor made by an epoch's start
+    assert src.dataset_name.__dict__["identity"] is None  # nor made by an epoch's start
     assert loader.state_dict()["dataset"] == old_identity(many_uri)
     made = DatasetName(src.uri, src.version, old_identity(many_uri))
     assert src.dataset_name == made and hash(src.dataset_name) == hash(made)

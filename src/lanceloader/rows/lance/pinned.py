@@ -130,20 +130,23 @@ class LateName(DatasetName):
     process that reads it first (pickled once made, it carries the identity). Equal to and
     hashed as the :class:`DatasetName` it stands for."""
 
+    # the maker in a slot: its __dict__ stays a DatasetName's plain data (identity None until made)
+    __slots__ = ("_make",)
+    _make: Callable[[], str]
+
     def __init__(
         self, uri: str, version: int, make: Callable[[], str], identity: str | None = None
     ) -> None:
         object.__setattr__(self, "uri", uri)
         object.__setattr__(self, "version", version)
-        object.__setattr__(self, "_identity", identity)
+        self.__dict__["identity"] = identity  # under the property: read and filled by it
         object.__setattr__(self, "_make", make)
 
     @property
     def identity(self) -> str:
-        identity: str | None = self.__dict__["_identity"]
+        identity: str | None = self.__dict__["identity"]
         if identity is None:  # two threads making it make the same string
-            identity = self.__dict__["_make"]()
-            object.__setattr__(self, "_identity", identity)
+            identity = self.__dict__["identity"] = self._make()
         return identity
 
     def __eq__(self, other: object) -> bool:
