@@ -16,8 +16,10 @@ Method
   descendants, so the sampler counts them).
 * ``tune``: step.py's accelerator (``sleep``, 15 ms per batch) fed by the default loader (tuned:
   the loader chose its workers and prefetch), the same with ``tune=False``, ``tune=True`` with 4
-  workers, and fixed settings (1, 2, 4 workers); after ``--warmup`` steps (the
-  tuner works during them), ``--steps`` steps: utilisation, loader CPU s per step, rows/s.
+  workers, and fixed settings (1, 2, 4 workers); after ``--warmup`` steps (the tuner works
+  during them), ``--steps`` steps: utilisation, loader CPU s per step, rows/s. With
+  ``--accelerator burn`` one process spins for each step, and ``step_stretch`` says how much
+  the loader's CPU stretched the step itself (busy time over the step's time, less 1).
 * The runs alternate within each of ``--repeats`` rounds; medians.
 
 Usage::
@@ -161,6 +163,8 @@ def tune_run(uri: str, engine: dict[str, Any], acc: Any, args: Any) -> dict[str,
 
     got = step.run_once(make, {}, acc, step.STEP_MS["images"] / 1e3, args)
     got["rows_per_s"] = 32 / (got["slowdown"] * step.STEP_MS["images"] / 1e3)
+    # busy / step's time - 1: how much the loader's CPU stretched the step itself (burn)
+    got["step_stretch"] = got["utilisation"] * got["slowdown"] - 1
     tuner = made[0]._governor.tuner if made[0]._governor else None
     if tuner is not None:
         got["reads_in_flight"] = tuner.active
@@ -179,6 +183,7 @@ def main() -> None:
     parser.add_argument("--heavy-budgets", default="1")
     parser.add_argument("--heavy-workers", type=int, default=4)
     parser.add_argument("--engines", default="", help="the tune part's settings, ';'-separated")
+    parser.add_argument("--accelerator", default="sleep", help="the tune part's: sleep or burn")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
@@ -219,7 +224,7 @@ def main() -> None:
         }
         if args.engines:
             engines = {k: v for k, v in engines.items() if k in args.engines.split(";")}
-        acc = step.Accelerator("sleep", 0)
+        acc = step.Accelerator(args.accelerator, 1)
         tuned: dict[str, list[dict[str, float]]] = {k: [] for k in engines}
         try:
             for _ in range(args.repeats):
