@@ -209,3 +209,35 @@ def test_a_governor_pickles_fresh() -> None:
     assert (copy.cpu_budget, copy.tune, copy.tasks) == (1.5, True, 0)
     assert ll.Loader.__init__.__kwdefaults__["cpu_budget"] is None
     assert ll.Loader.__init__.__kwdefaults__["tune"] is None
+
+
+def test_a_default_loader_feeding_a_slow_loop_gives_up_reads_and_keeps_its_stream(
+    uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop slower than the loader: the default tuner gives up reads in flight, and the
+    batches are the same as tune=False's, draws included. (Periods of 50 ms instead of 0.5 s,
+    and an aim of 20% instead of 1%: the loop's hand-off on a loaded machine, waiting for the
+    GIL, is over 1% of a 20 ms step, and what is tested here is the stream while reads go.)"""
+    from lanceloader.engine import tuning
+
+    monkeypatch.setattr(tuning, "PERIOD_S", 0.05)
+    monkeypatch.setattr(tuning, "WAIT_SHARE", 0.2)
+
+    def jitter(row: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+        return {**row, "noise": float(rng.random())}
+
+    def stream(**kw: Any) -> tuple[list[tuple[list[int], bytes]], ll.Loader]:
+        loader = ll.Loader(
+            uri, 16, columns=["id"], shuffle=True, transform=ll.random_map(jitter), **kw
+        )
+        out = []
+        for batch in loader:
+            out.append((batch["id"].tolist(), batch["noise"].tobytes()))
+            time.sleep(0.02)  # the training step
+        return out, loader
+
+    tuned, loader = stream()
+    assert tuned == stream(tune=False)[0]
+    tuner = loader._governor.tuner if loader._governor else None
+    assert tuner is not None and tuner.active is not None
+    assert tuner.active < tuner._depth, tuner.report()
