@@ -36,6 +36,16 @@ def slow(x: int) -> dict:
     return echo(x)
 
 
+def logged_sleep(task: tuple[int, str]) -> dict:
+    """Sleep 0.2 s; append ``task start end`` to the file ``task[1]``."""
+    x, path = task
+    start = time.time()
+    time.sleep(0.2)
+    with open(path, "a") as file:
+        file.write(f"{x} {start} {time.time()}\n")
+    return echo(x)
+
+
 def busy_python(batch):
     """A pure-Python, GIL-holding transform: what process workers are for."""
     total = 0

@@ -165,3 +165,19 @@ def test_a_segment_the_worker_still_views_is_not_lent_again(pair) -> None:
             assert where[2][1] != packed[2][1]
         leases.unpack(*where)
     assert np.concatenate(kept["batches"]).tolist() == list(range(1000))
+
+
+def test_a_fresh_pools_first_task_runs_alone(tmp_path: Path) -> None:
+    """New workers' first reads each open every file their rows lie in; all at once on few
+    cores, they held the first batch back (2.2 s on 100M rows against 0.9 s on 1M). A fresh
+    pool now sends its first task alone and the others once it is answered; later tasks
+    (and a kept pool's next epochs) go out at once."""
+    log = tmp_path / "log"
+    tasks = [(x, str(log)) for x in range(6)]
+    with Ordered(ProcessPool(workerfns.logged_sleep, 3), iter(tasks), 6) as results:
+        assert [r["x"] for r in results] == list(range(6))
+    runs = {
+        int(x): (float(a), float(b)) for x, a, b in map(str.split, log.read_text().splitlines())
+    }
+    assert all(runs[x][0] >= runs[0][1] for x in range(1, 6))
+    assert any(runs[x][0] < runs[y][1] for x in range(1, 6) for y in range(1, 6) if x != y)
