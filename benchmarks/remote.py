@@ -11,15 +11,16 @@ from another node's object store).
 * ``first``: the time from ``Loader(...)`` to the first batch with 4 actors and with 4 local
   process workers (the forkserver started before, as in a long job), alternated; the median
   of the ratios. Target <= 2x.
-* ``kill``: an actor of 4 killed (``ray.kill``) at batch 20 of an epoch of fixed-latency
-  batches: the loop's longest wait for a batch after the kill (and over the epoch) and the
-  epoch's time, less those of an epoch without a kill, in ms and in batches (of the
-  transform's latency).
+* ``kill``: an actor of 4 building a read killed (``ray.kill``) at batch 20 of an epoch of
+  fixed-latency batches: the loop's longest wait for a batch in flight at the kill (after
+  them; over the epoch) and the epoch's time, less those of an epoch without a kill, in ms
+  and in batches (of the transform's latency). ``kill16``: the same with one read in
+  flight (``prefetch=16``), so the killed read is the one the loop waits for.
 * ``trials``: ``--trials`` (20) loaders of 3 actors, each killed at a random batch (``ray.kill``
   or SIGKILL of the actor's process, alternately): every epoch is the thread workers' epoch,
   batch for batch (ids and bytes), or the script fails.
 
-    python benchmarks/remote.py [--only scaling,cpu,first,kill,trials] [--rounds 3]
+    python benchmarks/remote.py [--only scaling,cpu,first,kill,kill16,trials] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -228,24 +229,35 @@ KILL_AT = 20  # the batch after which an actor is killed
 
 
 def epoch_waits(loader: ll.Loader, kill_seed: int | None) -> tuple[list[float], float]:
-    """The loop's wait for each batch of an epoch, and its time; an actor killed (drawn from
-    ``kill_seed``) once batch ``KILL_AT`` is in (None: no kill)."""
+    """The loop's wait for each batch of an epoch, and its time; an actor killed once batch
+    ``KILL_AT`` is in (None: no kill): one building a read (drawn from ``kill_seed``)."""
     waits: list[float] = []
     t0 = last = time.perf_counter()
     for i, _ in enumerate(loader):
         waits.append(time.perf_counter() - last)
         if kill_seed is not None and i == KILL_AT:
-            kill(random.Random(kill_seed).choice(actor_names()), "ray.kill")
+            kill(random.Random(kill_seed).choice(busy_actors()), "ray.kill")
         last = time.perf_counter()
     return waits, time.perf_counter() - t0
 
 
-def kill_latency(uri: str, rounds: int) -> dict[str, Any]:
+def busy_actors() -> list[str]:
+    """The actors running a task now (all of them if none is)."""
+    names = actor_names()
+    stacks: list[str] = ray.get([ray.get_actor(n).stack.remote() for n in names], timeout=30)
+    busy = [n for n, stack in zip(names, stacks, strict=True) if not stack.startswith("(idle")]
+    return busy or names
+
+
+def kill_latency(uri: str, rounds: int, prefetch: int | None = None) -> dict[str, Any]:
     """An actor of 4 killed at batch 20 against an epoch without a kill (the same loader, in
-    turn): the loop's longest wait for one batch after the kill, less the longest over the
-    same batches without; the same over the whole epoch (the figure before 7 Dec 2026: the
-    epoch's start, a whole read's wait, often hides the kill); and the epochs' extra time
-    (which includes the lost actor's share of the work until its replacement is up)."""
+    turn): the loop's longest wait for one batch, less the longest over the same batches
+    without, over the batches in flight at the kill (``prefetch``: the lost read's cost), over
+    the rest of the epoch (three actors until the replacement is up) and over the whole epoch
+    (the figure before 7 Dec 2026: the epoch's start, a whole read's wait, often hides the
+    kill); and the epochs' extra time (the lost actor's share of the work until its
+    replacement is up)."""
+    extra_in_flight: list[float] = []
     extra_after, extra_wait, extra_epoch, longest_ms = [], [], [], []
     for r in range(rounds):
         loader = ll.Loader(
@@ -254,35 +266,40 @@ def kill_latency(uri: str, rounds: int) -> dict[str, Any]:
             columns=["id"],
             transform=sleepy,
             worker_type="ray",
-            num_workers=4,
-            prefetch=16,
+            num_workers=4,  # the default reads (16 batches) and prefetch (one read an actor)
+            prefetch=prefetch,  # 16: one read in flight, the loop waits for the killed one
         )
         with loader:
             warm(loader)
-            per_read = loader.batches_per_read
+            per_read, in_flight = loader.batches_per_read, loader.prefetch
             plain, plain_wall = epoch_waits(loader, None)
             killed, killed_wall = epoch_waits(loader, r)
-        after = max(killed[KILL_AT + 1 :]) - max(plain[KILL_AT + 1 :])
-        extra_after.append(after)
+        flying = slice(KILL_AT + 1, KILL_AT + 1 + in_flight)
+        extra_in_flight.append(max(killed[flying]) - max(plain[flying]))
+        rest = slice(KILL_AT + 1 + in_flight, None)
+        extra_after.append(max(killed[rest]) - max(plain[rest]))
         extra_wait.append(max(killed) - max(plain))
         extra_epoch.append(killed_wall - plain_wall)
         longest_ms.append(
             {
-                name: round(1000 * max(waits[KILL_AT + 1 :]), 1)
+                name: round(1000 * max(waits[flying]), 1)
                 for name, waits in (("plain", plain), ("killed", killed))
             }
         )
     return {
         "batch_ms": 1000 * SLEEP_S,
         "read_ms": 1000 * per_read * SLEEP_S,
-        "extra_wait_after_kill_ms_median": 1000 * statistics.median(extra_after),
-        "extra_wait_after_kill_batches": statistics.median(extra_after) / SLEEP_S,
+        "batches_in_flight": in_flight,
+        "extra_wait_in_flight_ms_median": 1000 * statistics.median(extra_in_flight),
+        "extra_wait_in_flight_batches": statistics.median(extra_in_flight) / SLEEP_S,
+        "extra_wait_rest_ms_median": 1000 * statistics.median(extra_after),
         "extra_longest_wait_ms_median": 1000 * statistics.median(extra_wait),
         "extra_epoch_ms_median": 1000 * statistics.median(extra_epoch),
-        "extra_wait_after_kill_ms": [round(1000 * e, 1) for e in extra_after],
+        "extra_wait_in_flight_ms": [round(1000 * e, 1) for e in extra_in_flight],
+        "extra_wait_rest_ms": [round(1000 * e, 1) for e in extra_after],
         "extra_longest_wait_ms": [round(1000 * e, 1) for e in extra_wait],
         "extra_epoch_ms": [round(1000 * e, 1) for e in extra_epoch],
-        "longest_wait_after_kill_ms": longest_ms,
+        "longest_wait_in_flight_ms": longest_ms,
     }
 
 
@@ -350,6 +367,8 @@ def main() -> None:
                 out["first_batch"] = first_batch(small, args.rounds)
             if "kill" in parts:
                 out["kill"] = kill_latency(ids, args.rounds)
+            if "kill16" in parts:
+                out["kill16"] = kill_latency(ids, args.rounds, prefetch=16)
             if "trials" in parts:
                 out["trials"] = trials(small, args.trials)
             print(json.dumps(out, indent=1), flush=True)
