@@ -626,16 +626,19 @@ def check_stats_identities(loader: ll.Loader, comp: Comp) -> None:
     (none skipped or left behind), rows from the cache are at most the rows read, the stages'
     seconds fit in the workers' time, and an epoch's wall time (so its rows/s) is the one the
     loop measures from ``iter()`` to its last batch (within 10%, or 5 ms on these tiny
-    epochs)."""
+    epochs; the workers' stop after it is in neither)."""
     total = loader.stats()
     assert total.rows == total.rows_read, (total.rows, total.rows_read, comp)
     assert total.rows_skipped == 0 and total.rows_undelivered == 0
     assert 0 <= total.rows_cached <= total.rows_read
     stages = total.read_s + total.decode_s + total.transform_s + total.convert_s
     assert stages <= loader.num_workers * total.wall_s * 1.05 + 0.01, (stages, total.wall_s)
-    began = time.perf_counter()
-    rows = sum(len(next(iter(batch.values()))) for batch in loader)
-    wall = time.perf_counter() - began
+    began = last = time.perf_counter()
+    rows = 0
+    for batch in loader:  # the loop's span ends at its last batch (not the workers' stop)
+        rows += len(next(iter(batch.values())))
+        last = time.perf_counter()
+    wall = last - began
     epoch = loader.stats(epoch=-1)
     assert epoch.rows == rows
     assert abs(epoch.wall_s - wall) <= 0.1 * wall + 0.005, (epoch.wall_s, wall)
