@@ -4,8 +4,8 @@ Method
 ------
 * Data: ``--images`` JPEGs of 128x128 (``transforms.py``'s dataset, written once under
   ``--data-dir``), and the same bytes as one file per image beside it (``<n>.jpg``).
-* Every case is a torch ``DataLoader`` with ``--workers`` worker processes (fork, persistent,
-  not timed: the first batch), batches of ``--batch-size``, torch's ``RandomSampler``
+* Every case is a torch ``DataLoader`` with ``--workers`` worker processes (``forkserver``, as
+  docs/fork-safety.md advises; persistent; not timed: the first batch), batches of ``--batch-size``, torch's ``RandomSampler``
   (``shuffle=True``), a loop that takes ``--batches`` batches (the training step's side: it only
   counts). Each sample is a 128x128x3 uint8 tensor and a label.
 * ``files``: a ``Dataset`` whose ``__getitem__`` opens and reads ``<i>.jpg`` and decodes it with
@@ -97,7 +97,7 @@ def loaders(uri: str, args: argparse.Namespace) -> dict[str, DataLoader]:  # typ
     rows = MapDataset(uri, columns=["image", "label"], transform=ll.decode_images("image"))
     common: dict[str, Any] = {"num_workers": args.workers}
     if args.workers:
-        common |= {"persistent_workers": True, "multiprocessing_context": "fork"}
+        common |= {"persistent_workers": True, "multiprocessing_context": "forkserver"}
     batched = {"batch_size": args.batch_size, "shuffle": True}
     sampler = BatchSampler(rows, batch_size=args.batch_size, shuffle=True)
     return {
