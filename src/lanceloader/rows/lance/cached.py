@@ -1,8 +1,9 @@
 """Cached reads: Lance rows read through their cache, piece by piece.
 
 A :class:`~lanceloader.rows.lance.source.Source` with a cache owns one :class:`CachedReads`: the
-layout of its pieces (``piece_rows`` consecutive rows of one fragment, named by the fragment's
-metadata, the projection and the piece's number: :mod:`lanceloader.rows.cache.pieces`) and the
+layout of its pieces (``piece_rows`` consecutive rows of one cache unit, a fragment or a run of
+small ones, named by the unit's metadata, the projection and the piece's number, the unit's name
+made when a read first names its pieces: :mod:`lanceloader.rows.cache.pieces`) and the
 read of any Lance row offsets through the cache. Which pieces are kept is the cache's policy
 (:data:`~lanceloader.rows.cache.pieces.FILL_FRACTION`, the fill credit of a local dataset);
 where they are kept is the cache's business (``rows/cache/``: a directory or this process's
