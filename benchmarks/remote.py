@@ -14,13 +14,12 @@ from another node's object store).
 * ``kill``: an actor of 4 building a read killed (``ray.kill``) at batch 20 of an epoch of
   fixed-latency batches: the loop's longest wait for a batch in flight at the kill (after
   them; over the epoch) and the epoch's time, less those of an epoch without a kill, in ms
-  and in batches (of the transform's latency). ``kill16``: the same with one read in
-  flight (``prefetch=16``), so the killed read is the one the loop waits for.
+  and in batches (of the transform's latency).
 * ``trials``: ``--trials`` (20) loaders of 3 actors, each killed at a random batch (``ray.kill``
   or SIGKILL of the actor's process, alternately): every epoch is the thread workers' epoch,
   batch for batch (ids and bytes), or the script fails.
 
-    python benchmarks/remote.py [--only scaling,cpu,first,kill,kill16,trials] [--rounds 3]
+    python benchmarks/remote.py [--only scaling,cpu,first,kill,trials] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -249,7 +248,7 @@ def busy_actors() -> list[str]:
     return busy or names
 
 
-def kill_latency(uri: str, rounds: int, prefetch: int | None = None) -> dict[str, Any]:
+def kill_latency(uri: str, rounds: int) -> dict[str, Any]:
     """An actor of 4 killed at batch 20 against an epoch without a kill (the same loader, in
     turn): the loop's longest wait for one batch, less the longest over the same batches
     without, over the batches in flight at the kill (``prefetch``: the lost read's cost), over
@@ -266,8 +265,9 @@ def kill_latency(uri: str, rounds: int, prefetch: int | None = None) -> dict[str
             columns=["id"],
             transform=sleepy,
             worker_type="ray",
-            num_workers=4,  # the default reads (16 batches) and prefetch (one read an actor)
-            prefetch=prefetch,  # 16: one read in flight, the loop waits for the killed one
+            # the default reads (16 batches) and prefetch (one read an actor; a smaller
+            # prefetch is rounded up to that: the loop never waits on one actor alone)
+            num_workers=4,
         )
         with loader:
             warm(loader)
@@ -367,8 +367,6 @@ def main() -> None:
                 out["first_batch"] = first_batch(small, args.rounds)
             if "kill" in parts:
                 out["kill"] = kill_latency(ids, args.rounds)
-            if "kill16" in parts:
-                out["kill16"] = kill_latency(ids, args.rounds, prefetch=16)
             if "trials" in parts:
                 out["trials"] = trials(small, args.trials)
             print(json.dumps(out, indent=1), flush=True)
