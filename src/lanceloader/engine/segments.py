@@ -17,6 +17,9 @@ Contract:
   (a slot never used, or a free one too small, replaced); with every slot held, into a file of
   its own, as before (a worker never waits for the consumer). A free segment unused for
   :data:`IDLE_PACKS` results is removed (its memory goes back once the consumer unmaps it).
+  Memory: a new segment is made only when none free fits, so a worker's segments take what
+  its results alive at once took at their peak (before, one file each, gone with the result),
+  kept while the pool lives (a kept pool: the loader's life) unless idle as said.
 * Around each task the worker lends a free segment at least as large as its last result to
   the task's gathers (:meth:`Segments.arena`, :func:`~lanceloader.rows.gather.output_memory`):
   a cached shuffle's columns are gathered straight into the memory they travel in, and the
