@@ -16,7 +16,7 @@ import workerfns
 from lanceloader.engine import segments as segments_module
 from lanceloader.engine.pool import Ordered
 from lanceloader.engine.processes import ProcessPool
-from lanceloader.engine.segments import SLOTS, Leases, Segments
+from lanceloader.engine.segments import IDLE_PACKS, SLOTS, Leases, Segments
 from lanceloader.rows.gather import gather_rows
 
 
@@ -181,3 +181,19 @@ def test_a_fresh_pools_first_task_runs_alone(tmp_path: Path) -> None:
     }
     assert all(runs[x][0] >= runs[0][1] for x in range(1, 6))
     assert any(runs[x][0] < runs[y][1] for x in range(1, 6) for y in range(1, 6) if x != y)
+
+
+def test_a_segment_idle_for_a_while_is_removed_and_unmapped(pair) -> None:
+    """A worker keeps what its results at their peak needed, not for ever: a segment unused
+    for IDLE_PACKS results goes, from the worker and from the consumer's mappings."""
+    segments, leases, base = pair
+    peak = [leases.unpack(*segments.pack(result(x), base.with_suffix(f".{x}"))) for x in range(3)]
+    del peak
+    gc.collect()
+    for x in range(3, 3 + IDLE_PACKS + 2):
+        back = leases.unpack(*(packed := segments.pack(result(x), base.with_suffix(f".{x}"))))
+        assert holds(back, x)
+        del back
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    mapped = {line.split()[-2] for line in maps if f"{base.name}-seg" in line}  # "(deleted)"
+    assert mapped == {packed[2][2]}

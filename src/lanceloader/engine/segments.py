@@ -71,8 +71,8 @@ IDLE_PACKS = 32
 GRAIN = 1 << 20
 HELD, FREE = 1, 0
 
-# (flags path, slot, segment path, capacity), or a file of the result's own
-Where = tuple[str, int, str, int] | str
+# (flags path, slot, segment path, capacity, the worker's segments now), or a file of its own
+Where = tuple[str, int, str, int, tuple[str, ...]] | str
 
 
 class Segments:
@@ -174,7 +174,8 @@ class Segments:
         self._used[slot] = self._packs
 
     def _where(self, slot: int) -> Where:
-        return (self._flags_path, slot, self._paths[slot], self._sizes[slot])
+        live = tuple(path for path in self._paths if path)  # the consumer unmaps the others
+        return (self._flags_path, slot, self._paths[slot], self._sizes[slot], live)
 
     def _slot_for(self, size: int, busy: int | None = None) -> int | None:
         """The free slot (not ``busy``) whose segment fits ``size`` (the smallest), or one made
@@ -272,6 +273,12 @@ class _Ring:
             known = self.maps[slot] = (path, mapping)
         return (ctypes.c_char * capacity).from_buffer(known[1])
 
+    def keep_only(self, paths: tuple[str, ...]) -> None:
+        """Forget the mappings of segments the worker removed (arrays still viewing one keep
+        it mapped): their memory goes back once those are gone."""
+        for slot in [s for s, (path, _) in self.maps.items() if path not in paths]:
+            del self.maps[slot]
+
     def lend(self, slot: int) -> None:
         with self.lock:
             self.held.add(slot)
@@ -306,10 +313,11 @@ class Leases:
             return rebuild(skeleton, layout, None)
         if isinstance(where, str):
             return rebuild(skeleton, layout, take_mapping(Path(where)))
-        flags_path, slot, path, capacity = where
+        flags_path, slot, path, capacity, live = where
         ring = self._rings.get(flags_path)
         if ring is None:
             ring = self._rings[flags_path] = _Ring(flags_path)
+        ring.keep_only(live)
         lease = ring.lease(slot, path, capacity)
         ring.lend(slot)
         weakref.finalize(lease, ring.give_back, slot)
