@@ -197,3 +197,22 @@ def test_a_segment_idle_for_a_while_is_removed_and_unmapped(pair) -> None:
     maps = Path("/proc/self/maps").read_text().splitlines()
     mapped = {line.split()[-2] for line in maps if f"{base.name}-seg" in line}  # "(deleted)"
     assert mapped == {packed[2][2]}
+
+
+def test_a_write_that_fails_gives_its_slot_back(pair, monkeypatch) -> None:
+    """The worker marks a slot held before writing; a write that fails (the error goes to the
+    consumer as the task's) must not leave the slot held for ever."""
+    segments, leases, base = pair
+    first = segments.pack(result(0), base.with_suffix(".0"))
+    leases.unpack(*first)
+    gc.collect()
+
+    def failing(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(segments_module, "write_into", failing)
+    with pytest.raises(OSError, match="No space"):
+        segments.pack(result(1), base.with_suffix(".1"))
+    monkeypatch.undo()
+    again = segments.pack(result(2), base.with_suffix(".2"))
+    assert again[2][1] == first[2][1] and holds(leases.unpack(*again), 2)

@@ -147,7 +147,7 @@ class Segments:
             write_arrays(path, packing.regions)
             return packing.skeleton, packing.layout, str(path)
         self._hold(slot)
-        write_into(self._fds[slot], packing.regions, packing.offsets)  # type: ignore[arg-type]
+        self._write(slot, packing.regions, packing.offsets)
         return packing.skeleton, packing.layout, self._where(slot)
 
     def _in_arena(self, arena: Arena, packing: Packing) -> Any:
@@ -166,8 +166,17 @@ class Segments:
         self._hold(arena.slot)
         if rest:
             regions, starts = zip(*rest, strict=True)
-            write_into(self._fds[arena.slot], list(regions), list(starts))  # type: ignore[arg-type]
+            self._write(arena.slot, list(regions), list(starts))
         return packing.layout_at(offsets)
+
+    def _write(self, slot: int, regions: list[np.ndarray], offsets: list[int]) -> None:
+        """Write into a slot just held; a write that fails gives the slot back (the consumer
+        never sees it)."""
+        try:
+            write_into(self._fds[slot], regions, offsets)  # type: ignore[arg-type]
+        except BaseException:
+            self._flags_map()[slot] = FREE
+            raise
 
     def _hold(self, slot: int) -> None:
         self._flags_map()[slot] = HELD  # before the write: given back only after a result
@@ -199,7 +208,12 @@ class Segments:
         path = f"{self._base}-seg{slot}-{self._packs}"
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, capacity)
+            # Its pages allocated now: a full /dev/shm is an OSError here, never a SIGBUS in
+            # a gather writing into the segment's mapping later.
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, capacity)
+            else:  # macOS
+                os.ftruncate(fd, capacity)
         except BaseException:
             os.close(fd)
             Path(path).unlink(missing_ok=True)
