@@ -11,8 +11,10 @@ each ``submit``). Its contract:
   Ray actors run elsewhere: only their part here (Lance's threads, none of the actors') counts.
 * A task is started only when the CPU used in the trailing ``WINDOW_S`` seconds, plus what the
   tasks in flight and this one will use (the mean CPU per task so far), stays within
-  ``AIM × budget × WINDOW_S``. The time before the first task counts as used at the budget's rate,
-  so the start is paced like the rest (no burst of every worker at once).
+  ``AIM × budget × WINDOW_S``. The time before the first task counts as used at the aimed rate
+  (``AIM × budget``), so the start is paced like the rest (no burst of every worker at once)
+  and a budget the loader stays under holds nothing back (counted at the full budget, every
+  start waited a tenth of the window, 0.5 s, whatever the budget).
 * Progress is never blocked: with tasks in flight a refused task waits for the next ``admit``
   (the consumer takes a result, then asks again); with none in flight ``admit`` sleeps until
   the window has room, at most ``WINDOW_S`` seconds, then starts it anyway. That wait is the
@@ -169,6 +171,8 @@ class Governor:
             return False
         if self.cpu_budget is None:
             return True
+        if not self._samples:  # the clocks' baseline, before the first task: its CPU counts
+            self._used(pool)
         if in_flight and not self._room(in_flight, pool):
             self.refused += 1
             return False
@@ -190,7 +194,7 @@ class Governor:
 
     def _used(self, pool: Any) -> tuple[float, float]:
         """(now, the CPU used in the trailing window), sampling the clocks at most every
-        ``SAMPLE_S``; the time before the first task counts as used at the budget's rate."""
+        ``SAMPLE_S``; the time before the first task counts as used at the aimed rate."""
         now = time.perf_counter()
         budget = self.cpu_budget or 0.0
         if now - self._read_at >= SAMPLE_S or not self._samples:
@@ -204,7 +208,7 @@ class Governor:
         if now - start_t >= 1.0:  # the rate over a second or more (up to the window)
             self.worst = max(self.worst, (end_cpu - start_cpu) / (now - start_t))
         if start_t > now - WINDOW_S:  # the window reaches before the first sample
-            before = budget * (start_t - max(now - WINDOW_S, self._began - WINDOW_S))
+            before = AIM * budget * (start_t - max(now - WINDOW_S, self._began - WINDOW_S))
             return now, end_cpu - start_cpu + max(0.0, before)
         return now, end_cpu - start_cpu
 
