@@ -76,3 +76,51 @@ def test_too_few_batches_and_bad_arguments_are_named(small_uri):
         ll.headroom(loader, "train", steps=2)
     with pytest.raises(ValueError, match="steps must be >= 1"):
         ll.headroom(loader, lambda batch: None, steps=0)
+
+
+def test_cpu_the_step_spends_on_threads_of_its_own_is_not_the_loaders(small_uri):
+    """A step that burns 20 ms of CPU on a helper thread (as torch's intra-op threads do): the
+    loader's CPU counts its own threads, Lance's and its worker processes, not the step's
+    helpers (this process's CPU less the step's thread counted all 20 ms as the loader's)."""
+    import concurrent.futures
+
+    helper = concurrent.futures.ThreadPoolExecutor(1)
+
+    def burn() -> None:
+        began = time.thread_time()
+        while time.thread_time() - began < 0.02:
+            pass
+
+    loader = ll.Loader(small_uri, batch_size=16, columns=["id"], num_workers=1)
+    report = ll.headroom(loader, lambda batch: helper.submit(burn).result(), steps=6, warmup=1)
+    helper.shutdown()
+    assert report.loader_cpu_s < 0.01, str(report)  # a 16-row read: far under the 20 ms
+
+
+def test_a_live_iterator_is_named_and_the_loader_left_as_it_was(small_uri):
+    """headroom on a loader whose iterator is live refuses at its own iter(), not in the
+    restore (whose error named load_state_dict(), a call the user never made)."""
+    loader = ll.Loader(small_uri, batch_size=8, columns=["id"])
+    iterator = iter(loader)
+    next(iterator)
+    with pytest.raises(ll.LoaderInUseError, match=r"^iter\(\)"):
+        ll.headroom(loader, lambda batch: None, steps=2, warmup=0)
+    assert next(iterator) is not None  # the live iterator goes on
+    iterator.close()
+
+
+def test_a_replay_slower_than_the_fed_steps_is_not_blamed_on_the_loader():
+    """The step's own time varied more than the loader cost (5 steps of 1 ms, a floor slower
+    than the fed steps): the verdict is not 'the loader', and the report says no faster."""
+    report = ll.Headroom(
+        steps=5,
+        fed_step_s=1.14e-3,
+        floor_step_s=1.27e-3,
+        wait_s=0.07e-3,
+        compute_fed_s=1.07e-3,
+        compute_floor_s=1.27e-3,
+        loader_cpu_s=0.5e-3,
+        workers_counted=True,
+    )
+    assert not report.verdict.startswith("the loader"), report.verdict
+    assert "0.90x faster" not in str(report)

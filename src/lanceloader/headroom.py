@@ -13,16 +13,20 @@ batches:
 
 The report: ``speedup`` (fed wall / floor wall: how much faster training would be with a perfect
 loader), the exposed wait's share of the fed wall, ``slowdown`` (how much the loader's CPU
-slowed the step itself), the loader's CPU seconds per step, and a verdict in one line.
+slowed the step itself), the loader's CPU seconds per step, and a verdict in one line (the
+loader is named only when the step waited and the floor is faster by as much: a floor slower
+than the fed steps means the step's own time varied more than the loader cost).
 
 Contract: runs in the calling thread; ``step_fn(batch)`` must return when the step is done
 (call ``torch.cuda.synchronize()`` in it on a GPU) and must not keep the batch. The loader is
 left where it was: its ``state_dict()`` is taken first and loaded back at the end, so the
 measured batches are delivered again by the next ``iter(loader)`` (its ``stats()`` include the
 measured steps). The batches are held in memory between the phases (``steps`` batches). CPU:
-this process's CPU time (``time.process_time``) minus the step's own (``time.thread_time``
-around it), plus the worker processes' where ``psutil`` is installed
-(:attr:`Headroom.workers_counted`).
+the loader's threads (its workers', Lance's: :class:`~lanceloader.engine.budget.LoaderClock`)
+plus the calling thread's inside ``next()``, not the step's own threads (a torch step's intra-op
+threads), plus the worker processes' where ``psutil`` is installed
+(:attr:`Headroom.workers_counted`); without ``/proc`` (not Linux) this process's CPU less the
+step's thread.
 
 Example::
 
@@ -46,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanceloader.arguments import check_int
+from lanceloader.engine.budget import LoaderClock
 
 WAIT_BOUND = 0.05  # an exposed wait above 5% of the fed wall makes the loader the limit
 SLOWDOWN_BOUND = 0.05  # a step slowed by more than 5% by the loader's CPU: contention
@@ -85,7 +90,7 @@ class Headroom:
     @property
     def verdict(self) -> str:
         """One line: what limits training, and what to do."""
-        if self.wait_share > WAIT_BOUND:
+        if self.wait_share > WAIT_BOUND and self.speedup > 1 + WAIT_BOUND:
             return (
                 f"the loader: the step waits {self.wait_share:.0%} of the time; more workers, "
                 "a cache or larger reads would help (print(loader.stats()) says which stage)"
@@ -97,6 +102,14 @@ class Headroom:
             )
         return "the step: a faster loader would not speed training up"
 
+    def _gain(self) -> str:
+        if self.speedup >= 1:
+            return f"{self.speedup:.2f}x faster"
+        return (
+            f"no faster (the replayed steps took {1 / self.speedup:.2f}x the fed ones: the "
+            "step's own time varied more than the loader cost; measure more steps)"
+        )
+
     def __str__(self) -> str:
         cpu = "" if self.workers_counted else " (this process only: install psutil for workers)"
         return "\n".join(
@@ -107,7 +120,7 @@ class Headroom:
                 f"  exposed wait            {self.wait_s * 1e3:9.2f} ms ({self.wait_share:.1%})",
                 f"  step slowed by loader   {self.slowdown:9.1%}",
                 f"  loader CPU per step     {self.loader_cpu_s * 1e3:9.2f} ms{cpu}",
-                f"  with an infinitely fast loader: {self.speedup:.2f}x faster",
+                f"  with an infinitely fast loader: {self._gain()}",
                 f"  limit: {self.verdict}",
             ]
         )
@@ -127,8 +140,9 @@ def headroom(
     if not callable(step_fn):
         raise TypeError(f"step_fn must be callable (a function of one batch), got {step_fn!r}")
     state = loader.state_dict()
+    iterator = iter(loader)  # a live iterator is refused here, before anything moved
     try:
-        batches, waits, computes, cpu = _fed(loader, step_fn, steps, warmup)
+        batches, waits, computes, cpu = _fed(iterator, step_fn, steps, warmup)
     finally:
         loader.load_state_dict(state)
     floor = _floor(batches, step_fn)
@@ -145,40 +159,45 @@ def headroom(
 
 
 def _fed(
-    loader: Any, step_fn: Callable[[Any], Any], steps: int, warmup: int
+    iterator: Iterator[Any], step_fn: Callable[[Any], Any], steps: int, warmup: int
 ) -> tuple[list[Any], list[float], list[float], tuple[float, bool]]:
-    """Phase 1: the batches, waits and step times of ``steps`` steps fed by the loader, and
-    the loader's CPU seconds over them (whether worker processes are counted)."""
-    iterator = iter(loader)
+    """Phase 1: the batches, waits and step times of ``steps`` steps fed by ``iterator`` (closed
+    here), and the loader's CPU seconds over them (whether worker processes are counted)."""
+    needed = steps + warmup
     try:
-        for _ in range(warmup):
-            step_fn(_next(iterator, steps + warmup))
-        batches, waits, computes, step_cpu = [], [], [], 0.0
-        cpu_start = _cpu_seconds()
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            batch = _next(iterator, steps + warmup)
+        for got in range(warmup):
+            step_fn(_next(iterator, needed, got))
+        batches, waits, computes = [], [], []
+        clock, in_next, step_cpu = LoaderClock(), 0.0, 0.0
+        cpu_start = _cpu_seconds(clock)
+        for got in range(warmup, needed):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            batch = _next(iterator, needed, got)
             t1, c1 = time.perf_counter(), time.thread_time()
             step_fn(batch)
             computes.append(time.perf_counter() - t1)
+            in_next += c1 - c0
             step_cpu += time.thread_time() - c1
             waits.append(t1 - t0)
             batches.append(batch)
-        cpu_end = _cpu_seconds()
+        cpu_end = _cpu_seconds(clock)
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
-    return batches, waits, computes, (cpu_end[0] - cpu_start[0] - step_cpu, cpu_end[1])
+    # by thread: the loader's threads plus the caller's inside next(); else the whole process
+    # (next() included) less the step's thread
+    mine = in_next if clock.by_thread else -step_cpu
+    return batches, waits, computes, (cpu_end[0] - cpu_start[0] + mine, cpu_end[1])
 
 
-def _next(iterator: Iterator[Any], needed: int) -> Any:
+def _next(iterator: Iterator[Any], needed: int, got: int) -> Any:
     try:
         return next(iterator)
     except StopIteration:
         raise ValueError(
             f"headroom needs {needed} batches (warmup + steps) but the rest of the loader's "
-            "epoch has fewer: pass fewer steps, or call it at the start of an epoch"
+            f"epoch had {got}: pass fewer steps, or call it at the start of an epoch"
         ) from None
 
 
@@ -192,10 +211,11 @@ def _floor(batches: list[Any], step_fn: Callable[[Any], Any]) -> list[float]:
     return times
 
 
-def _cpu_seconds() -> tuple[float, bool]:
-    """CPU seconds of this process and its live children (with psutil), and whether children
-    were counted."""
-    own = time.process_time()
+def _cpu_seconds(clock: LoaderClock) -> tuple[float, bool]:
+    """The loader's CPU seconds so far in this process (``clock``: its threads, or the whole
+    process without ``/proc``) plus its live child processes' (with psutil), and whether
+    children were counted."""
+    own = clock.read([])
     try:
         import psutil
     except ImportError:

@@ -80,6 +80,12 @@ class LoaderClock:
         self.total = 0.0
         self._fallback_at = time.process_time()
 
+    @property
+    def by_thread(self) -> bool:
+        """Whether the loader's threads are told apart (Linux); else :meth:`read` is this whole
+        process's CPU."""
+        return self._linux
+
     def read(self, pids: list[int]) -> float:
         """The CPU seconds used since the first read (``pids``: the worker processes)."""
         if not self._linux:
