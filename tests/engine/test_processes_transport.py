@@ -42,3 +42,28 @@ def test_a_small_slice_of_a_large_array_goes_alone(tmp_path: Path) -> None:
     assert size < 1024  # not the 8 MB it is a slice of
     assert back["a"].tolist() == list(range(10, 20)) and back["b"].tolist() == [0, 2, 4, 6, 8]
     assert back["own"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_read_of_many_batches_travels_as_one_array_per_chunk_and_column(tmp_path: Path) -> None:
+    """A process worker's result sends each converted chunk's columns once, cut to the rows its
+    batches take, and the consumer cuts the batches (before: one array per batch and column,
+    each found, placed and rebuilt: 24 here); every batch comes back as it was, in order."""
+    from lanceloader.engine.transport import take_apart
+    from lanceloader.engine.work import TaskResult, _slice_all
+
+    def chunk(n: int, first: int) -> dict[str, np.ndarray]:
+        ids = np.arange(first, first + n, dtype=np.int64)
+        return {"id": ids, "x": np.repeat(ids, 4).astype(np.float32).reshape(n, 4)}
+
+    big = chunk(10_000, 0)  # only rows 2,000-2,512 of it are read
+    chunks = [(0, 512, big, 2_000), (512, 1_536, chunk(1_024, 50_000), 0)]
+    sent = TaskResult([], [], [], {})
+    assert _slice_all(sent, chunks, [128] * 12, 40.0)
+    batches = list(sent.batches)
+    assert len(take_apart(sent).layout) <= 2 * 2 + 1  # and the batches' bounds
+    back, size = packed_size(sent, tmp_path)
+    assert size <= 1_536 * 40 + 8 * 3 * 12 + 4 * 64  # the rows read, not the whole chunk
+    assert back.slices is None and len(back.batches) == 12
+    for want, got in zip(batches, back.batches, strict=True):
+        assert np.array_equal(want["id"], got["id"]) and np.array_equal(want["x"], got["x"])
+        assert got["x"].dtype == np.float32 and got["x"].shape == (128, 4)

@@ -180,7 +180,12 @@ class Packing:
 
 
 def take_apart(result: Any) -> Packing:
-    """The arrays of ``result``, where each goes in its file, and the pickled rest."""
+    """The arrays of ``result``, where each goes in its file, and the pickled rest. A result
+    with a ``for_transport()`` method is taken apart as what that returns (and rebuilt through
+    its ``after_transport()``: :meth:`~lanceloader.engine.work.TaskResult.for_transport`)."""
+    compact = getattr(result, "for_transport", None)
+    if compact is not None:
+        result = compact()
     arrays: list[np.ndarray] = []
     skeleton = _split(result, arrays)
     regions, places = _regions(arrays)
@@ -223,7 +228,9 @@ def rebuild(skeleton: bytes, layout: Layout, buf: Any) -> Any:
         dt = np.dtype(dtype)
         count = math.prod(shape)  # np.prod of a small tuple costs ~4.6 us, 3 a batch
         arrays.append(np.frombuffer(buf, dt, count, offset).reshape(shape))
-    return _join(pickle.loads(skeleton), arrays)
+    result = _join(pickle.loads(skeleton), arrays)
+    expand = getattr(result, "after_transport", None)
+    return result if expand is None else expand()
 
 
 # A worker's pickle up to this size goes in its start message; a larger one (a table of many

@@ -87,6 +87,48 @@ class TaskResult:
     cache_fills: int = 0
     spans: list[tuple[str, float, float, dict[str, Any]]] = field(default_factory=list)
     lane: str = ""
+    slices: RowSlices | None = None  # the batches as row ranges of a few arrays (NumPy output)
+
+    def for_transport(self) -> TaskResult:
+        """What a process worker sends (:func:`~lanceloader.engine.transport.take_apart`): with
+        :attr:`slices`, no batches; the consumer cuts them (:meth:`after_transport`)."""
+        return self if self.slices is None else dataclasses.replace(self, batches=[])
+
+    def after_transport(self) -> TaskResult:
+        """The result as the worker made it: its batches cut from :attr:`slices` (then dropped,
+        so each chunk lives only as long as its batches)."""
+        if self.slices is not None:
+            if not self.batches:
+                self.batches = self.slices.batches()
+            self.slices = None
+        return self
+
+
+@dataclass
+class RowSlices:
+    """A result's batches as row ranges of a few converted chunks, each cut to the rows its
+    batches take. Process workers send this, not the batches: one array per chunk and column to
+    find, place and rebuild, where a read of 481 batches of 3 columns was 1,443 (~6 µs each)."""
+
+    chunks: list[Any]  # converted (nested dicts of NumPy arrays)
+    bounds: np.ndarray  # per batch: (chunk, first row, end row)
+
+    def batches(self) -> list[Any]:
+        return [_slice_rows(self.chunks[c], lo, hi) for c, lo, hi in self.bounds.tolist()]
+
+
+def _row_slices(where: list[tuple[Any, int, int]]) -> RowSlices:
+    """The :class:`RowSlices` of batches ``where`` = ``(converted chunk, lo, hi)`` each."""
+    spans: dict[int, list[Any]] = {}  # per chunk: [its index, converted, first row, end row]
+    for converted, lo, hi in where:
+        span = spans.setdefault(id(converted), [len(spans), converted, lo, hi])
+        span[2], span[3] = min(span[2], lo), max(span[3], hi)
+    chunks = [_slice_rows(converted, lo, hi) for _, converted, lo, hi in spans.values()]
+    bounds = np.array(
+        [(spans[id(c)][0], lo - spans[id(c)][2], hi - spans[id(c)][2]) for c, lo, hi in where],
+        dtype=np.int64,
+    ).reshape(-1, 3)
+    return RowSlices(chunks, bounds)
 
 
 @dataclass(frozen=True)
@@ -362,6 +404,8 @@ def _slice_all(
         return False
     for converted, lo, hi in where:
         result.batches.append(_slice_rows(framed[id(converted)], lo, hi))
+    if output == "numpy":
+        result.slices = _row_slices(where)
     result.rows.extend(sizes)
     result.nbytes.extend(round(bytes_per_row * size) for size in sizes)
     return True
