@@ -29,7 +29,7 @@ def periods(tuner: Tuner, clock: Clock, n: int, wait_share: float, refused: int 
 def test_it_starts_at_the_depth_a_fixed_setting_runs() -> None:
     tuner = Tuner(Clock())
     assert tuner.limit(depth=6) == 6
-    assert "tuning, at 6 read(s)" in tuner.report()
+    assert tuner.report().startswith("tuner still measuring, at 6 of 6 reads in flight (no period")
 
 
 def test_a_fed_loop_gives_up_reads_down_to_one() -> None:
@@ -41,7 +41,7 @@ def test_a_fed_loop_gives_up_reads_down_to_one() -> None:
         assert (tuner.limit(4), tuner.settled) == (expected, False)
     periods(tuner, clock, 2, wait_share=0.0)
     assert (tuner.limit(4), tuner.settled) == (1, True)
-    assert tuner.report().startswith("tuner chose 1 read(s) in flight")
+    assert tuner.report().startswith("tuner settled on 1 of 4 reads in flight (the loop waited")
 
 
 def test_the_read_whose_loss_made_the_loop_wait_is_taken_back() -> None:
@@ -52,7 +52,7 @@ def test_the_read_whose_loss_made_the_loop_wait_is_taken_back() -> None:
     assert tuner.limit(8) == 6
     periods(tuner, clock, 1, wait_share=0.2)  # 6 leaves the loop waiting: back to 7
     assert (tuner.limit(8), tuner.settled) == (7, True)
-    assert "fed with 7" in tuner.report()
+    assert "over the 1% aim: back to 7" in tuner.report()
     periods(tuner, clock, 1, wait_share=0.5)  # one bad period after settling: stays
     assert tuner.limit(8) == 7
     periods(tuner, clock, 2, wait_share=0.5)  # two in a row: one more
@@ -69,7 +69,7 @@ def test_a_waiting_loop_keeps_the_depth_and_settles_after_the_tuning_time() -> N
     assert (tuner.limit(5), tuner.settled) == (5, False)
     periods(tuner, clock, 2, wait_share=0.3)
     assert (tuner.limit(5), tuner.settled) == (5, True)
-    assert "tuning time" in tuner.report()
+    assert f"its {TUNE_S:g} s of tuning over" in tuner.report()
 
 
 def test_settled_it_adds_no_read_while_the_budget_holds_the_loader() -> None:

@@ -59,7 +59,7 @@ class Tuner:
         self._clock = clock  # (a test's own clock)
         self.active: int | None = None  # the depth until the first stream asks
         self.settled = False
-        self.why = f"tuning: no full period ({PERIOD_S:g} s and {PERIOD_BATCHES} batches) yet"
+        self.why = f"no period measured yet: one takes {PERIOD_S:g} s and {PERIOD_BATCHES} batches"
         self._began = clock()
         self._period_at = self._began
         self._waited = 0.0
@@ -93,27 +93,28 @@ class Tuner:
         self._step(share, budget_held, now, self.active)
 
     def _step(self, share: float, budget_held: bool, now: float, active: int) -> None:
-        at = f"the loop waited {100 * share:.1f}% with {active} read(s) in flight"
+        at = f"the loop waited {100 * share:.1f}% of the time with {active} in flight"
+        aim = f"the {100 * WAIT_SHARE:g}% aim"
         if self.settled:
             self._watch(share, budget_held, at, active)
         elif share > WAIT_SHARE and self._shed:
             self.active = active + 1
-            self._settle(f"{at}, fed with {active + 1}", share)
+            self._settle(f"{at}, over {aim}: back to {active + 1}", share)
         elif share > WAIT_SHARE:
             self._calm = 0
             if now - self._began >= TUNE_S:
-                self._settle(f"{at}: tuning time ({TUNE_S:g} s) over", share)
+                self._settle(f"{at}, over {aim}; its {TUNE_S:g} s of tuning over", share)
             else:
-                self.why = f"tuning: {at}"
+                self.why = f"{at}, over {aim}: none given up"
         else:
             self._calm += 1
             if self._calm < SETTLE_PERIODS:
                 return
             if active <= 1:
-                self._settle(f"{at}: under the {100 * WAIT_SHARE:g}% aim", share)
+                self._settle(f"{at}: under {aim}", share)
                 return
             self._calm, self._shed, self.active = 0, True, active - 1
-            self.why = f"tuning: {at}, trying {active - 1}"
+            self.why = f"{at}, under {aim}: trying {active - 1}"
 
     def _watch(self, share: float, budget_held: bool, at: str, active: int) -> None:
         """Settled: one more read when the loop waits above the aim period after period."""
@@ -123,7 +124,7 @@ class Tuner:
             return
         self._calm = 0
         self.active = active + 1
-        self.why = f"{at}, so one more later on"
+        self.why = f"{at}, over {100 * WAIT_SHARE:g}% again: one more"
 
     def _settle(self, why: str, share: float) -> None:
         self.settled, self._calm, self._settled_share = True, 0, share
@@ -131,6 +132,6 @@ class Tuner:
 
     def report(self) -> str:
         """What the tuner chose and why (a line of ``stats()``)."""
-        state = "chose" if self.settled else "tuning, at"
-        reads = "the depth's" if self.active is None else str(self.active)
-        return f"tuner {state} {reads} read(s) in flight ({self.why})"
+        reads = "all its" if self.active is None else f"{self.active} of {self._depth}"
+        state = "settled on" if self.settled else "still measuring, at"
+        return f"tuner {state} {reads} reads in flight ({self.why})"
