@@ -124,3 +124,17 @@ def test_a_replay_slower_than_the_fed_steps_is_not_blamed_on_the_loader():
     )
     assert not report.verdict.startswith("the loader"), report.verdict
     assert "0.90x faster" not in str(report)
+
+
+def test_a_loader_without_a_state_is_refused_naming_what_to_pass(small_uri):
+    """A torch DataLoader (what a newcomer from PyTorch passes) cannot be put back where it
+    was: a TypeError naming what headroom needs and what to pass, not an AttributeError."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from lanceloader.torch import BatchSampler, MapDataset, collate
+
+    ds = MapDataset(small_uri, columns=["id"])
+    torch_loader = DataLoader(ds, batch_sampler=BatchSampler(ds, batch_size=8), collate_fn=collate)
+    with pytest.raises(TypeError, match=r"state_dict\(\).*DataLoader.*ll\.Loader"):
+        ll.headroom(torch_loader, lambda batch: None, steps=2)

@@ -139,6 +139,13 @@ def headroom(
     check_int("warmup", warmup, minimum=0)
     if not callable(step_fn):
         raise TypeError(f"step_fn must be callable (a function of one batch), got {step_fn!r}")
+    if not (callable(getattr(loader, "state_dict", None)) and hasattr(loader, "load_state_dict")):
+        raise TypeError(
+            "headroom needs a loader it can put back where it was, with state_dict() and "
+            f"load_state_dict(); got the {type(loader).__name__} {loader!r:.80}: pass the "
+            "ll.Loader itself (for a torch DataLoader, an ll.Loader with the same settings, or "
+            "its lanceloader.torch.IterableDataset)"
+        )
     state = loader.state_dict()
     iterator = iter(loader)  # a live iterator is refused here, before anything moved
     try:
