@@ -19,6 +19,7 @@ import numpy as np
 from lanceloader.engine.pickling import Shipment, dumps
 
 _ALIGN = 64
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})  # values holding no array
 
 
 def _split(value: Any, arrays: list[np.ndarray]) -> Any:
@@ -30,6 +31,8 @@ def _split(value: Any, arrays: list[np.ndarray]) -> Any:
     if isinstance(value, dict):
         return {k: _split(v, arrays) for k, v in value.items()}
     if isinstance(value, list):
+        if all(type(v) in _PLAIN for v in value):  # a result's rows and bytes per batch
+            return value
         return [_split(v, arrays) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: _split(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}
@@ -53,6 +56,8 @@ def _join(value: Any, arrays: list[np.ndarray]) -> Any:
     if isinstance(value, dict):
         return {k: _join(v, arrays) for k, v in value.items()}
     if isinstance(value, list):
+        if all(type(v) in _PLAIN for v in value):
+            return value
         return [_join(v, arrays) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {f.name: _join(getattr(value, f.name), arrays) for f in dataclasses.fields(value)}

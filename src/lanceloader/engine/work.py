@@ -119,15 +119,22 @@ class RowSlices:
 
 def _row_slices(where: list[tuple[Any, int, int]]) -> RowSlices:
     """The :class:`RowSlices` of batches ``where`` = ``(converted chunk, lo, hi)`` each."""
-    spans: dict[int, list[Any]] = {}  # per chunk: [its index, converted, first row, end row]
-    for converted, lo, hi in where:
-        span = spans.setdefault(id(converted), [len(spans), converted, lo, hi])
-        span[2], span[3] = min(span[2], lo), max(span[3], hi)
-    chunks = [_slice_rows(converted, lo, hi) for _, converted, lo, hi in spans.values()]
-    bounds = np.array(
-        [(spans[id(c)][0], lo - spans[id(c)][2], hi - spans[id(c)][2]) for c, lo, hi in where],
-        dtype=np.int64,
-    ).reshape(-1, 3)
+    index: dict[int, int] = {}  # per chunk's id: its index in ``converted``
+    converted: list[Any] = []
+    for c, _, _ in where:
+        if id(c) not in index:
+            index[id(c)] = len(converted)
+            converted.append(c)
+    keys = np.array([index[id(c)] for c, _, _ in where], dtype=np.int64)
+    rows = np.array([(lo, hi) for _, lo, hi in where], dtype=np.int64).reshape(-1, 2)
+    firsts = np.full(len(converted), np.iinfo(np.int64).max, dtype=np.int64)
+    ends = np.zeros(len(converted), dtype=np.int64)
+    np.minimum.at(firsts, keys, rows[:, 0])
+    np.maximum.at(ends, keys, rows[:, 1])
+    chunks = [
+        _slice_rows(c, int(lo), int(hi)) for c, lo, hi in zip(converted, firsts, ends, strict=True)
+    ]
+    bounds = np.column_stack([keys, rows - firsts[keys, None]])
     return RowSlices(chunks, bounds)
 
 
