@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import random
 import re
 import signal
@@ -31,6 +32,8 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from lanceloader.engine.actors import ActorPool, ActorsLostError, ActorStartError  # noqa: E402
+from lanceloader.engine.batch_actor import BatchActor  # noqa: E402
+from lanceloader.engine.pickling import Shipment  # noqa: E402
 from lanceloader.engine.threads import Stalled  # noqa: E402
 from lanceloader.engine.work import BatchWork, stage_of  # noqa: E402
 from lanceloader.ordering.order import Order  # noqa: E402
@@ -378,3 +381,36 @@ def test_a_lost_reads_batches_are_handed_out_as_they_are_back(
     assert [b["id"].tolist() for b in first.batches] == [list(range(900, 1000))]
     assert [b["id"].tolist() for b in second.batches] == [list(range(1000, 1100))]
     assert pool.in_flight == 0 and pool.rebuilt == 1
+
+
+def test_an_actors_result_holds_each_rows_bytes_once(data: str) -> None:
+    """(No cluster.) Without a transform a read's batches are row ranges of a few converted
+    arrays (``TaskResult.slices``): the actor sends those alone, not the batches beside them
+    (before: every row's bytes twice in the object), and the pool cuts the same batches."""
+    work = BatchWork(Source(data, ["id", "x"]), Order(1500), None, "numpy")
+    shipment = Shipment.of(work)
+    actor = BatchActor(
+        (shipment.data, [np.frombuffer(b.raw(), np.uint8) for b in shipment.buffers])
+    )
+    task = next(read_tasks(0, Plan(1500, 100), 8, range(0, 8), ramp=False))
+    sent = actor.run(task)
+    buffers: list[pickle.PickleBuffer] = []
+    pickle.dumps(sent, protocol=5, buffer_callback=buffers.append)
+    row_bytes = 800 * (8 + 64 * 4)  # id int64, x float32[64]
+    assert row_bytes <= sum(b.raw().nbytes for b in buffers) < 1.1 * row_bytes
+    got, local = sent.after_transport().batches, work(task).batches
+    assert [digest(b) for b in got] == [digest(b) for b in local]
+
+
+def test_actors_without_a_transform_deliver_the_thread_workers_batches(
+    cluster: Any, data: str
+) -> None:
+    """The batches cut in this process from the arrays an actor sent are the batches."""
+    settings: dict[str, Any] = {"batch_size": 100, "columns": ["id", "x"], "shuffle": True}
+    with ll.Loader(data, **settings, num_workers=2) as local:
+        expected = [digest(b) for b in local]
+    source = ll.Loader(data, **settings, worker_type="ray", num_workers=2)
+    with source:
+        got = [digest(b) for b in warm(source)]
+    assert got == expected
+    assert source.stats(epoch=None).local_s == 0  # every batch came from an actor

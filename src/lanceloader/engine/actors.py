@@ -293,7 +293,7 @@ class ActorPool:
         if not self._built_here:
             _logger.info("lanceloader: no Ray actor up: this process builds batches")
         self._built_here += 1
-        result = self._local_work()(task)
+        result = self._local_work()(task).after_transport()
         result.seconds["local"] = sum(result.seconds.values())  # (stats: local_s)
         return result
 
@@ -350,7 +350,7 @@ class ActorPool:
         noted with the actor); None when the actor was lost (its tasks are sent again)."""
         t0 = time.perf_counter()
         try:
-            result = ray.get(ref)
+            result = ray.get(ref).after_transport()  # (the batches cut from their arrays)
         except LOST as exc:
             self._lost(actor, exc)
             return None

@@ -49,17 +49,19 @@ class BatchActor:
         return os.getpid(), ray.util.get_node_ip_address()
 
     def run(self, task: Any) -> TaskResult:
-        """The task's batches, as a process worker builds them."""
+        """The task's batches, as a process worker builds and sends them: where they are row
+        ranges of a few arrays (``TaskResult.slices``), those alone, each row's bytes once
+        (the pool cuts the batches: ``after_transport``)."""
         self._running = threading.get_ident()
         try:
-            return self._work(task)
+            return self._work(task).for_transport()
         finally:
             self._running = None
 
     @ray.method(concurrency_group="now")
     def run_now(self, task: Any) -> TaskResult:
         """A lost actor's batch, built at once beside the task running (not behind the queue)."""
-        return self._work(task)
+        return self._work(task).for_transport()
 
     @ray.method(concurrency_group="look")
     def stack(self) -> str:
