@@ -76,6 +76,9 @@ class LoaderClock:
     def __init__(self) -> None:
         self._linux = os.path.isdir("/proc/self/task")
         self._last: dict[object, float] = {}  # thread or process -> its CPU when last read
+        # thread id -> (Lance's, sure), for the threads listed last: a name is read at a thread's
+        # first two sightings (a new thread may not have named itself yet), then kept
+        self._lance: dict[int, tuple[bool, bool]] = {}
         self._first = True  # the first read is the baseline: what existed before counts 0
         self.total = 0.0
         self._fallback_at = time.process_time()
@@ -105,11 +108,17 @@ class LoaderClock:
     def _sources(self, pids: list[int]) -> list[tuple[object, str]]:
         workers = {t.native_id for t in threading.enumerate() if t.name.startswith(WORKER_NAME)}
         out: list[tuple[object, str]] = [(("pid", p), f"/proc/{p}/stat") for p in pids]
+        lance: dict[int, tuple[bool, bool]] = {}  # names not read at every read: dozens
         for name in os.listdir("/proc/self/task"):
             tid = int(name)
-            if tid not in workers and not self._lance_thread(tid):
-                continue
-            out.append((("tid", tid), f"/proc/self/task/{tid}/stat"))
+            known = self._lance.get(tid)
+            if known is None or not known[1]:
+                mine = self._lance_thread(tid)
+                known = (mine, mine or known is not None)
+            lance[tid] = known
+            if tid in workers or known[0]:
+                out.append((("tid", tid), f"/proc/self/task/{tid}/stat"))
+        self._lance = lance  # (a thread gone is forgotten: its id may come back as another)
         return out
 
     @staticmethod
