@@ -276,7 +276,7 @@ class Pipeline:
             else batches_per_read(
                 random,
                 batching.batch_size,
-                steps.transform is not None,
+                steps.transform is not None or hints.decodes,
                 source.bytes_per_row,
                 hints.read_parts,
                 store_ranges(source, the_order),

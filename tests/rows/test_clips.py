@@ -204,6 +204,17 @@ ORDERS = {
 }
 
 
+def test_clip_reads_hold_a_few_batches_as_a_transforms_do(uri) -> None:
+    """Clips are decoded in the read, so a read's first batch waits for the whole read: reads
+    of many batches by bytes (21 batches of 4 clips in benchmarks/step.py) left a 60 ms step
+    unfed at the start of each read; like a transform's, reads hold at most two batches."""
+    for spec in (ll.video_clips(frames=2, size=(4, 4)), ll.video_clips(**SPEC)):
+        loader = ll.Loader(uri, batch_size=1, clips=spec, **ORDERS["block"])
+        assert loader.batches_per_read <= 2, loader.batches_per_read
+    rows = ll.Loader(uri, batch_size=1)
+    assert rows.batches_per_read > 2  # plain rows: by bytes
+
+
 @pytest.mark.parametrize("order", list(ORDERS))
 def test_every_order_delivers_every_clip_once_per_epoch(uri, order) -> None:
     loader = ll.Loader(

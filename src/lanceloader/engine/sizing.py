@@ -60,8 +60,10 @@ def batches_per_read(
 ) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
     cost more per call), at most :data:`READ_BYTES` of data (or :data:`READ_ROWS_LEAST` rows
-    within :data:`READ_BYTES_MOST` where that is more), and with a transform at most two
-    batches (still in the CPU cache when they are transformed). Never less than one batch.
+    within :data:`READ_BYTES_MOST` where that is more), and with a transform (or rows decoded in
+    the read: clips, ``ReadHints.decodes``) at most two batches (still in the CPU cache when
+    they are transformed; a read's first batch waits for the whole read). Never less than one
+    batch.
 
     ``random``: whether the reads are random takes (a full shuffle, or a mix of shuffled
     sources: :attr:`Pipeline.random_reads <lanceloader.pipeline.Pipeline.random_reads>`).

@@ -123,7 +123,9 @@ class ReadHints:
     ``gathers``: a shuffled read gathers rows from cache pieces (sized larger). ``fragment_starts``:
     on an object store, the positions at which each data file's rows begin, then ``num_rows``
     (sequential reads are cut there). ``window_rows``: reads are cut on windows of that many
-    samples (a mix's)."""
+    samples (a mix's). ``decodes``: each row is made by CPU work inside the read (clips decode
+    their frames), so reads hold a few batches, as with a transform: a read's first batch waits
+    for the whole read's work."""
 
     random_reads: bool = False
     read_parts: int = 1
@@ -132,6 +134,7 @@ class ReadHints:
     gathers: bool = False
     fragment_starts: np.ndarray | None = None
     window_rows: int | None = None
+    decodes: bool = False
 
 
 @dataclass(frozen=True)
