@@ -3,12 +3,15 @@
 Two tables of one ``int64`` column ``id`` (written once into ``--data-dir`` with Lance's default
 1,048,576 rows a file): ``--small`` rows (1M) and ``--large`` rows (100M). For each, a fresh
 interpreter builds ``Loader(uri, shuffle=True, worker_type="process", num_workers=8)`` (the
-default cache, in an empty directory of its own: what a job's first start finds; a cache
-that earlier runs filled adds the reading of the pieces a first read touches, see
-docs/performance.md) and times the construction and ``iter()`` to the first batch; with
+default cache, in an empty directory of its own: what a job's first start finds) and times the construction and ``iter()`` to the first batch; with
 ``--filter`` the same with ``filter="id % 2 = 0"`` (a row list of half the rows). It prints
 the bytes pickled for each worker at start-up (what the pool sends every worker before its
 first task; on code before the pool reported it, the pickled work, which was all it sent).
+
+``--filled``: also each case with the automatic cache already filled by an earlier loader of
+the same interpreter (a block shuffle with thread workers, every piece; the automatic cache
+lives as long as the processes using it, so this is a job's second loader, or a restarted
+iteration): a fresh worker's first read finds every piece in the cache, held by none.
 
 ``--compare DIR`` runs the same cases on the code in ``DIR/src`` (a ``git worktree`` of an
 older commit), alternated case by case with this checkout's, ``--repeats`` rounds; medians.
@@ -31,7 +34,14 @@ import json, os, sys, tempfile, time
 os.environ["LANCELOADER_AUTO_CACHE_DIR"] = tempfile.mkdtemp(dir="/dev/shm", prefix="llstart-")
 import lanceloader as ll
 from lanceloader.engine.pickling import dumps
-uri, filter_, workers = sys.argv[1], sys.argv[2] or None, int(sys.argv[3])
+uri, filter_, workers, filled = sys.argv[1], sys.argv[2] or None, int(sys.argv[3]), sys.argv[4]
+if filled:  # the automatic cache filled by an earlier loader of this job (it lives with the job)
+    fill = ll.Loader(uri, batch_size=65536, shuffle=True, shuffle_block_size=1 << 20,
+                     worker_type="thread", num_workers=2, filter=filter_)
+    for _ in fill:
+        pass
+    fills = fill.stats().cache_fills
+    fill.close()
 try:
     from lanceloader.engine.forkserver import WorkerProcess, start_forkserver
 except ImportError:  # code before forkserver.py
@@ -52,7 +62,8 @@ if sent is None:  # code before the pool reported it: the work it pickled for ea
     sent = len(dumps(loader._pipeline.work()))
 loader.close()
 import shutil; shutil.rmtree(os.environ["LANCELOADER_AUTO_CACHE_DIR"], ignore_errors=True)
-print(json.dumps({"construct_s": t1 - t0, "first_batch_s": t2 - t1, "bytes_per_worker": sent}))
+print(json.dumps({"construct_s": t1 - t0, "first_batch_s": t2 - t1, "bytes_per_worker": sent,
+                  **({"pieces_filled_before": fills} if filled else {})}))
 """
 
 
@@ -73,11 +84,11 @@ def write_table(path: Path, rows: int) -> str:
     return str(path)
 
 
-def run_case(src: Path, uri: str, filter_: str, workers: int) -> dict:
+def run_case(src: Path, uri: str, filter_: str, workers: int, filled: bool = False) -> dict:
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": f"{src}:{root}"}
     done = subprocess.run(
-        [sys.executable, "-c", CASE, uri, filter_, str(workers)],
+        [sys.executable, "-c", CASE, uri, filter_, str(workers), "filled" if filled else ""],
         capture_output=True,
         text=True,
         env=env,
@@ -95,6 +106,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--filter", action="store_true", help="also with a filter's row list")
+    parser.add_argument(
+        "--filled", action="store_true", help="also with the automatic cache filled (see above)"
+    )
     parser.add_argument("--compare", type=Path, help="a checkout of older code to alternate with")
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/lanceloader-startup"))
     args = parser.parse_args()
@@ -104,21 +118,27 @@ def main() -> None:
     if args.compare:
         codes = {"before": args.compare / "src", **codes}
     filters = ["", *(["id % 2 = 0"] if args.filter else [])]
-    results: dict[tuple[str, int, str], list[dict]] = {}
+    caches = ["empty", *(["filled"] if args.filled else [])]
+    results: dict[tuple[str, int, str, str], list[dict]] = {}
     for _ in range(args.repeats):
         for rows, uri in tables.items():
             for filter_ in filters:
-                for code, src in codes.items():
-                    result = run_case(src, uri, filter_, args.workers)
-                    results.setdefault((code, rows, filter_), []).append(result)
-                    print(code, rows, filter_ or "-", json.dumps(result), flush=True)
+                for cache in caches:
+                    for code, src in codes.items():
+                        result = run_case(src, uri, filter_, args.workers, cache == "filled")
+                        results.setdefault((code, rows, filter_, cache), []).append(result)
+                        print(code, rows, filter_ or "-", cache, json.dumps(result), flush=True)
     print(f"\n{args.workers} process workers, shuffle, default cache, medians of {args.repeats}\n")
-    print("| code | rows | filter | construct s | iter() to first batch s | bytes per worker |")
-    print("|---|---:|---|---:|---:|---:|")
-    for (code, rows, filter_), runs in results.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    print(
+        "| code | rows | filter | cache | construct s | iter() to first batch s "
+        "| bytes per worker |"
+    )
+    print("|---|---:|---|---|---:|---:|---:|")
+    for (code, rows, filter_, cache), runs in results.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in ("construct_s", "first_batch_s")}
+        med["bytes_per_worker"] = statistics.median(r["bytes_per_worker"] for r in runs)
         print(
-            f"| {code} | {rows:,} | {filter_ or '-'} | {med['construct_s']:.2f} | "
+            f"| {code} | {rows:,} | {filter_ or '-'} | {cache} | {med['construct_s']:.2f} | "
             f"{med['first_batch_s']:.2f} | {med['bytes_per_worker']:,.0f} |"
         )
 

@@ -253,6 +253,17 @@ class DiskCache(PlansAndRanges):
         return count
 
     @property
+    def whole_reads(self) -> bool:
+        """A piece not held in this process is copied whole to be read (a directory in
+        memory; :meth:`held_piece` says whether it is held)."""
+        return self.in_memory
+
+    def held_piece(self, name: str) -> pa.Table | None:
+        """The piece ``name`` if this process holds it (its file unchanged), else None: no
+        file is read."""
+        return self.held.get(name)
+
+    @property
     def copies_out(self) -> bool:
         """Reads copy rows out of its pieces: in memory, the pieces it holds are shared by
         every read of the process (a slice would be a writable tensor over them)."""

@@ -267,6 +267,8 @@ class MemoryCache:
 
     #: reads slice its tables (a tensor of a slice shares the cached table: do not write to it)
     copies_out = False
+    #: every piece it has is held (DiskCache.whole_reads)
+    whole_reads = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {"size": self.size}
@@ -280,6 +282,10 @@ class MemoryCache:
             if table is not None:
                 self._tables.move_to_end(name)
             return table
+
+    def held_piece(self, name: str) -> pa.Table | None:
+        """The piece ``name`` if kept (see ``DiskCache.held_piece``)."""
+        return self.get(name)
 
     def keeps(self, name: str, estimate: float) -> bool:
         """Whether a piece of about ``estimate`` bytes fits the budget."""
