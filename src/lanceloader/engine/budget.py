@@ -54,6 +54,7 @@ WINDOW_S = 5.0  # the budget holds over any window of this many seconds
 SAMPLE_S = 0.02  # the clocks are read at most this often
 AIM = 0.9  # the share of the budget the gate aims at
 NEAR_BUDGET = 0.8  # the loader used this share of the budget or more: the budget limits it
+HELD_SHARE = 0.25  # ... or the budget's holds were this share of the loop's wait or more
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _LANCE_THREADS = (b"lance", b"tokio")  # comm of Lance's runtime threads (reads, decode)
 
@@ -283,12 +284,14 @@ class Governor:
         return dataclasses.replace(stats, governor=line, bottleneck=advice)
 
     def held_back(self, wait_s: float, wall_s: float) -> str | None:
-        """The verdict's line when the budget is what limited the loader: tasks were put off
-        and the loop waited at least 1% of the time; else None."""
+        """The verdict's line when the budget is what limited the loader: the loop waited at
+        least 1% of the time, and the loader came near the budget over a window with tasks put
+        off, or the budget's holds were ``HELD_SHARE`` of the loop's wait or more (a hold of
+        0.1 s in a 2 s wait for process workers' start is not the limit); else None."""
         if self.cpu_budget is None or wall_s <= 0 or wait_s / wall_s < 0.01:
             return None
         near = self.refused and self.worst >= NEAR_BUDGET * self.cpu_budget
-        if not near and self.held_s < 0.01 * wall_s:
+        if not near and self.held_s < HELD_SHARE * wait_s:
             return None  # put off only at the start, or far under the budget: not the limit
         share = wait_s / wall_s
         return (
