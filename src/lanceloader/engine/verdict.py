@@ -294,6 +294,9 @@ def _remote_verdict(s: dict[str, float], machine: Machine, busy: float, evidence
     >>> c.update(transform_s=0.2, transfer_s=0.6)
     >>> verdict(c, workers=2, shuffle_random=False, worker_type="ray").stage
     'network'
+    >>> c.update(transfer_s=0.0, local_s=0.7)  # every batch built here: no actor up yet
+    >>> verdict(c, workers=2, shuffle_random=False, worker_type="ray").stage
+    'startup'
     """
     n, wait = machine.workers, s["wait_s"]
     if busy >= STAGE_SHARE:
@@ -318,6 +321,14 @@ def _remote_verdict(s: dict[str, float], machine: Machine, busy: float, evidence
             "startup",
             f"{evidence}; the first batch took {s['first_wait_s']:.2f} s of the {wait:.2f} s "
             "the loop waited (Ray actors starting: imports, the dataset opened, the first read)",
+            "paid once per loader (its actors are kept across epochs): longer runs amortise it",
+        )
+    if s.get("local_s", 0.0) >= STARTUP_SHARE * wait:  # the loop built batches: actors starting
+        return Verdict(
+            "startup",
+            f"{evidence}; the loop built batches itself for {s['local_s']:.2f} s of its "
+            f"{wait:.2f} s wait while no Ray actor was ready yet (actors starting: imports, the "
+            "dataset opened)",
             "paid once per loader (its actors are kept across epochs): longer runs amortise it",
         )
     return Verdict(
