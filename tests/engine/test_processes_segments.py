@@ -144,6 +144,30 @@ def test_a_gather_in_a_task_writes_straight_into_the_segment(pair, monkeypatch) 
     assert np.concatenate(back["batches"]).tolist() == list(range(4000))
 
 
+def test_a_gather_larger_than_the_last_result_still_goes_straight_into_a_segment(
+    pair, monkeypatch
+) -> None:
+    """An epoch's first reads grow 4x each: the arena was the smallest free segment that held
+    the last result, the larger gather did not fit it, and the whole result was written over
+    into another segment; now the largest free segment is lent, and nothing is copied."""
+    segments, leases, base = pair
+    large = [pa.table({"v": np.arange(k, 4 << 20, 2, dtype=np.int64)}) for k in range(2)]
+    small = [pa.table({"v": np.arange(k, 4000, 2, dtype=np.int64)}) for k in range(2)]
+    big = leases.unpack(*segments.pack(gathered(large, 0), base.with_suffix(".0")))
+    tiny = leases.unpack(*segments.pack(gathered(small, 1), base.with_suffix(".1")))
+    del big, tiny  # two free segments now, 32 MiB and 1 MiB; the last result was small
+    gc.collect()
+    writes = []
+    monkeypatch.setattr(segments_module, "write_into", lambda *a: writes.append(a))
+    middle = [pa.table({"v": np.arange(k, 1 << 20, 2, dtype=np.int64)}) for k in range(2)]
+    with segments.arena() as arena:
+        assert arena is not None
+        packed = segments.pack(gathered(middle, 2), base.with_suffix(".2"), arena)
+    back = leases.unpack(*packed)
+    assert writes == [] and back["x"] == 2
+    assert np.array_equal(np.concatenate(back["batches"]), np.arange(1 << 20))
+
+
 def test_a_segment_the_worker_still_views_is_not_lent_again(pair) -> None:
     """A buffer a task's gather made and the worker kept past its task (a cache of its own,
     say) is never written over by a later result, even once the consumer let go of it."""

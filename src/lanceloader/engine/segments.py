@@ -20,8 +20,8 @@ Contract:
   Memory: a new segment is made only when none free fits, so a worker's segments take what
   its results alive at once took at their peak (before, one file each, gone with the result),
   kept while the pool lives (a kept pool: the loader's life) unless idle as said.
-* Around each task the worker lends a free segment at least as large as its last result to
-  the task's gathers (:meth:`Segments.arena`, :func:`~lanceloader.rows.gather.output_memory`):
+* Around each task the worker lends its largest free segment (if at least as large as its last
+  result) to the task's gathers (:meth:`Segments.arena`, :func:`~lanceloader.rows.gather.output_memory`):
   a cached shuffle's columns are gathered straight into the memory they travel in, and the
   result is sent with no copy (what is not in it is written after it, or, if that does not
   fit, everything goes into another segment). The worker keeps weak references to what it
@@ -111,15 +111,18 @@ class Segments:
 
     @contextlib.contextmanager
     def arena(self) -> Iterator[Arena | None]:
-        """Around a task: gathers in this thread put their columns into a free segment at
-        least as large as the last result (:func:`~lanceloader.rows.gather.output_memory`),
+        """Around a task: gathers in this thread put their columns into the largest free segment,
+        if at least as large as the last result (:func:`~lanceloader.rows.gather.output_memory`),
         which :meth:`pack` then sends without a copy; None when no segment is free."""
         fits = [i for i in range(SLOTS) if self._fds[i] is not None and self._free(i)]
         fits = [i for i in fits if self._sizes[i] >= self._last]
         if not fits or not self._last:
             yield None
             return
-        slot = min(fits, key=lambda i: self._sizes[i])
+        # the largest: a read larger than the last (an epoch's first reads grow 4x each) still
+        # fits, where the smallest that fitted the last was written over again whole (3 of the
+        # 5 reads of every epoch's ramp)
+        slot = max(fits, key=lambda i: self._sizes[i])
         mapping = self._maps[slot]
         if mapping is None:
             mapping = self._maps[slot] = mmap.mmap(self._fds[slot], self._sizes[slot])  # type: ignore[arg-type]
