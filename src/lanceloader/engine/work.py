@@ -87,12 +87,20 @@ class TaskResult:
     cache_fills: int = 0
     spans: list[tuple[str, float, float, dict[str, Any]]] = field(default_factory=list)
     lane: str = ""
-    slices: RowSlices | None = None  # the batches as row ranges of a few arrays (NumPy output)
+    slices: RowSlices | None = None  # the batches as row ranges of a few arrays, in transit
+    # each batch's (converted chunk, first row, end row), where the batches are such slices
+    row_ranges: list[tuple[Any, int, int]] | None = field(default=None, repr=False)
 
     def for_transport(self) -> TaskResult:
-        """What a process worker sends (:func:`~lanceloader.engine.transport.take_apart`): with
-        :attr:`slices`, no batches; the consumer cuts them (:meth:`after_transport`)."""
-        return self if self.slices is None else dataclasses.replace(self, batches=[])
+        """What a process worker sends (:func:`~lanceloader.engine.transport.take_apart`):
+        where the batches are row slices of a few converted arrays (NumPy output), those and
+        :attr:`slices`, no batches; the consumer cuts them (:meth:`after_transport`). Made
+        here, so thread workers' results pay nothing for it."""
+        if self.row_ranges is None:
+            return self
+        return dataclasses.replace(
+            self, batches=[], row_ranges=None, slices=_row_slices(self.row_ranges)
+        )
 
     def after_transport(self) -> TaskResult:
         """The result as the worker made it: its batches cut from :attr:`slices` (then dropped,
@@ -100,7 +108,7 @@ class TaskResult:
         if self.slices is not None:
             if not self.batches:
                 self.batches = self.slices.batches()
-            self.slices = None
+            self.slices = self.row_ranges = None
         return self
 
 
@@ -412,7 +420,7 @@ def _slice_all(
     for converted, lo, hi in where:
         result.batches.append(_slice_rows(framed[id(converted)], lo, hi))
     if output == "numpy":
-        result.slices = _row_slices(where)
+        result.row_ranges = where
     result.rows.extend(sizes)
     result.nbytes.extend(round(bytes_per_row * size) for size in sizes)
     return True
