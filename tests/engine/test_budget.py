@@ -313,3 +313,18 @@ def test_a_default_loader_feeding_a_slow_loop_gives_up_reads_and_keeps_its_strea
     tuner = loader._governor.tuner if loader._governor else None
     assert tuner is not None and tuner.active is not None
     assert tuner.active < tuner._depth, tuner.report()
+
+
+def test_a_tuner_alone_reads_no_thread_clock_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consumer's CPU feeds only a budget's task costs: a tuner-only governor (the default
+    loader's) does not pay a thread clock read (a system call) on every delivered batch."""
+    from lanceloader.engine import budget
+
+    def no_clock() -> float:
+        raise AssertionError("the thread clock was read per batch without a budget")
+
+    governor = Governor(None, True)
+    monkeypatch.setattr(budget.time, "thread_time", no_clock)
+    for _ in range(8):
+        governor.delivered(0.001, 0.0)
+    assert governor.tuner is not None and governor.tuner.active is None
