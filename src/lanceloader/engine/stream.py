@@ -1,5 +1,4 @@
-"""Engine: the one place that turns (order, plan, epoch, batches) into an ordered stream of
-batches, read and prepared by a pool of workers.
+"""Engine: the one place that turns (order, plan, epoch, batches) into batches in order.
 
 ``Loader``, the torch ``IterableDataset`` and ``MapDataset``'s read-ahead are faces over
 :class:`Stream`; none of them assembles ``read_tasks → BatchWork → pool`` itself.
@@ -180,9 +179,8 @@ class Stream(Iterator[Any]):
 
     def __next__(self) -> Any:
         asked = time.perf_counter()
-        governor = self._governor
-        budget = governor is not None and governor.cpu_budget is not None
-        cpu_in = time.thread_time() if budget else 0.0  # the budget's (a system call: ~1.6 us)
+        governor = self._governor  # the budget's CPU clock only (a system call: ~1.6 us)
+        cpu_in = time.thread_time() if governor and governor.cpu_budget is not None else 0.0
         if not self._buffer:
             try:
                 result = next(self._results)  # StopIteration at the end (pool let go)
