@@ -28,29 +28,30 @@ def _wait_for(paths: list[Path], seconds: float) -> bool:
 
 
 def blocked_behind(task: tuple[str, int]) -> dict:
-    """Task 2 waits for task 4 to have run; task 0 waits until tasks 1 and 3 ran, then a
-    moment more (so their answers are in before task 4 is dealt). Each leaves a marker file."""
+    """Task 0 is a fresh pool's first, sent alone: it returns at once. Then task 3 waits for
+    task 5 to have run; task 1 waits until tasks 2 and 4 ran, then a moment more (so their
+    answers are in before task 5 is dealt). Each leaves a marker file."""
     folder, x = Path(task[0]), task[1]
     waited = True
-    if x == 0:
-        waited = _wait_for([folder / "1", folder / "3"], WAIT_S)
+    if x == 1:
+        waited = _wait_for([folder / "2", folder / "4"], WAIT_S)
         time.sleep(1.5)
-    if x == 2:
-        waited = _wait_for([folder / "4"], WAIT_S)
+    if x == 3:
+        waited = _wait_for([folder / "5"], WAIT_S)
     (folder / str(x)).touch()
     return {"x": x, "pid": os.getpid(), "waited": waited}
 
 
 def test_a_busy_process_worker_is_not_dealt_the_next_task(tmp_path) -> None:
-    """Task 2 blocks its worker until task 4 has run. Dealt ``i % 2``, task 4 queued behind
-    task 2 on the same worker while the other worker idled (here: until the wait gave up); the
+    """Task 3 blocks its worker until task 5 has run. Dealt alternately, task 5 queued behind
+    task 3 on the same worker while the other worker idled (here: until the wait gave up); the
     worker with fewer unfinished tasks must get it."""
-    tasks = iter([(str(tmp_path), x) for x in range(8)])
+    tasks = iter([(str(tmp_path), x) for x in range(9)])
     with Ordered(ProcessPool(blocked_behind, num_workers=2), tasks, depth=4) as pool:
         results = list(pool)
-    assert [r["x"] for r in results] == list(range(8))  # still in task order
-    assert all(r["waited"] for r in results), "task 4 waited behind the blocked task 2"
-    assert results[4]["pid"] != results[2]["pid"]
+    assert [r["x"] for r in results] == list(range(9))  # still in task order
+    assert all(r["waited"] for r in results), "task 5 waited behind the blocked task 3"
+    assert results[5]["pid"] != results[3]["pid"]
 
 
 READ_ROWS = 512
