@@ -13,6 +13,13 @@ the same interpreter (a block shuffle with thread workers, every piece; the auto
 lives as long as the processes using it, so this is a job's second loader, or a restarted
 iteration): a fresh worker's first read finds every piece in the cache, held by none.
 
+Each round also times raw Lance on the same rows (``--raw``, on by default): a fresh interpreter
+(``lance`` imported before the clock) opens the table and takes the first batch's rows
+(its ``id`` column is the rows' offsets), as a worker's first read does; the loader's own part of
+the first batch is the rest (first batch less that open and take). A full shuffle's first 256
+rows lie in ~91 of the 100M table's 96 fragments, and Lance's take pays per fragment it reads
+from, so the raw take is what grows with the table; the loader's own part should not.
+
 ``--compare DIR`` runs the same cases on the code in ``DIR/src`` (a ``git worktree`` of an
 older commit), alternated case by case with this checkout's, ``--repeats`` rounds; medians.
 
@@ -54,8 +61,9 @@ loader = ll.Loader(uri, batch_size=256, shuffle=True, worker_type="process",
                    num_workers=workers, filter=filter_)
 t1 = time.perf_counter()
 it = iter(loader)
-next(it)
+first = next(it)
 t2 = time.perf_counter()
+first_ids = [int(i) for i in first["id"]]  # the rows' offsets (id = offset in these tables)
 pool = getattr(loader, "_pool", None)
 sent = getattr(getattr(pool, "pool", None), "start_bytes", None)
 if sent is None:  # code before the pool reported it: the work it pickled for each worker
@@ -63,7 +71,21 @@ if sent is None:  # code before the pool reported it: the work it pickled for ea
 loader.close()
 import shutil; shutil.rmtree(os.environ["LANCELOADER_AUTO_CACHE_DIR"], ignore_errors=True)
 print(json.dumps({"construct_s": t1 - t0, "first_batch_s": t2 - t1, "bytes_per_worker": sent,
-                  **({"pieces_filled_before": fills} if filled else {})}))
+                  "first_ids": first_ids, **({"pieces_filled_before": fills} if filled else {})}))
+"""
+
+# Raw Lance, as a fresh worker's first read: open the table, take the first batch's rows (sorted).
+RAW = r"""
+import json, sys, time
+import lance, numpy as np
+uri, ids = sys.argv[1], np.sort(np.array(json.loads(sys.stdin.read()), dtype=np.int64))
+t0 = time.perf_counter()
+ds = lance.dataset(uri)
+fragments = len(ds.get_fragments())
+t1 = time.perf_counter()
+ds.take(ids, columns=["id"])
+t2 = time.perf_counter()
+print(json.dumps({"raw_open_s": t1 - t0, "raw_take_s": t2 - t1, "fragments": fragments}))
 """
 
 
@@ -84,11 +106,28 @@ def write_table(path: Path, rows: int) -> str:
     return str(path)
 
 
-def run_case(src: Path, uri: str, filter_: str, workers: int, filled: bool = False) -> dict:
+def run_case(
+    src: Path, uri: str, filter_: str, workers: int, filled: bool = False, raw: bool = False
+) -> dict:
+    """One fresh interpreter's start-up on the code in ``src``; with ``raw``, then raw Lance's
+    open and take of the same first rows in another fresh interpreter (see the module's text)."""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": f"{src}:{root}"}
+    args = [uri, filter_, str(workers), "filled" if filled else ""]
+    result = _python(CASE, args, env)
+    ids = result.pop("first_ids")
+    if raw and ids:
+        result.update(_python(RAW, [uri], env, json.dumps(ids)))
+        lance_s = result["raw_open_s"] + result["raw_take_s"]
+        result["loader_own_s"] = result["first_batch_s"] - lance_s
+    return result
+
+
+def _python(code: str, args: list[str], env: dict[str, str], stdin: str = "") -> dict:
+    """The JSON that ``code`` prints last, run in a fresh interpreter."""
     done = subprocess.run(
-        [sys.executable, "-c", CASE, uri, filter_, str(workers), "filled" if filled else ""],
+        [sys.executable, "-c", code, *args],
+        input=stdin,
         capture_output=True,
         text=True,
         env=env,
@@ -109,6 +148,12 @@ def main() -> None:
     parser.add_argument(
         "--filled", action="store_true", help="also with the automatic cache filled (see above)"
     )
+    parser.add_argument(
+        "--raw",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also raw Lance's open and take of the first batch's rows (see above)",
+    )
     parser.add_argument("--compare", type=Path, help="a checkout of older code to alternate with")
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/lanceloader-startup"))
     args = parser.parse_args()
@@ -120,27 +165,53 @@ def main() -> None:
     filters = ["", *(["id % 2 = 0"] if args.filter else [])]
     caches = ["empty", *(["filled"] if args.filled else [])]
     results: dict[tuple[str, int, str, str], list[dict]] = {}
+    load_before = os.getloadavg()
     for _ in range(args.repeats):
         for rows, uri in tables.items():
             for filter_ in filters:
                 for cache in caches:
                     for code, src in codes.items():
-                        result = run_case(src, uri, filter_, args.workers, cache == "filled")
+                        result = run_case(
+                            src, uri, filter_, args.workers, cache == "filled", args.raw
+                        )
                         results.setdefault((code, rows, filter_, cache), []).append(result)
                         print(code, rows, filter_ or "-", cache, json.dumps(result), flush=True)
-    print(f"\n{args.workers} process workers, shuffle, default cache, medians of {args.repeats}\n")
+    print(f"\n{args.workers} process workers, shuffle, default cache, medians of {args.repeats}")
+    print(
+        f"load average (1 min) at the start {load_before[0]:.1f}, at the end {os.getloadavg()[0]:.1f}\n"
+    )
     print(
         "| code | rows | filter | cache | construct s | iter() to first batch s "
-        "| bytes per worker |"
+        "| raw Lance open + take s | loader's own s | bytes per worker |"
     )
-    print("|---|---:|---|---|---:|---:|---:|")
-    for (code, rows, filter_, cache), runs in results.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in ("construct_s", "first_batch_s")}
-        med["bytes_per_worker"] = statistics.median(r["bytes_per_worker"] for r in runs)
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|")
+    medians = {case: _medians(runs) for case, runs in results.items()}
+    for (code, rows, filter_, cache), med in medians.items():
         print(
             f"| {code} | {rows:,} | {filter_ or '-'} | {cache} | {med['construct_s']:.2f} | "
-            f"{med['first_batch_s']:.2f} | {med['bytes_per_worker']:,.0f} |"
+            f"{med['first_batch_s']:.3f} | {med.get('raw_s', float('nan')):.3f} | "
+            f"{med.get('loader_own_s', float('nan')):.3f} | {med['bytes_per_worker']:,.0f} |"
         )
+    print("\nlarge / small, medians of the per-round ratios (round i's large over its small):\n")
+    for (code, rows, filter_, cache), runs in results.items():
+        small = results.get((code, args.small, filter_, cache))
+        if rows != args.large or small is None:
+            continue
+        ratios = {
+            k: statistics.median(b[k] / a[k] for a, b in zip(small, runs, strict=True))
+            for k in ("first_batch_s", "raw_s", "loader_own_s")
+            if k in runs[0] and k in small[0]
+        }
+        print(code, filter_ or "-", cache, {k: round(v, 2) for k, v in ratios.items()})
+
+
+def _medians(runs: list[dict]) -> dict[str, float]:
+    """Each figure's median over the rounds (raw Lance's open and take summed first)."""
+    for r in runs:
+        if "raw_open_s" in r:
+            r["raw_s"] = r["raw_open_s"] + r["raw_take_s"]
+    keys = [k for k in runs[0] if isinstance(runs[0][k], int | float)]
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 
 if __name__ == "__main__":
