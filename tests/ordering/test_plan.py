@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -159,3 +161,19 @@ def test_block_shuffle_reads_fetch_whole_windows() -> None:
         fetched = np.sort(order.positions(0, task.samples))
         runs = np.split(fetched, np.flatnonzero(np.diff(fetched) != 1) + 1)
         assert all(len(run) % 1024 == 0 for run in runs)
+
+
+def test_samples_of_a_range_are_its_batches_samples() -> None:
+    # Plan.samples (what every read task carries: one arange for consecutive batches of one
+    # rank) is each batch's batch_samples, concatenated, with each batch's size; exhaustive
+    # over small plans (every start, rank, range and step)
+    for n, bs, world, drop in itertools.product(range(14), range(1, 5), range(1, 4), (0, 1)):
+        for start, rank in itertools.product(range(n + 1), range(world)):
+            plan = Plan(n, bs, world, rank, bool(drop), start)
+            for lo, hi, step in itertools.product(range(len(plan) + 1), repeat=2 + 1):
+                batches = range(lo, hi, step + 1)
+                samples, sizes = plan.samples(batches)
+                parts = [plan.batch_samples(b) for b in batches]
+                assert samples.dtype == np.int64
+                assert samples.tolist() == [int(x) for p in parts for x in p], (plan, batches)
+                assert sizes == [len(p) for p in parts], (plan, batches)

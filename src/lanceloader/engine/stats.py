@@ -6,8 +6,8 @@ training step). :meth:`Recorder.snapshot` turns them into a :class:`Stats`: rows
 delivered, Lance's own I/O counters (bytes, IOPS, effective bandwidth), time per stage, the
 loop's wait per batch (a histogram of 10 buckets per decade: p50/p95/p99, and the first
 batch's wait), where the workers ran (usable cores, the share of their time busy, the cores this
-process used: CPU clocks read at each epoch's start and then at most every 20 ms, at least
-every second, from the per-batch call), and a verdict naming the bottleneck with what to try.
+process used: CPU clocks read at each epoch's start and end, and when a snapshot is taken, never
+on the per-batch path), and a verdict naming the bottleneck with what to try.
 
 The verdict (:func:`~lanceloader.engine.verdict.verdict`, its own module) blames a worker stage only when it took at least
 ``STAGE_SHARE`` of the workers' time, advises more workers only when cores were idle, and
@@ -85,7 +85,7 @@ COUNTERS = (
     "device_ahead_max",
     "device_ahead_bytes_max",
     # the first batch's wait; CPU: this process's seconds, the usable cores' busy and total
-    # core-seconds, over the epoch's first cpu_wall_s seconds (sampled, see count_delivered)
+    # core-seconds, over the epoch's first cpu_wall_s seconds (see end_cpu, with_cpu_now)
     "first_wait_s",
     "cpu_s",
     "cores_busy_s",
@@ -93,8 +93,9 @@ COUNTERS = (
     "cpu_wall_s",
     *WAIT_KEYS,
 )
-# Per epoch, not summed: the CPU clocks at the epoch's start and when to sample them next.
-SAMPLING = ("cpu_at", "busy_at", "all_at", "cpu_next")
+# Per epoch, not summed: the CPU clocks and perf_counter at the epoch's start, and whether its
+# CPU counters are final (end_cpu).
+SAMPLING = ("cpu_at", "busy_at", "all_at", "cpu_t0", "cpu_ended")
 MAXIMA = ("device_ahead_max", "device_ahead_bytes_max")  # the most at any time, not sums
 SUMMED = tuple(k for k in COUNTERS if k not in MAXIMA)
 
@@ -129,21 +130,38 @@ def cpu_sample() -> tuple[float, float, float]:
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _sample_cpu(c: dict[str, float], wall_s: float) -> None:
-    """Update an epoch's CPU counters to now: the deltas since the epoch's first sample. Next
-    sample after a quarter of the wall time so far, between 20 ms and 1 s."""
+def _cpu_to_now(c: dict[str, float]) -> None:
+    """Set ``c``'s CPU counters to the deltas from its epoch's start to now."""
     own, busy, total = cpu_sample()
     c["cpu_s"] = own - c["cpu_at"]
     c["cores_busy_s"] = busy - c["busy_at"]
     c["cores_all_s"] = total - c["all_at"]
-    c["cpu_wall_s"] = wall_s
-    c["cpu_next"] = wall_s + min(1.0, max(0.02, wall_s / 4))
+    c["cpu_wall_s"] = time.perf_counter() - c["cpu_t0"]
+
+
+def end_cpu(c: dict[str, float]) -> None:
+    """The epoch's delivery ended (its end, a ``break``, an error): its CPU counters are read
+    now, once, by the consumer, and final. Idempotent. The clocks are never read per batch:
+    reading ``/proc`` lets go of the GIL, and a worker thread that takes it can hold it for
+    milliseconds of the loop's wait."""
+    if not c["cpu_ended"]:
+        _cpu_to_now(c)
+        c["cpu_ended"] = 1.0
+
+
+def with_cpu_now(c: dict[str, float]) -> dict[str, float]:
+    """``c`` (a copy), with the CPU counters of an epoch still delivering read up to now (any
+    thread: ``c`` is the caller's own copy)."""
+    if not c.get("cpu_ended", 1.0):
+        _cpu_to_now(c)
+    return c
 
 
 def new_counters() -> dict[str, float]:
     """An epoch's counters, all zero, with the CPU clocks read at its start."""
     c = dict.fromkeys(COUNTERS + SAMPLING, 0.0)
     c["cpu_at"], c["busy_at"], c["all_at"] = cpu_sample()
+    c["cpu_t0"] = time.perf_counter()
     return c
 
 
@@ -154,9 +172,8 @@ def count_delivered(
     c: dict[str, float], rows: int, nbytes: int, wait_s: float, step_s: float, wall_s: float
 ) -> None:
     """A batch was handed to the training loop: update an epoch's counters (from
-    :meth:`Recorder.new_epoch`) in place: sums, the wait's histogram bucket, and now and then
-    (at most once per 20 ms, at least once per second) the CPU clocks. Called once per batch,
-    so a plain function."""
+    :meth:`Recorder.new_epoch`) in place: sums and the wait's histogram bucket (no system call:
+    see :func:`end_cpu`). Called once per batch, so a plain function."""
     if not c["batches"]:
         c["first_wait_s"] = wait_s
     c["batches"] += 1
@@ -172,15 +189,14 @@ def count_delivered(
         if bucket > 101:
             bucket = 101
     c[WAIT_KEYS[bucket]] += 1
-    if wall_s >= c["cpu_next"]:
-        _sample_cpu(c, wall_s)
 
 
 def count_end(c: dict[str, float], wait_s: float, wall_s: float) -> None:
     """The loop asked past the last batch and got the end (the workers closed): that wait is
-    the loop's too, and the epoch's wall time runs to it."""
+    the loop's too, and the epoch's wall time runs to it; its CPU counters are final."""
     c["wait_s"] += wait_s
     c["wall_s"] = wall_s
+    end_cpu(c)
 
 
 class Recorder:
@@ -306,13 +322,13 @@ class Recorder:
         with self._lock:
             if not self._epochs:
                 return dict.fromkeys(COUNTERS, 0.0)
-            return dict(self._epochs[epoch])
+            return with_cpu_now(dict(self._epochs[epoch]))
 
     def total_counters(self) -> dict[str, float]:
         total = dict.fromkeys(COUNTERS, 0.0)
         with self._lock:
-            epochs = list(self._epochs)
-        for c in epochs:
+            epochs = [dict(c) for c in self._epochs]
+        for c in map(with_cpu_now, epochs):
             for k in SUMMED:
                 total[k] += c[k]
             for k in MAXIMA:

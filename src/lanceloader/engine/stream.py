@@ -71,7 +71,7 @@ from lanceloader.engine.pool import KeptPool, Ordered, Pool
 from lanceloader.engine.processes import ProcessPool
 from lanceloader.engine.stalls import StallError as StallError  # (public here)
 from lanceloader.engine.stalls import stall_error
-from lanceloader.engine.stats import Recorder, count_delivered, count_end
+from lanceloader.engine.stats import Recorder, count_delivered, count_end, end_cpu
 from lanceloader.engine.tasks import stream_tasks
 from lanceloader.engine.threads import Stalled, ThreadPool
 from lanceloader.engine.work import BatchWork, TaskResult
@@ -250,6 +250,8 @@ class Stream(Iterator[Any]):
         flight discarded; the batches not yet delivered are dropped."""
         self._results.close()
         self._buffer.clear()
+        if not sys.is_finalizing():  # (the interpreter's exit collects it: nothing to read)
+            end_cpu(self._counters)
 
     def __del__(self) -> None:
         if hasattr(self, "_results"):

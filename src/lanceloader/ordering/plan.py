@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -85,8 +85,15 @@ class Plan:
         >>> samples.tolist(), sizes
         ([2, 3, 6, 7, 9], [2, 2, 1])
         """
-        full = len(replace(self, drop_last=True))
+        full = (self.num_samples - self.start) // self.global_batch_size
         n_full = len(range(batches.start, min(batches.stop, full), batches.step))
+        if n_full and self.world_size == 1 and batches.step == 1 and batches.stop <= len(self):
+            lo = self.start + batches.start * self.batch_size  # consecutive: one arange
+            hi = min(self.start + batches.stop * self.batch_size, self.num_samples)
+            sizes = [self.batch_size] * n_full
+            if hi - lo > n_full * self.batch_size:
+                sizes.append(hi - lo - n_full * self.batch_size)
+            return np.arange(lo, hi, dtype=np.int64), sizes
         parts: list[np.ndarray] = []
         sizes: list[int] = []
         if n_full:
