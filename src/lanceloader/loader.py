@@ -30,6 +30,7 @@ from lanceloader.arguments import check_int
 from lanceloader.batch.output import Conversion
 from lanceloader.batch.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError
 from lanceloader.distributed import resolve_rank_world
+from lanceloader.engine.ahead import AheadSlot, reads_ahead
 from lanceloader.engine.budget import Governor
 from lanceloader.engine.pool import KeptPool
 from lanceloader.engine.stats import Recorder, Stats
@@ -234,6 +235,7 @@ class Loader(MixSteering):
         self.recorder = Recorder()
         self._cursor = Cursor(self._pipeline.spec())
         self._live = LiveIterator()  # held weakly; the cursor outlives it
+        self._ahead = AheadSlot()  # the next epoch's first read (engine/ahead.py)
         self._began = (0, 0)  # where this loader's delivery began (stats().mix counts from it)
         self._pool = KeptPool()  # process workers, kept across epochs until close()
 
@@ -305,6 +307,8 @@ class Loader(MixSteering):
         check_int("epoch", epoch, minimum=0)
         self._live.check_idle("set_epoch()", self, self._cursor)
         self._live.forget()
+        if epoch != self._cursor.epoch or self._cursor.start or self._cursor.done:
+            self._ahead.drop()
         self._cursor.seek(epoch)
 
     def __iter__(self) -> EpochIterator:
@@ -320,16 +324,21 @@ class Loader(MixSteering):
         """
         self._live.check_idle("iter()", self, self._cursor)
         self._adopt_at_epoch_start()
-        return self._live.start(
-            EpochIterator(
-                self.reading(self.num_workers),
-                self._cursor,
-                self.recorder,
-                self.log_every,
-                self._pool,
-            ),
-            self._cursor,
+        c, slot = self._cursor, self._ahead
+        ahead = slot.take(self._pipeline, c)
+        slot.started(c)
+        reading = ahead.reading if ahead is not None else self.reading(self.num_workers)
+        on_all_sent = self._read_ahead if slot.wanted and reads_ahead(reading) else None
+        iterator = EpochIterator(
+            reading, c, self.recorder, self.log_every, self._pool, ahead, on_all_sent, slot.drop
         )
+        return self._live.start(iterator, c)
+
+    def _read_ahead(self) -> None:
+        """The live iterator sent its epoch's last read: send the next epoch's first one
+        (``engine/ahead.py``; dropped unseen unless the next ``iter()`` starts that epoch)."""
+        reading = self.reading(self.num_workers)
+        self._ahead.start(self._pipeline, reading, self._cursor, self.recorder.tracing)
 
     def peek(self) -> Any:
         """The next batch the loader will deliver, made as it will be (transform, output,
@@ -417,11 +426,13 @@ class Loader(MixSteering):
         self._pipeline, self._cursor = pipeline, cursor
         self._began = (cursor.epoch, cursor.sample)
         self._live.forget()
+        self._ahead.drop()
 
     def close(self) -> None:
         """Stop the workers (the live iterator's; process workers kept between epochs); the
         cursor stays where it stopped, and the next ``iter()`` starts workers again."""
         self._live.close()
+        self._ahead.drop()
         self._pool.close()
 
     def __enter__(self) -> Loader:

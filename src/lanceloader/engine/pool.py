@@ -28,11 +28,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from lanceloader.engine.pickling import Shipment
 from lanceloader.engine.processes import ProcessPool
-from lanceloader.engine.threads import check_same_process
+from lanceloader.engine.threads import ThreadPool, check_same_process
+
+if TYPE_CHECKING:
+    from lanceloader.engine.stream import Reading
+    from lanceloader.engine.work import BatchWork, TaskResult
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -90,6 +94,7 @@ class Ordered(Iterator[R]):
         self.pool, self._tasks, self._depth, self._keep = pool, tasks, depth, keep
         self._gate = gate  # a Governor (engine/budget.py): may put a task's start off
         self._next: Any = None  # the next task, drawn and not yet submitted
+        self._drawn_all = False  # the tasks are exhausted
         self._pid = os.getpid()
         self._done = False
         try:
@@ -105,6 +110,21 @@ class Ordered(Iterator[R]):
         """Tasks submitted and not yet yielded."""
         return 0 if self._done else self.pool.in_flight
 
+    @property
+    def all_sent(self) -> bool:
+        """Every task was submitted (the last ones in flight, or taken)."""
+        return self._drawn_all and self._next is None
+
+    def deepen(self, depth: int) -> None:
+        """Keep up to ``depth`` tasks in flight from now on (a read-ahead's one task grows to its
+        stream's depth), submitting them now."""
+        self._depth = max(self._depth, depth)
+        try:
+            self._fill()
+        except BaseException:
+            self._let_go(failed=True)
+            raise
+
     def _fill(self) -> None:
         """Submit tasks up to the depth; a gate may put them off while some are in flight
         (with none in flight it always lets one start: the stream makes progress)."""
@@ -112,6 +132,7 @@ class Ordered(Iterator[R]):
             if self._next is None:
                 self._next = next(self._tasks, None)
                 if self._next is None:
+                    self._drawn_all = True
                     return
             if self._gate is not None and not self._gate.admit(
                 self.pool.in_flight, self._depth, self.pool
@@ -212,3 +233,21 @@ class KeptPool:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.pool = None
+
+
+def start_pool(reading: Reading, work: BatchWork, kept: KeptPool | None) -> Pool[TaskResult]:
+    """The pool a stream's tasks run on: threads of its own, the loader's process pool
+    (``kept``: lent to the stream, kept after it), or processes of its own; or Ray actors
+    (:mod:`lanceloader.engine.actors`, which imports Ray: imported here, when asked for)."""
+    if reading.worker_type == "ray":
+        from lanceloader.engine.actors import actor_pool
+
+        n, options = reading.num_workers, reading.ray_options
+        return actor_pool(work, n, reading.stall_timeout, options, kept)
+    if reading.worker_type != "process":
+        return ThreadPool(work, reading.num_workers, reading.stall_timeout)
+    if kept is None:
+        return ProcessPool(work, reading.num_workers, reading.stall_timeout)
+    pool = kept.pool_for(work, reading.num_workers)
+    pool.stall_timeout = reading.stall_timeout  # the consumer's wait: no worker holds it
+    return pool

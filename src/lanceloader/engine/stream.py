@@ -53,7 +53,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import dis
 import logging
 import pickle
@@ -66,14 +65,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanceloader.batch.output import Conversion, to_output
+from lanceloader.engine.ahead import ReadAhead, open_results
 from lanceloader.engine.memory import TRAINING_TRIM_THRESHOLD, reuse_freed_memory
-from lanceloader.engine.pool import KeptPool, Ordered, Pool
-from lanceloader.engine.processes import ProcessPool
+from lanceloader.engine.pool import KeptPool
 from lanceloader.engine.stalls import StallError as StallError  # (public here)
 from lanceloader.engine.stalls import stall_error
 from lanceloader.engine.stats import Recorder, count_delivered, count_end, end_cpu
-from lanceloader.engine.tasks import stream_tasks
-from lanceloader.engine.threads import Stalled, ThreadPool
+from lanceloader.engine.threads import Stalled
 from lanceloader.engine.work import BatchWork, TaskResult
 from lanceloader.ordering.plan import Plan
 from lanceloader.state.cursor import Cursor
@@ -107,24 +105,6 @@ class Reading:
     governor: Any = None  # the loader's CPU budget and tuner (engine/budget.py), or None
 
 
-def start_pool(reading: Reading, work: BatchWork, kept: KeptPool | None) -> Pool[TaskResult]:
-    """The pool a stream's tasks run on: threads of its own, the loader's process pool
-    (``kept``: lent to the stream, kept after it), or processes of its own; or Ray actors
-    (:mod:`lanceloader.engine.actors`, which imports Ray: imported here, when asked for)."""
-    if reading.worker_type == "ray":
-        from lanceloader.engine.actors import actor_pool
-
-        n, options = reading.num_workers, reading.ray_options
-        return actor_pool(work, n, reading.stall_timeout, options, kept)
-    if reading.worker_type != "process":
-        return ThreadPool(work, reading.num_workers, reading.stall_timeout)
-    if kept is None:
-        return ProcessPool(work, reading.num_workers, reading.stall_timeout)
-    pool = kept.pool_for(work, reading.num_workers)
-    pool.stall_timeout = reading.stall_timeout  # the consumer's wait: no worker holds it
-    return pool
-
-
 class Stream(Iterator[Any]):
     """The batches ``batches`` of ``plan`` in epoch ``epoch``, in order, from a pool of workers.
 
@@ -140,6 +120,7 @@ class Stream(Iterator[Any]):
         recorder: Recorder,
         log_every: int | None = None,
         kept: KeptPool | None = None,
+        ahead: ReadAhead | None = None,
     ) -> None:
         began = time.perf_counter()  # the loop waits from here: the stream's start is its wait
         self.epoch, self.plan, self.batches = epoch, plan, batches
@@ -149,16 +130,15 @@ class Stream(Iterator[Any]):
         self._counters = recorder.new_epoch()
         self._tracing = recorder.tracing
         self._log_every = log_every
-        work = reading.work
-        if self._tracing:
-            work = dataclasses.replace(work, trace=True)
-        tasks = stream_tasks(work, epoch, plan, reading.batches_per_read, batches)
         if reading.worker_type == "thread":  # this process reads
             reuse_freed_memory(TRAINING_TRIM_THRESHOLD)
-        self._pool = start_pool(reading, work, kept)
-        self._results: Ordered[TaskResult] = Ordered(
-            self._pool, tasks, reading.reads_in_flight, kept is not None, reading.governor
-        )
+        if ahead is not None:  # this epoch's first read, sent while the last one ended
+            reading, self._results = ahead.reading, ahead.results
+            self._results.deepen(reading.reads_in_flight)
+        else:
+            self._results = open_results(
+                reading, epoch, plan, batches, self._tracing, kept, reading.reads_in_flight
+            )
         self._governor = reading.governor
         self._workers = (reading.num_workers, reading.worker_type)
         self._finish = reading.finish
@@ -167,6 +147,11 @@ class Stream(Iterator[Any]):
         # of the epoch's wall time: the loop waits for it inside iter().
         self._handed_out = time.perf_counter()
         self._started, self._startup_s = began, self._handed_out - began
+
+    @property
+    def all_sent(self) -> bool:
+        """Every read task of the stream was sent to the workers (its last reads run)."""
+        return self._results.all_sent
 
     @property
     def next_batch(self) -> int:
@@ -313,7 +298,11 @@ class EpochIterator(Iterator[Any]):
     cursor's place to the epoch's end that moves the cursor with each batch it hands out, and to
     the next epoch at ``StopIteration``. ``close()`` stops its workers (idempotent) and leaves
     the cursor where it stopped. ``handoff`` records what it did (:class:`Handoff`), for the
-    loader's next iterator.
+    loader's next iterator. ``ahead``: the epoch's first read, sent already
+    (:class:`~lanceloader.engine.ahead.ReadAhead`, fitting this cursor: the loader checks);
+    ``on_all_sent`` is called once, in the consumer, after the batch at which the stream has
+    sent its last read (the loader starts the next epoch's first read there), ``on_stopped``
+    when it stops before the epoch's end (the loader drops that read).
 
     Live from creation until exhausted or closed; a closed iterator yields nothing more.
     """
@@ -325,8 +314,13 @@ class EpochIterator(Iterator[Any]):
         recorder: Recorder,
         log_every: int | None = None,
         kept: KeptPool | None = None,
+        ahead: ReadAhead | None = None,
+        on_all_sent: Callable[[], None] | None = None,
+        on_stopped: Callable[[], None] | None = None,
     ) -> None:
         self.handoff = Handoff()
+        self.live = False  # (until the stream started)
+        self._on_stopped = on_stopped
         cursor.rebase()
         if cursor.at_end and len(cursor.spec.plan()):
             _logger.info(
@@ -339,8 +333,9 @@ class EpochIterator(Iterator[Any]):
         self._stream_args = (recorder, log_every, kept)
         plan = cursor.plan
         self.stream = Stream(
-            reading, cursor.epoch, plan, range(len(plan)), recorder, log_every, kept
+            reading, cursor.epoch, plan, range(len(plan)), recorder, log_every, kept, ahead
         )
+        self._on_all_sent = on_all_sent
         self.live = True
 
     def reread(self, reading: Reading) -> None:
@@ -350,6 +345,7 @@ class EpochIterator(Iterator[Any]):
         if not self.live:
             return
         self.stream.close()
+        self._on_all_sent = None  # (the loader's read-ahead was for the old reading)
         self._cursor.rebase()
         plan = self._cursor.plan
         self.stream = Stream(
@@ -376,6 +372,9 @@ class EpochIterator(Iterator[Any]):
             self.close()
             raise
         self._cursor.advance()
+        if self._on_all_sent is not None and self.stream.all_sent:  # (once: the epoch's end)
+            on_all_sent, self._on_all_sent = self._on_all_sent, None
+            on_all_sent()
         record = self.handoff
         if record.delivered == 0:  # the first batch: by next() or by a loop? (~1 µs, once)
             record.by_call = not taken_by_for_loop(sys._getframe(1))
@@ -402,9 +401,16 @@ class EpochIterator(Iterator[Any]):
         return True
 
     def close(self) -> None:
-        """Stop the workers of this epoch; the loader's cursor stays where it stopped."""
-        self.live = False
+        """Stop the workers of this epoch; the loader's cursor stays where it stopped. Stopped
+        before its end (``break``, an error, ``close()``), it calls ``on_stopped``."""
+        stopped, self.live = self.live, False
         self.stream.close()
+        if stopped and self._on_stopped is not None:
+            self._on_stopped()
+
+    def __del__(self) -> None:
+        if getattr(self, "live", False) and not sys.is_finalizing():
+            self.close()
 
     def __enter__(self) -> EpochIterator:
         return self
