@@ -192,8 +192,9 @@ def count_delivered(
 
 
 def count_end(c: dict[str, float], wait_s: float, wall_s: float) -> None:
-    """The loop asked past the last batch and got the end (the workers closed): that wait is
-    the loop's too, and the epoch's wall time runs to it; its CPU counters are final."""
+    """The loop asked past the last batch: that wait is the loop's too, and the epoch's wall
+    time runs to it (the stream counts it before its workers stop: their stop is not the
+    epoch's); its CPU counters are final."""
     c["wait_s"] += wait_s
     c["wall_s"] = wall_s
     end_cpu(c)

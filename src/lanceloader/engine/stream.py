@@ -139,6 +139,7 @@ class Stream(Iterator[Any]):
             self._results = open_results(
                 reading, epoch, plan, batches, self._tracing, kept, reading.reads_in_flight
             )
+        self._pool = self._results.pool  # (its workers: tests and stats look at them)
         self._governor = reading.governor
         self._workers = (reading.num_workers, reading.worker_type)
         self._finish = reading.finish
@@ -167,6 +168,11 @@ class Stream(Iterator[Any]):
         governor = self._governor  # the budget's CPU clock only (a system call: ~1.6 us)
         cpu_in = time.thread_time() if governor and governor.cpu_budget is not None else 0.0
         if not self._buffer:
+            if self._delivered >= len(self.batches):  # the end, before the workers' stop
+                now = time.perf_counter()
+                count_end(self._counters, now - asked, now - self._started)
+                self.close()
+                raise StopIteration
             try:
                 result = next(self._results)  # StopIteration at the end (pool let go)
             except StopIteration:  # the loop waited for the end too (closing the workers)
