@@ -12,10 +12,11 @@ from lanceloader.batch.images import decode_images, normalise
 from lanceloader.batch.output import Conversion, ConversionError
 from lanceloader.batch.text import tokenize
 from lanceloader.batch.transforms import TooManyRowErrors, TransformOutputError, compose, map_rows
+from lanceloader.engine.live import LoaderInUseError
 from lanceloader.engine.processes import WorkerDiedError
 from lanceloader.engine.stalls import ActorsLostError, ActorStartError
 from lanceloader.engine.stats import Stats
-from lanceloader.engine.stream import EpochIterator, LoaderInUseError, StallError
+from lanceloader.engine.stream import EpochIterator, StallError
 from lanceloader.headroom import Headroom, headroom
 from lanceloader.integrations.tensorflow import as_tf_dataset
 from lanceloader.ledger import Ledger

@@ -32,9 +32,10 @@ from lanceloader.batch.transforms import DEFAULT_MAX_SKIP_FRACTION, OnError
 from lanceloader.distributed import resolve_rank_world
 from lanceloader.engine.ahead import AheadSlot, reads_ahead
 from lanceloader.engine.budget import Governor
+from lanceloader.engine.live import LiveIterator
 from lanceloader.engine.pool import KeptPool
 from lanceloader.engine.stats import Recorder, Stats
-from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, EpochIterator, LiveIterator, Reading
+from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, EpochIterator, Reading
 from lanceloader.engine.work import Transform
 from lanceloader.ordering.plan import Plan
 from lanceloader.ordering.report import MixingReport, mixing_report

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from lanceloader.rows.mixed import check_ranks_agree
 
 if TYPE_CHECKING:
-    from lanceloader.engine.stream import LiveIterator, Reading
+    from lanceloader.engine.live import LiveIterator
+    from lanceloader.engine.stream import Reading
     from lanceloader.pipeline import Pipeline
     from lanceloader.state.cursor import Cursor
 
