@@ -1,6 +1,6 @@
 """Reading across an epoch's end: the next epoch's first read, started while this epoch's last
 reads run, so the training loop does not wait at every epoch's start for a fresh pool and a
-first read (8-15 ms a epoch of JPEG batches on 2 cores: 0.5% of the wall time of a 125-step
+first read (8-15 ms an epoch of JPEG batches on 2 cores: 0.5% of the wall time of a 125-step
 epoch, docs/performance.md, "The loop's own time").
 
 Contract:
