@@ -116,7 +116,7 @@ class Ordered(Iterator[R]):
         return self._drawn_all and self._next is None
 
     def deepen(self, depth: int) -> None:
-        """Keep up to ``depth`` tasks in flight from now on (a read-ahead's one task grows to its
+        """Keep up to ``depth`` tasks in flight from now on (reads sent ahead grow to their
         stream's depth), submitting them now."""
         self._depth = max(self._depth, depth)
         try:
