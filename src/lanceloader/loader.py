@@ -326,7 +326,7 @@ class Loader(MixSteering):
         self._live.check_idle("iter()", self, self._cursor)
         self._adopt_at_epoch_start()
         c, slot = self._cursor, self._ahead
-        ahead = slot.take(self._pipeline, c)
+        ahead = slot.take(self._pipeline, c, self.recorder.tracing)
         slot.started(c)
         reading = ahead.reading if ahead is not None else self.reading(self.num_workers)
         on_all_sent = self._read_ahead if slot.wanted and reads_ahead(reading) else None

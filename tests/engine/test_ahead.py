@@ -206,3 +206,17 @@ def test_a_table_appended_to_after_the_read_ahead_gives_the_next_epoch_its_rows(
     fresh.set_epoch(2)
     assert got == ids_of(list(fresh))
     assert sorted(got) == [*range(300), *range(1000, 1100)]
+
+
+def test_a_trace_begun_after_the_read_ahead_has_every_batch_s_spans(small_uri, tmp_path) -> None:
+    import json
+
+    kept = loader(small_uri, batch_size=50)
+    epoch_of(kept)
+    epoch_of(kept)
+    assert kept._ahead.ahead is not None  # epoch 2's first reads, sent untraced
+    with kept.trace(tmp_path / "run.json"):
+        epoch_of(kept)
+    events = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
+    traced = sorted(e["args"]["batch"] for e in events if e.get("name") == "transform")
+    assert traced == list(range(20))

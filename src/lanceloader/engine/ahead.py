@@ -14,7 +14,7 @@ Contract:
   (from the second on: a loader iterated once reads nothing ahead, :meth:`AheadSlot.started`), and holds that read on a thread pool of
   its own (so the memory in flight grows by the ramp's first reads, 1 and 4 batches, while
   an epoch's last reads run). The next ``iter()`` hands it to its stream when it starts that epoch at its first
-  batch with the same pipeline, plan and reading settings (:meth:`ReadAhead.fits`); the
+  batch with the same pipeline, plan and tracing (:meth:`ReadAhead.fits`); the
   stream takes its pool and its results and deepens them to its own depth. Otherwise (another
   epoch, ``set_epoch``, ``load_state_dict``, new mixture weights, a followed table's new
   version, ``close()``, garbage collection) it is closed, its read dropped unseen.
@@ -80,6 +80,7 @@ class ReadAhead:
     plan: Plan
     reading: Reading
     results: Ordered[TaskResult]
+    tracing: bool  # its workers time their spans (a trace() block began before it)
 
     @classmethod
     def start(
@@ -88,12 +89,13 @@ class ReadAhead:
         """Send epoch ``epoch``'s first reads now, on threads of its own."""
         depth = min(READS_AHEAD, reading.reads_in_flight)
         results = open_results(reading, epoch, plan, range(len(plan)), tracing, None, depth)
-        return cls(pipeline, epoch, plan, reading, results)
+        return cls(pipeline, epoch, plan, reading, results, tracing)
 
-    def fits(self, pipeline: Any, epoch: int, plan: Plan) -> bool:
-        """Whether a stream of ``pipeline`` for ``epoch`` and ``plan`` would send this read
-        first."""
-        return pipeline is self.pipeline and (epoch, plan) == (self.epoch, self.plan)
+    def fits(self, pipeline: Any, epoch: int, plan: Plan, tracing: bool) -> bool:
+        """Whether a stream of ``pipeline`` for ``epoch`` and ``plan`` (``tracing``: in a
+        ``trace()`` block) would send this read first."""
+        here = (epoch, plan, tracing)
+        return pipeline is self.pipeline and here == (self.epoch, self.plan, self.tracing)
 
     def close(self) -> None:
         """Drop the read and stop its threads."""
@@ -125,14 +127,15 @@ class AheadSlot:
         if len(plan):
             self.ahead = ReadAhead.start(pipeline, reading, cursor.epoch + 1, plan, tracing)
 
-    def take(self, pipeline: Any, cursor: Any) -> ReadAhead | None:
-        """The read ahead, when a stream of ``pipeline`` starting at ``cursor`` would send it
-        first (the cursor at an epoch's first batch); else None, the read dropped."""
+    def take(self, pipeline: Any, cursor: Any, tracing: bool) -> ReadAhead | None:
+        """The read ahead, when a stream of ``pipeline`` starting at ``cursor`` (``tracing``:
+        in a ``trace()`` block) would send it first (the cursor at an epoch's first batch);
+        else None, the read dropped."""
         ahead, self.ahead = self.ahead, None
         if ahead is None:
             return None
         at_first_batch = not (cursor.start or cursor.done)
-        if at_first_batch and ahead.fits(pipeline, cursor.epoch, cursor.plan):
+        if at_first_batch and ahead.fits(pipeline, cursor.epoch, cursor.plan, tracing):
             return ahead
         ahead.close()
         return None
