@@ -34,8 +34,9 @@ from lanceloader.engine.ahead import AheadSlot, reads_ahead
 from lanceloader.engine.budget import Governor
 from lanceloader.engine.live import LiveIterator
 from lanceloader.engine.pool import KeptPool
+from lanceloader.engine.reading import DEFAULT_STALL_TIMEOUT, Reading
 from lanceloader.engine.stats import Recorder, Stats
-from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, EpochIterator, Reading
+from lanceloader.engine.stream import EpochIterator
 from lanceloader.engine.work import Transform
 from lanceloader.ordering.plan import Plan
 from lanceloader.ordering.report import MixingReport, mixing_report

@@ -32,6 +32,7 @@ from lanceloader.batch.transforms import (
 from lanceloader.engine.device import Placement, check_placement
 from lanceloader.engine.pickling import check_picklable
 from lanceloader.engine.processes import start_forkserver
+from lanceloader.engine.reading import DEFAULT_STALL_TIMEOUT, Reading
 from lanceloader.engine.sizing import (
     batches_per_read,
     default_prefetch,
@@ -39,7 +40,6 @@ from lanceloader.engine.sizing import (
     reads_in_flight,
 )
 from lanceloader.engine.stats import Recorder
-from lanceloader.engine.stream import DEFAULT_STALL_TIMEOUT, Reading
 from lanceloader.engine.tasks import store_ranges
 from lanceloader.engine.verdict import usable_cores
 from lanceloader.engine.work import BatchWork

@@ -18,7 +18,7 @@ from lanceloader.rows.mixed import check_ranks_agree
 
 if TYPE_CHECKING:
     from lanceloader.engine.live import LiveIterator
-    from lanceloader.engine.stream import Reading
+    from lanceloader.engine.reading import Reading
     from lanceloader.pipeline import Pipeline
     from lanceloader.state.cursor import Cursor
 

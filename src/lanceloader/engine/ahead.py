@@ -5,10 +5,9 @@ epoch, docs/performance.md, "The loop's own time").
 
 Contract:
 
-* :func:`open_results` is how every stream's reads start: the read tasks of ``batches`` of
-  ``plan`` in ``epoch`` on the stream's pool (:func:`~lanceloader.engine.pool.start_pool`), at
-  most ``depth`` reads in flight. A :class:`~lanceloader.engine.stream.Stream` calls it with
-  its depth; :meth:`ReadAhead.start` with :data:`READS_AHEAD`: the first of that epoch's ramp.
+* Every stream's reads start in :func:`~lanceloader.engine.reading.open_results`: a
+  :class:`~lanceloader.engine.stream.Stream` calls it with its depth; :meth:`ReadAhead.start`
+  with :data:`READS_AHEAD`: the first of that epoch's ramp.
 * A :class:`ReadAhead` is started by a ``Loader`` when its live iterator has sent its epoch's
   last task (``Stream.all_sent``), for the epoch after, once the loop runs epoch after epoch
   (from the second on: a loader iterated once reads nothing ahead, :meth:`AheadSlot.started`), and holds that read on a thread pool of
@@ -29,38 +28,17 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lanceloader.engine.pool import KeptPool, Ordered, Pool, start_pool
-from lanceloader.engine.tasks import stream_tasks
+from lanceloader.engine.pool import Ordered
+from lanceloader.engine.reading import Reading, open_results
 from lanceloader.engine.work import TaskResult
 from lanceloader.ordering.plan import Plan
-
-if TYPE_CHECKING:
-    from lanceloader.engine.stream import Reading
 
 # The reads sent ahead: the ramp's first two (1 and 4 batches), so the loop, fed its first
 # batch at once, is not left waiting for the second read, which a fresh stream would send only
 # at its start (a read of 4 batches of JPEGs takes ~25 ms, the first batch's step 15).
 READS_AHEAD = 2
-
-
-def open_results(
-    reading: Reading,
-    epoch: int,
-    plan: Plan,
-    batches: range,
-    tracing: bool,
-    kept: KeptPool | None,
-    depth: int,
-) -> Ordered[TaskResult]:
-    """The results of a stream's read tasks, in order, from a pool started for ``reading``
-    (``kept``: the loader's process pool, lent), at most ``depth`` reads in flight; ``tracing``:
-    the workers time their spans for the trace."""
-    work = dataclasses.replace(reading.work, trace=True) if tracing else reading.work
-    tasks = stream_tasks(work, epoch, plan, reading.batches_per_read, batches)
-    pool: Pool[TaskResult] = start_pool(reading, work, kept)
-    return Ordered(pool, tasks, depth, kept is not None, reading.governor)
 
 
 def reads_ahead(reading: Reading) -> bool:

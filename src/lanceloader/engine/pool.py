@@ -28,15 +28,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from lanceloader.engine.pickling import Shipment
 from lanceloader.engine.processes import ProcessPool
-from lanceloader.engine.threads import ThreadPool, check_same_process
-
-if TYPE_CHECKING:
-    from lanceloader.engine.stream import Reading
-    from lanceloader.engine.work import BatchWork, TaskResult
+from lanceloader.engine.threads import check_same_process
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -233,21 +229,3 @@ class KeptPool:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.pool = None
-
-
-def start_pool(reading: Reading, work: BatchWork, kept: KeptPool | None) -> Pool[TaskResult]:
-    """The pool a stream's tasks run on: threads of its own, the loader's process pool
-    (``kept``: lent to the stream, kept after it), or processes of its own; or Ray actors
-    (:mod:`lanceloader.engine.actors`, which imports Ray: imported here, when asked for)."""
-    if reading.worker_type == "ray":
-        from lanceloader.engine.actors import actor_pool
-
-        n, options = reading.num_workers, reading.ray_options
-        return actor_pool(work, n, reading.stall_timeout, options, kept)
-    if reading.worker_type != "process":
-        return ThreadPool(work, reading.num_workers, reading.stall_timeout)
-    if kept is None:
-        return ProcessPool(work, reading.num_workers, reading.stall_timeout)
-    pool = kept.pool_for(work, reading.num_workers)
-    pool.stall_timeout = reading.stall_timeout  # the consumer's wait: no worker holds it
-    return pool

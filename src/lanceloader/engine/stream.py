@@ -20,7 +20,7 @@ Contract of a :class:`Stream`:
   (:func:`~lanceloader.engine.memory.reuse_freed_memory`: glibc's thresholds at the ceiling
   of their own dynamic rule), so a read does not fault its pages in afresh.
 * Every task's cost and every delivered batch are recorded in the ``Recorder`` (``stats()``).
-* The workers are a :class:`~lanceloader.engine.pool.Pool` (:func:`start_pool`): threads of the
+* The workers are a :class:`~lanceloader.engine.pool.Pool` (:func:`~lanceloader.engine.reading.start_pool`): threads of the
   stream's own, or processes: a loader's epochs share one process pool (``kept``, a
   :class:`~lanceloader.engine.pool.KeptPool`), so its workers keep the dataset they opened and
   the cache pieces they hold; other streams start their own.
@@ -59,49 +59,24 @@ import pickle
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from lanceloader.batch.output import Conversion, to_output
-from lanceloader.engine.ahead import ReadAhead, open_results
+from lanceloader.batch.output import to_output
+from lanceloader.engine.ahead import ReadAhead
 from lanceloader.engine.memory import TRAINING_TRIM_THRESHOLD, reuse_freed_memory
 from lanceloader.engine.pool import KeptPool
+from lanceloader.engine.reading import Reading, open_results
 from lanceloader.engine.stalls import StallError as StallError  # (public here)
 from lanceloader.engine.stalls import stall_error
 from lanceloader.engine.stats import Recorder, count_delivered, count_end, end_cpu
 from lanceloader.engine.threads import Stalled
-from lanceloader.engine.work import BatchWork, TaskResult
+from lanceloader.engine.work import TaskResult
 from lanceloader.ordering.plan import Plan
 from lanceloader.state.cursor import Cursor
 
 _logger = logging.getLogger("lanceloader")
-
-# Seconds without a batch before StallError. Healthy reads take milliseconds to seconds, and
-# Lance's object-store requests give up well before this (source.OBJECT_STORE_TIMEOUTS), so it
-# only fires for a stuck worker: a transform waiting forever, a stopped process.
-DEFAULT_STALL_TIMEOUT = 300.0
-
-
-@dataclass(frozen=True)
-class Reading:
-    """How a stream reads: the work of one task, the pool, and how much is in flight.
-
-    ``finish`` converts in the consumer what a process worker returned as NumPy; ``placement``
-    copies batches to pinned memory or a device, in the consumer. ``stall_timeout``: see
-    :class:`StallError`.
-    """
-
-    work: BatchWork
-    num_workers: int
-    batches_per_read: int
-    reads_in_flight: int
-    worker_type: str = "thread"
-    finish: Conversion | None = None
-    placement: Callable[[Any], Any] | None = None
-    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
-    ray_options: Mapping[str, Any] | None = None  # worker_type="ray": each actor's options
-    governor: Any = None  # the loader's CPU budget and tuner (engine/budget.py), or None
 
 
 class Stream(Iterator[Any]):

@@ -26,9 +26,10 @@ from lanceloader.batch.transforms import (
     as_transform,
     check_on_error,
 )
+from lanceloader.engine.reading import Reading
 from lanceloader.engine.sizing import batches_per_read
 from lanceloader.engine.stats import Recorder, Stats
-from lanceloader.engine.stream import Reading, Stream
+from lanceloader.engine.stream import Stream
 from lanceloader.engine.work import BatchWork
 from lanceloader.integrations.torch.collation import Rows, watch_training_process
 from lanceloader.ordering.order import Order
