@@ -337,7 +337,7 @@ class Loader(MixSteering):
         return self._live.start(iterator, c)
 
     def _read_ahead(self) -> None:
-        """The live iterator sent its epoch's last read: send the next epoch's first one
+        """The live iterator sent its epoch's last read: send the next epoch's first reads
         (``engine/ahead.py``; dropped unseen unless the next ``iter()`` starts that epoch)."""
         reading = self.reading(self.num_workers)
         self._ahead.start(self._pipeline, reading, self._cursor, self.recorder.tracing)

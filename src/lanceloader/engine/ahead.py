@@ -1,5 +1,5 @@
-"""Reading across an epoch's end: the next epoch's first read, started while this epoch's last
-reads run, so the training loop does not wait at every epoch's start for a fresh pool and a
+"""Reading across an epoch's end: the next epoch's first reads, started while this epoch's
+last reads run, so the training loop does not wait at every epoch's start for a fresh pool and a
 first read (8-15 ms an epoch of JPEG batches on 2 cores: 0.5% of the wall time of a 125-step
 epoch, docs/performance.md, "The loop's own time").
 
@@ -42,14 +42,14 @@ READS_AHEAD = 2
 
 
 def reads_ahead(reading: Reading) -> bool:
-    """Whether a stream of ``reading`` may have the next epoch's first read started ahead:
+    """Whether a stream of ``reading`` may have the next epoch's first reads started ahead:
     thread workers with no device placement (see the module text)."""
     return reading.worker_type == "thread" and reading.placement is None
 
 
 @dataclasses.dataclass
 class ReadAhead:
-    """The first read of epoch ``epoch`` (``plan`` from its first batch), in flight for the
+    """The first reads of epoch ``epoch`` (``plan`` from its first batch), in flight for the
     loader's ``pipeline`` (compared by identity: a new one is new rows, weights or settings);
     see the module text. ``close()`` is idempotent."""
 
@@ -71,12 +71,12 @@ class ReadAhead:
 
     def fits(self, pipeline: Any, epoch: int, plan: Plan, tracing: bool) -> bool:
         """Whether a stream of ``pipeline`` for ``epoch`` and ``plan`` (``tracing``: in a
-        ``trace()`` block) would send this read first."""
+        ``trace()`` block) would send these reads first."""
         here = (epoch, plan, tracing)
         return pipeline is self.pipeline and here == (self.epoch, self.plan, self.tracing)
 
     def close(self) -> None:
-        """Drop the read and stop its threads."""
+        """Drop the reads and stop their threads."""
         self.results.close()
 
 
@@ -99,7 +99,7 @@ class AheadSlot:
 
     def start(self, pipeline: Any, reading: Reading, cursor: Any, tracing: bool) -> None:
         """The live iterator at ``cursor`` sent its epoch's last read: send the next epoch's
-        first one (its plan from the first batch)."""
+        first reads (its plan from the first batch)."""
         self.drop()
         plan = cursor.spec.plan()
         if len(plan):

@@ -46,7 +46,7 @@ class Reading:
 
     ``finish`` converts in the consumer what a process worker returned as NumPy; ``placement``
     copies batches to pinned memory or a device, in the consumer. ``stall_timeout``: see
-    :class:`StallError`.
+    :class:`~lanceloader.engine.stalls.StallError`.
     """
 
     work: BatchWork

@@ -20,8 +20,9 @@ Contract of a :class:`Stream`:
   (:func:`~lanceloader.engine.memory.reuse_freed_memory`: glibc's thresholds at the ceiling
   of their own dynamic rule), so a read does not fault its pages in afresh.
 * Every task's cost and every delivered batch are recorded in the ``Recorder`` (``stats()``).
-* The workers are a :class:`~lanceloader.engine.pool.Pool` (:func:`~lanceloader.engine.reading.start_pool`): threads of the
-  stream's own, or processes: a loader's epochs share one process pool (``kept``, a
+* The workers are a :class:`~lanceloader.engine.pool.Pool`
+  (:func:`~lanceloader.engine.reading.start_pool`): threads of the stream's own, or processes:
+  a loader's epochs share one process pool (``kept``, a
   :class:`~lanceloader.engine.pool.KeptPool`), so its workers keep the dataset they opened and
   the cache pieces they hold; other streams start their own.
 * ``close()`` (idempotent; also on exhaustion, on error and on garbage collection) lets go of
@@ -106,14 +107,14 @@ class Stream(Iterator[Any]):
         self._log_every = log_every
         if reading.worker_type == "thread":  # this process reads
             reuse_freed_memory(TRAINING_TRIM_THRESHOLD)
-        if ahead is not None:  # this epoch's first read, sent while the last one ended
+        if ahead is not None:  # this epoch's first reads, sent while the last one ended
             reading, self._results = ahead.reading, ahead.results
             self._results.deepen(reading.reads_in_flight)
         else:
             self._results = open_results(
                 reading, epoch, plan, batches, self._tracing, kept, reading.reads_in_flight
             )
-        self._pool = self._results.pool  # (its workers: tests and stats look at them)
+        self._pool = self._results.pool  # (its workers: the fault tests and benchmark look)
         self._governor = reading.governor
         self._workers = (reading.num_workers, reading.worker_type)
         self._finish = reading.finish
@@ -278,11 +279,11 @@ class EpochIterator(Iterator[Any]):
     cursor's place to the epoch's end that moves the cursor with each batch it hands out, and to
     the next epoch at ``StopIteration``. ``close()`` stops its workers (idempotent) and leaves
     the cursor where it stopped. ``handoff`` records what it did (:class:`Handoff`), for the
-    loader's next iterator. ``ahead``: the epoch's first read, sent already
+    loader's next iterator. ``ahead``: the epoch's first reads, sent already
     (:class:`~lanceloader.engine.ahead.ReadAhead`, fitting this cursor: the loader checks);
     ``on_all_sent`` is called once, in the consumer, after the batch at which the stream has
-    sent its last read (the loader starts the next epoch's first read there), ``on_stopped``
-    when it stops before the epoch's end (the loader drops that read).
+    sent its last read (the loader starts the next epoch's first reads there), ``on_stopped``
+    when it stops before the epoch's end (the loader drops those reads).
 
     Live from creation until exhausted or closed; a closed iterator yields nothing more.
     """
