@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -324,6 +325,7 @@ class Loader(MixSteering):
         a sample takes that batch from training. A loop that breaks and resumes, an iterator
         stepped more than once, ``set_epoch`` and ``load_state_dict`` stay quiet.
         """
+        began = time.perf_counter()  # the loop waits from here (a followed table's check too)
         self._live.check_idle("iter()", self, self._cursor)
         self._adopt_at_epoch_start()
         c, slot = self._cursor, self._ahead
@@ -332,7 +334,15 @@ class Loader(MixSteering):
         reading = ahead.reading if ahead is not None else self.reading(self.num_workers)
         on_all_sent = self._read_ahead if slot.wanted and reads_ahead(reading) else None
         iterator = EpochIterator(
-            reading, c, self.recorder, self.log_every, self._pool, ahead, on_all_sent, slot.drop
+            reading,
+            c,
+            self.recorder,
+            self.log_every,
+            self._pool,
+            ahead,
+            on_all_sent,
+            slot.drop,
+            began,
         )
         return self._live.start(iterator, c)
 

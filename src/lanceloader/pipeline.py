@@ -276,12 +276,13 @@ class Pipeline:
             else batches_per_read(
                 random,
                 batching.batch_size,
-                steps.transform is not None or hints.decodes,
+                steps.transform is not None,
                 source.bytes_per_row,
                 hints.read_parts,
                 store_ranges(source, the_order),
                 shuffled and hints.gathers,
                 workers.worker_type,
+                decodes=hints.decodes,
             )
         )
         pipeline = cls(

@@ -326,7 +326,7 @@ def test_a_tuner_alone_reads_no_thread_clock_per_batch(monkeypatch: pytest.Monke
     governor = Governor(None, True)
     monkeypatch.setattr(budget.time, "thread_time", no_clock)
     for _ in range(8):
-        governor.delivered(0.001, 0.0)
+        governor.delivered(0.001, 1)
     assert governor.tuner is not None and governor.tuner.active is None
 
 

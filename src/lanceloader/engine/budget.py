@@ -133,7 +133,7 @@ class LoaderClock:
 
 class Governor:
     """A loader's CPU budget (``cpu_budget`` cores, or None) and tuner (``tune``): gates the
-    start of each task (:meth:`admit`), hears of each delivered batch (:meth:`delivered`),
+    start of each task (:meth:`admit`), hears of the loop's waits (:meth:`delivered`, once a read),
     and says what it did (:meth:`report`). One per loader; used by the consumer thread only."""
 
     def __init__(self, cpu_budget: float | None = None, tune: bool = False) -> None:
@@ -200,16 +200,18 @@ class Governor:
         """A task's result was taken (its CPU is in the clocks now)."""
         self.tasks += 1
 
-    def delivered(self, waited_s: float | None, cpu_in: float) -> None:
-        """The loop got a batch after waiting ``waited_s`` (the tuner's evidence; None: the
-        stream's first, which waited for the pool's start); the consumer's thread clock read
-        ``cpu_in`` when it asked (what it did for the batch since is the loader's CPU too: counted
-        only under a budget, whose task costs it feeds; a thread clock read costs a system call,
-        1.6 us here, and a tuner alone cost sequential reads 1.14x the CPU per row)."""
-        if self.cpu_budget is not None:
-            self._clock.total += max(0.0, time.thread_time() - cpu_in)
-        if self.tuner is not None and waited_s is not None:
-            self.tuner.delivered(waited_s, self.refused)
+    def delivered(self, waited_s: float, batches: int) -> None:
+        """The loop got ``batches`` more batches after waiting ``waited_s`` in all (the tuner's
+        evidence; a stream's first batch, which waited for the pool's start, left out), told
+        once a read by the stream."""
+        if self.tuner is not None:
+            self.tuner.delivered(waited_s, self.refused, batches)
+
+    def consumer_cpu(self, cpu_in: float) -> None:
+        """Under a budget, per batch: the consumer's thread clock read ``cpu_in`` when the loop
+        asked, and what it did for the batch since is the loader's CPU too, which the task costs
+        include (a thread clock read costs a system call, 1.6 us here: only under a budget)."""
+        self._clock.total += max(0.0, time.thread_time() - cpu_in)
 
     def _used(self, pool: Any) -> tuple[float, float]:
         """(now, the CPU used in the trailing window), sampling the clocks at most every

@@ -10,32 +10,21 @@ result the read would have given, in order.
 
 from __future__ import annotations
 
-from typing import Any
-
 from lanceloader.engine.work import TaskResult
 from lanceloader.ordering.plan import ReadTask
 
 
-def split(task: Any) -> list[Any]:
-    """``task``'s batches, one read task each, in order (a task of one batch, or one that is
-    not a read of batches, stays whole).
+def split(task: ReadTask) -> list[ReadTask]:
+    """``task``'s batches, one read task each, in order (a task of one batch stays whole).
 
-    >>> import numpy as np
-    >>> parts = split(ReadTask(3, range(10, 12), np.arange(5), (3, 2)))
+    >>> from lanceloader.ordering.plan import Plan
+    >>> parts = split(ReadTask(3, range(1, 3), Plan(10, 4)))
     >>> [(p.epoch, p.batches, p.samples.tolist(), p.sizes) for p in parts]
-    [(3, range(10, 11), [0, 1, 2], (3,)), (3, range(11, 12), [3, 4], (2,))]
+    [(3, range(1, 2), [4, 5, 6, 7], (4,)), (3, range(2, 3), [8, 9], (2,))]
     """
-    if not isinstance(task, ReadTask) or len(task.sizes) < 2:
+    if len(task.batches) < 2:
         return [task]
-    parts, start = [], 0
-    for batch, size in zip(task.batches, task.sizes, strict=True):
-        parts.append(
-            ReadTask(
-                task.epoch, range(batch, batch + 1), task.samples[start : start + size], (size,)
-            )
-        )
-        start += size
-    return parts
+    return task.split()
 
 
 def merge(results: list[TaskResult]) -> TaskResult:

@@ -150,7 +150,8 @@ class ProcessPool:
         lifetime.remove_orphans()
         self._prefix = lifetime.shm_name("pool", os.getpid(), uuid.uuid4().hex[:8])
         self._submitted = 0
-        self._held: list[tuple[int, Any]] | None = []  # None once the first answer came
+        self._held: list[tuple[int, Any]] | None = []  # None once they were sent
+        self._answered = False  # the first task's answer came (the held tasks go next)
         self._pending: deque[tuple[int, int, Any]] = deque()  # (index, worker, task), in order
         self._done: dict[int, tuple[Any, BaseException | None]] = {}  # index -> (result, error)
         self._workers: list[_Worker | None] = [None] * num_workers
@@ -209,17 +210,20 @@ class ProcessPool:
         """Send ``task`` to the least busy worker (started again first if a discard stopped
         it). Pickled here, so that a task that cannot be sent fails in the caller; a dead worker
         is reported by :meth:`take`. A fresh pool sends its first task alone: the others wait
-        here for its answer (see :meth:`_send_held`)."""
+        here for its answer and go with the next task (see :meth:`_send_held`)."""
         check_same_process(self._pid)
         if self._closed:
             raise RuntimeError("this process pool is closed")
         index = self._submitted
         message = ForkingPickler.dumps((index, task))
         self._submitted += 1
-        if self._held is not None and self._pending:  # the first is out, unanswered
-            self._held.append((index, message))
-            self._pending.append((index, -1, task))
-            return
+        if self._held is not None:
+            if self._answered:
+                self._send_held()
+            elif self._pending:  # the first is out, unanswered
+                self._held.append((index, message))
+                self._pending.append((index, -1, task))
+                return
         self._pending.append((index, self._send(index, message), task))
 
     def _send(self, index: int, message: Any) -> int:
@@ -231,12 +235,17 @@ class ProcessPool:
         return i
 
     def _send_held(self) -> None:
-        """The first answer of a fresh pool is in: send the tasks held back meanwhile.
+        """The first answer of a fresh pool was taken: send the tasks held back meanwhile, at
+        the next :meth:`submit` (which the stream makes once it has taken the answer) or the
+        next :meth:`take`, whichever comes first.
 
         Why they were held: new workers' first reads open every file their rows lie in (a
         shuffle's first read: a file per fragment, up to 96 on 100M rows), and 8 workers doing
         so at once on 2 cores made the first batch wait for all of them (2.2 s against 0.9 s
         on 1M rows). Alone, the first read takes its worker's core; the others start after.
+        Sent when the answer arrived, their reads ran while the loop unpacked it: 70 ms from
+        the answer to the first batch on 100M rows, 21 ms sent at the next submit
+        (docs/performance.md, "Start-up does not grow with the table").
         """
         held, self._held = self._held or [], None
         sent = {index: self._send(index, message) for index, message in held}
@@ -251,6 +260,8 @@ class ProcessPool:
         check_same_process(self._pid)
         if self._closed or not self._pending:
             raise RuntimeError("no task in flight to take a result of")
+        if self._held is not None and self._answered:  # (no submit since: send them now)
+            self._send_held()
         index, worker, task = self._pending[0]
         try:
             deadline = None if self.stall_timeout is None else time.monotonic() + self.stall_timeout
@@ -297,8 +308,7 @@ class ProcessPool:
 
     def _answer(self, worker: int, message: tuple[Any, ...]) -> None:
         kind, index, a, b, where = message
-        if self._held is not None:
-            self._send_held()
+        self._answered = True
         if kind == "error":
             exc: BaseException = pickle.loads(a)
             if hasattr(exc, "add_note"):
@@ -337,8 +347,8 @@ class ProcessPool:
             self._workers[i] = None
         self._pending.clear()
         self._done.clear()
-        if self._held is not None:  # no answer yet: the next task goes alone again
-            self._held = []
+        if self._held is not None:  # the held tasks are gone; with no answer yet, the next
+            self._held = None if self._answered else []  # task goes alone again
 
     def close(self) -> None:
         """Stop every worker at once and join them; remove this pool's files. Idempotent."""

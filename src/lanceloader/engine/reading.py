@@ -31,7 +31,7 @@ from lanceloader.engine.pool import KeptPool, Ordered, Pool
 from lanceloader.engine.processes import ProcessPool
 from lanceloader.engine.tasks import stream_tasks
 from lanceloader.engine.threads import ThreadPool
-from lanceloader.engine.work import BatchWork, TaskResult
+from lanceloader.engine.work import BatchWork, ForTransport, TaskResult
 from lanceloader.ordering.plan import Plan
 
 # Seconds without a batch before StallError. Healthy reads take milliseconds to seconds, and
@@ -73,8 +73,8 @@ def start_pool(reading: Reading, work: BatchWork, kept: KeptPool | None) -> Pool
     if reading.worker_type != "process":
         return ThreadPool(work, reading.num_workers, reading.stall_timeout)
     if kept is None:
-        return ProcessPool(work, reading.num_workers, reading.stall_timeout)
-    pool = kept.pool_for(work, reading.num_workers)
+        return ProcessPool(ForTransport(work), reading.num_workers, reading.stall_timeout)
+    pool = kept.pool_for(ForTransport(work), reading.num_workers)
     pool.stall_timeout = reading.stall_timeout  # the consumer's wait: no worker holds it
     return pool
 

@@ -17,8 +17,14 @@ from __future__ import annotations
 import math
 
 # With a transform, a read of two batches is still in the CPU cache when the worker transforms
-# it (docs/performance.md, "Read sizes").
+# it (docs/performance.md, "Read sizes"); batches of small rows are read more to a read, up to
+# TRANSFORM_READ_BYTES of the rows' data and TRANSFORM_BATCHES_MOST batches: each read costs
+# the training loop ~0.2 ms (taking its result, sending the next) and the worker a Lance
+# call, so reads of 2 batches of 32 JPEGs of 10 KB cost the loop 1.3-2% of a 15 ms step and
+# the loader 1.2x the CPU a step of reads of 6 (docs/performance.md, "The loop's own time").
 TRANSFORM_BATCHES_PER_READ = 2
+TRANSFORM_READ_BYTES = 2 << 20
+TRANSFORM_BATCHES_MOST = 8
 # Rows read by one Lance call. Range reads keep getting cheaper per row up to ~64k rows; random
 # takes are slower per call, so fewer rows keep the time to the first batch low.
 ROWS_PER_READ_SEQUENTIAL = 65_536
@@ -57,13 +63,24 @@ def batches_per_read(
     store_ranges: bool = False,
     cache_gathers: bool = False,
     worker_type: str = "thread",
+    decodes: bool = False,
 ) -> int:
     """Batches per Lance read by default: 65,536 rows, 16,384 for a full shuffle (random takes
     cost more per call), at most :data:`READ_BYTES` of data (or :data:`READ_ROWS_LEAST` rows
-    within :data:`READ_BYTES_MOST` where that is more), and with a transform (or rows decoded in
-    the read: clips, ``ReadHints.decodes``) at most two batches (still in the CPU cache when
-    they are transformed; a read's first batch waits for the whole read). Never less than one
-    batch.
+    within :data:`READ_BYTES_MOST` where that is more), and with a transform two batches (still
+    in the CPU cache when they are transformed; a read's first batch waits for the whole read),
+    or as many as hold :data:`TRANSFORM_READ_BYTES` of small rows, up to
+    :data:`TRANSFORM_BATCHES_MOST` (each read costs the loop and the worker a fixed cost).
+    ``decodes``: rows decoded in the read (clips, ``ReadHints.decodes``), two batches whatever
+    their size (a clip's decode takes milliseconds, beside which a read's cost is nothing).
+    Never less than one batch.
+
+    >>> batches_per_read(False, 32, transform=True, bytes_per_row=10_000)  # 32 JPEGs of 10 KB
+    6
+    >>> batches_per_read(False, 32, transform=True, bytes_per_row=100_000)  # of 100 KB
+    2
+    >>> batches_per_read(False, 4, transform=False, bytes_per_row=98_304, decodes=True)
+    2
 
     ``random``: whether the reads are random takes (a full shuffle, or a mix of shuffled
     sources: :attr:`Pipeline.random_reads <lanceloader.pipeline.Pipeline.random_reads>`).
@@ -128,9 +145,12 @@ def batches_per_read(
         )
         rows = min(rows, max(int(most // bytes_per_row), least))
     per_read = max(1, rows // batch_size)
-    if not transform:
+    if not (transform or decodes):
         return per_read
     most = TRANSFORM_BATCHES_PER_READ
+    if bytes_per_row > 0 and not decodes:
+        fit = int(TRANSFORM_READ_BYTES // (bytes_per_row * batch_size))
+        most = max(most, min(fit, TRANSFORM_BATCHES_MOST))
     if worker_type == "ray":
         most = max(most, math.ceil(REMOTE_ROWS_PER_READ / batch_size))
     return min(per_read, most * read_parts)

@@ -83,7 +83,10 @@ _logger = logging.getLogger("lanceloader")
 class Stream(Iterator[Any]):
     """The batches ``batches`` of ``plan`` in epoch ``epoch``, in order, from a pool of workers.
 
-    ``next_batch`` is the plan number of the batch the next ``next()`` returns.
+    ``next_batch`` is the plan number of the batch the next ``next()`` returns;
+    ``on_all_sent`` is called once, in the loop's ``next()``, when the stream has sent its last
+    read (the loader's read across the epoch's end, :mod:`lanceloader.engine.ahead`);
+    ``began``: when the loop began to wait for it (default: now).
     """
 
     def __init__(
@@ -96,8 +99,13 @@ class Stream(Iterator[Any]):
         log_every: int | None = None,
         kept: KeptPool | None = None,
         ahead: ReadAhead | None = None,
+        on_all_sent: Callable[[], None] | None = None,
+        began: float | None = None,
     ) -> None:
-        began = time.perf_counter()  # the loop waits from here: the stream's start is its wait
+        # The loop waits from ``began`` (its iter(), where a loader's iterator starts it: a
+        # followed table's version check is its wait too), else from here: the stream's start
+        # is its wait.
+        began = time.perf_counter() if began is None else began
         self.epoch, self.plan, self.batches = epoch, plan, batches
         self._delivered = 0
         self._buffer: deque[tuple[Any, int, int]] = deque()
@@ -116,6 +124,10 @@ class Stream(Iterator[Any]):
             )
         self._pool = self._results.pool  # (its workers: the fault tests and benchmark look)
         self._governor = reading.governor
+        governor = reading.governor
+        self._budget = governor if governor and governor.cpu_budget is not None else None
+        self._waits_s, self._waits = 0.0, 0  # the loop's waits not yet told to the governor
+        self._on_all_sent = on_all_sent
         self._workers = (reading.num_workers, reading.worker_type)
         self._finish = reading.finish
         self._placement = reading.placement
@@ -140,16 +152,18 @@ class Stream(Iterator[Any]):
 
     def __next__(self) -> Any:
         asked = time.perf_counter()
-        governor = self._governor  # the budget's CPU clock only (a system call: ~1.6 us)
-        cpu_in = time.thread_time() if governor and governor.cpu_budget is not None else 0.0
+        budget = self._budget  # the budget's CPU clock only (a system call: ~1.6 us)
+        cpu_in = time.thread_time() if budget is not None else 0.0
         if not self._buffer:
+            self._hand_waits()
             if self._delivered >= len(self.batches):  # the end, before the workers' stop
                 now = time.perf_counter()
                 count_end(self._counters, now - asked, now - self._started)
                 self.close()
                 raise StopIteration
             try:
-                result = next(self._results)  # StopIteration at the end (pool let go)
+                # (a process's result as it travelled: its batches are cut here)
+                result = next(self._results).after_transport()  # StopIteration: the end
             except StopIteration:  # the loop waited for the end too (closing the workers)
                 now = time.perf_counter()
                 count_end(self._counters, now - asked, now - self._started)
@@ -160,13 +174,21 @@ class Stream(Iterator[Any]):
                 result.batches = [to_output(b, self._finish) for b in result.batches]
             self._record_task(result)
             self._buffer.extend(zip(result.batches, result.rows, result.nbytes, strict=True))
+            if self._on_all_sent is not None and self._results.all_sent:  # (once)
+                on_all_sent, self._on_all_sent = self._on_all_sent, None
+                on_all_sent()
         batch, rows, nbytes = self._buffer.popleft()
         if self._placement is not None:  # each batch's device wait just before its own step
             batch = self._placement(batch)
         now = time.perf_counter()
-        waited = now - asked if self._delivered else now - asked + self._startup_s
-        if governor is not None:  # this batch's CPU here, its wait (not the pool's start)
-            governor.delivered(waited if self._delivered else None, cpu_in)
+        if self._delivered:
+            waited = now - asked
+            self._waits_s += waited  # the tuner's evidence, handed over once a read
+            self._waits += 1
+        else:  # the first batch waited for the pool's start too; not the tuner's evidence
+            waited = now - asked + self._startup_s
+        if budget is not None:  # this batch's CPU here
+            budget.consumer_cpu(cpu_in)
         count_delivered(
             self._counters, rows, nbytes, waited, asked - self._handed_out, now - self._started
         )
@@ -179,6 +201,13 @@ class Stream(Iterator[Any]):
         if self._log_every and self._delivered % self._log_every == 0:
             self._log_progress()
         return batch
+
+    def _hand_waits(self) -> None:
+        """Tell the governor of the loop's waits since the last read (per read, not per batch:
+        the loop's ``next()`` runs as few calls as it can)."""
+        if self._waits and self._governor is not None:
+            self._governor.delivered(self._waits_s, self._waits)
+        self._waits_s, self._waits = 0.0, 0
 
     def _record_task(self, result: TaskResult) -> None:
         rows_read = sum(result.rows) + result.rows_skipped
@@ -217,6 +246,7 @@ class Stream(Iterator[Any]):
         self._results.close()
         self._buffer.clear()
         if not sys.is_finalizing():  # (the interpreter's exit collects it: nothing to read)
+            self._hand_waits()
             end_cpu(self._counters)
 
     def __del__(self) -> None:
@@ -281,9 +311,10 @@ class EpochIterator(Iterator[Any]):
     the cursor where it stopped. ``handoff`` records what it did (:class:`Handoff`), for the
     loader's next iterator. ``ahead``: the epoch's first reads, sent already
     (:class:`~lanceloader.engine.ahead.ReadAhead`, fitting this cursor: the loader checks);
-    ``on_all_sent`` is called once, in the consumer, after the batch at which the stream has
-    sent its last read (the loader starts the next epoch's first reads there), ``on_stopped``
-    when it stops before the epoch's end (the loader drops those reads).
+    ``on_all_sent`` is called once by the stream, in the consumer, when it has sent its last
+    read (the loader starts the next epoch's first reads there), ``on_stopped``
+    when it stops before the epoch's end (the loader drops those reads); ``began``: when the
+    loop's ``iter()`` began (the epoch's wall time and first wait run from there).
 
     Live from creation until exhausted or closed; a closed iterator yields nothing more.
     """
@@ -298,6 +329,7 @@ class EpochIterator(Iterator[Any]):
         ahead: ReadAhead | None = None,
         on_all_sent: Callable[[], None] | None = None,
         on_stopped: Callable[[], None] | None = None,
+        began: float | None = None,
     ) -> None:
         self.handoff = Handoff()
         self.live = False  # (until the stream started)
@@ -314,9 +346,17 @@ class EpochIterator(Iterator[Any]):
         self._stream_args = (recorder, log_every, kept)
         plan = cursor.plan
         self.stream = Stream(
-            reading, cursor.epoch, plan, range(len(plan)), recorder, log_every, kept, ahead
+            reading,
+            cursor.epoch,
+            plan,
+            range(len(plan)),
+            recorder,
+            log_every,
+            kept,
+            ahead,
+            on_all_sent,
+            began,
         )
-        self._on_all_sent = on_all_sent
         self.live = True
 
     def reread(self, reading: Reading) -> None:
@@ -325,8 +365,7 @@ class EpochIterator(Iterator[Any]):
         ``Loader.set_weights``). The loop's next batch is the cursor's next one."""
         if not self.live:
             return
-        self.stream.close()
-        self._on_all_sent = None  # (the loader's read-ahead was for the old reading)
+        self.stream.close()  # (with it its on_all_sent: the read ahead was for the old reading)
         self._cursor.rebase()
         plan = self._cursor.plan
         self.stream = Stream(
@@ -353,9 +392,6 @@ class EpochIterator(Iterator[Any]):
             self.close()
             raise
         self._cursor.advance()
-        if self._on_all_sent is not None and self.stream.all_sent:  # (once: the epoch's end)
-            on_all_sent, self._on_all_sent = self._on_all_sent, None
-            on_all_sent()
         record = self.handoff
         if record.delivered == 0:  # the first batch: by next() or by a loop? (~1 µs, once)
             record.by_call = not taken_by_for_loop(sys._getframe(1))

@@ -68,8 +68,7 @@ def stream_tasks(
     assert hints.fragment_starts is not None  # store_ranges
     first_batches = fragment_batches(plan, hints.fragment_starts)
     for chosen in fragment_read_ranges(batches, per_read, first_batches):
-        samples, sizes = plan.samples(chosen)
-        yield ReadTask(epoch, chosen, samples, tuple(sizes))
+        yield ReadTask(epoch, chosen, plan)
 
 
 def store_ranges(source: RowSource, order: Order) -> bool:

@@ -53,9 +53,22 @@ R = TypeVar("R")
 JOIN_S = 0.1
 
 
+_pid = os.getpid()  # this process's, set again in a fork child: no system call per check
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def check_same_process(pid: int) -> None:
-    """An iterator belongs to the process that started it; in a fork child it is an error."""
-    if pid != os.getpid():
+    """An iterator belongs to the process that started it; in a fork child it is an error.
+    Run per read in the loop's thread, so it compares with the pid kept at import and after
+    each ``fork`` (``os.register_at_fork``), not with a ``getpid`` system call."""
+    if pid != _pid:
         raise RuntimeError(
             f"this iterator was started in process {pid} and cannot be used in "
             f"process {os.getpid()} (a fork child); start a new one there with iter(loader)"

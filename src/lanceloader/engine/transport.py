@@ -185,12 +185,9 @@ class Packing:
 
 
 def take_apart(result: Any) -> Packing:
-    """The arrays of ``result``, where each goes in its file, and the pickled rest. A result
-    with a ``for_transport()`` method is taken apart as what that returns (and rebuilt through
-    its ``after_transport()``: :meth:`~lanceloader.engine.work.TaskResult.for_transport`)."""
-    compact = getattr(result, "for_transport", None)
-    if compact is not None:
-        result = compact()
+    """The arrays of ``result``, where each goes in its file, and the pickled rest (a read's
+    result travels as its work made it for transport: :class:`~lanceloader.engine.work.
+    ForTransport`)."""
     arrays: list[np.ndarray] = []
     skeleton = _split(result, arrays)
     regions, places = _regions(arrays)
@@ -233,9 +230,7 @@ def rebuild(skeleton: bytes, layout: Layout, buf: Any) -> Any:
         dt = np.dtype(dtype)
         count = math.prod(shape)  # np.prod of a small tuple costs ~4.6 us, 3 a batch
         arrays.append(np.frombuffer(buf, dt, count, offset).reshape(shape))
-    result = _join(pickle.loads(skeleton), arrays)
-    expand = getattr(result, "after_transport", None)
-    return result if expand is None else expand()
+    return _join(pickle.loads(skeleton), arrays)
 
 
 # A worker's pickle up to this size goes in its start message; a larger one (a table of many

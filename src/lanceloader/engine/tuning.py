@@ -77,11 +77,11 @@ class Tuner:
             self.active = depth
         return min(self.active, depth)
 
-    def delivered(self, waited_s: float, refused: int) -> None:
-        """A batch reached the loop after ``waited_s``; ``refused``: the budget's count of task
-        starts put off so far."""
+    def delivered(self, waited_s: float, refused: int, batches: int = 1) -> None:
+        """``batches`` batches reached the loop after ``waited_s`` in all; ``refused``: the
+        budget's count of task starts put off so far."""
         self._waited += waited_s
-        self._batches += 1
+        self._batches += batches
         now = self._clock()
         span = now - self._period_at
         if span < PERIOD_S or self._batches < PERIOD_BATCHES or self.active is None:

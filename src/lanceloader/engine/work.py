@@ -92,8 +92,7 @@ class TaskResult:
     row_ranges: list[tuple[Any, int, int]] | None = field(default=None, repr=False)
 
     def for_transport(self) -> TaskResult:
-        """What a process worker sends (:func:`~lanceloader.engine.transport.take_apart`):
-        where the batches are row slices of a few converted arrays (NumPy output), those and
+        """What a process worker or an actor sends (:class:`ForTransport`): where the batches are row slices of a few converted arrays (NumPy output), those and
         :attr:`slices`, no batches; the consumer cuts them (:meth:`after_transport`). Made
         here, so thread workers' results pay nothing for it."""
         if self.row_ranges is None:
@@ -110,6 +109,19 @@ class TaskResult:
                 self.batches = self.slices.batches()
             self.slices = self.row_ranges = None
         return self
+
+
+@dataclass(frozen=True)
+class ForTransport:
+    """A process worker's work: ``work``'s result as it travels
+    (:meth:`TaskResult.for_transport`); the stream that takes it makes the batches
+    (:meth:`TaskResult.after_transport`). The pool carries whatever its work returns and asks
+    it nothing."""
+
+    work: BatchWork
+
+    def __call__(self, task: Any) -> TaskResult:
+        return self.work(task).for_transport()
 
 
 @dataclass

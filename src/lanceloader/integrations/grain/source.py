@@ -18,7 +18,7 @@ from lanceloader.batch.transforms import Transform, as_transform
 from lanceloader.engine.work import BatchWork
 from lanceloader.integrations.grain.processes import make_grain_flags_readable
 from lanceloader.ordering.order import Order
-from lanceloader.ordering.plan import ReadTask
+from lanceloader.ordering.plan import Positions, ReadTask
 from lanceloader.pipeline import RowsSettings
 from lanceloader.rows.clips.source import AudioClips, VideoClips
 from lanceloader.rows.clips.windows import refuse_random_starts
@@ -140,7 +140,7 @@ class DataSource:
         if positions.size == 0:
             return []
         # The one read -> transform -> convert path; positions are samples of a sequential order.
-        task = ReadTask(0, range(1), positions, (len(positions),))
+        task = ReadTask(0, range(1), Positions(positions))
         work = BatchWork(self.source, Order(len(self)), self.transform, self.conversion)
         batch = work(task).batches[0]
         rows = split_rows(batch)

@@ -27,13 +27,13 @@ from lanceloader.batch.transforms import (
     check_on_error,
 )
 from lanceloader.engine.reading import Reading
-from lanceloader.engine.sizing import batches_per_read
+from lanceloader.engine.sizing import TRANSFORM_BATCHES_PER_READ, batches_per_read
 from lanceloader.engine.stats import Recorder, Stats
 from lanceloader.engine.stream import Stream
 from lanceloader.engine.work import BatchWork
 from lanceloader.integrations.torch.collation import Rows, watch_training_process
 from lanceloader.ordering.order import Order
-from lanceloader.ordering.plan import Plan, ReadTask
+from lanceloader.ordering.plan import Plan, Positions, ReadTask
 from lanceloader.pipeline import RowsSettings
 from lanceloader.rows.clips.source import AudioClips, VideoClips
 from lanceloader.rows.clips.windows import refuse_random_starts
@@ -190,7 +190,7 @@ class MapDataset(torch.utils.data.Dataset):
         # The one read -> transform -> convert path, over the rows themselves (positions are
         # samples of a sequential order; random_map draws per position).
         order = Order(len(self))
-        task = ReadTask(0, range(1), positions, (len(positions),))
+        task = ReadTask(0, range(1), Positions(positions))
         work = BatchWork(
             self.source,
             order,
@@ -306,6 +306,8 @@ class _ReadAhead:
         per_read = batches_per_read(
             order.random_reads, plan.batch_size, ds.transform is not None, ds.source.bytes_per_row
         )
+        if ds.transform is not None:  # one read in flight: a larger read only delays its first
+            per_read = min(per_read, TRANSFORM_BATCHES_PER_READ)  # batch (no loop to spare)
         reading = Reading(work, num_workers=1, batches_per_read=per_read, reads_in_flight=1)
         batches = range(hint.batch, len(plan), self._stride)
         self._stream = Stream(reading, hint.epoch, plan, batches, ds.recorder)
