@@ -123,8 +123,7 @@ class Stream(Iterator[Any]):
                 reading, epoch, plan, batches, self._tracing, kept, reading.reads_in_flight
             )
         self._pool = self._results.pool  # (its workers: the fault tests and benchmark look)
-        self._governor = reading.governor
-        governor = reading.governor
+        self._governor = governor = reading.governor
         self._budget = governor if governor and governor.cpu_budget is not None else None
         self._waits_s, self._waits = 0.0, 0  # the loop's waits not yet told to the governor
         self._on_all_sent = on_all_sent
