@@ -63,7 +63,7 @@ import ray.exceptions
 
 from lanceloader.arguments import check_ray_options
 from lanceloader.engine.batch_actor import CONCURRENCY_GROUPS, BatchActor, cause_of, connect
-from lanceloader.engine.parts import merge, split
+from lanceloader.engine.parts import merge
 from lanceloader.engine.pickling import Shipment
 from lanceloader.engine.pool import KeptPool
 from lanceloader.engine.stalls import ActorsLostError, ActorStartError
@@ -412,7 +412,7 @@ class ActorPool:
             if pending.actor is actor:
                 self.rebuilt += 1
                 pending.actor, pending.ref = None, None
-                pending.parts = [_Part(task) for task in split(pending.task)]
+                pending.parts = [_Part(task) for task in pending.task.split()]
             for part in pending.parts:
                 if not part.back and part.actor in (actor, None):
                     self._send_part(part)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from lanceloader.engine.work import BatchWork, TaskResult
+from lanceloader.engine.work import ForTransport, TaskResult
 
 _logger = logging.getLogger("lanceloader")
 # Each group's threads: where/stack one; run_now two (a second actor lost meanwhile).
@@ -40,7 +40,7 @@ class BatchActor:
 
     def __init__(self, work: tuple[bytes, list[np.ndarray]]) -> None:
         data, buffers = work  # a Shipment's pickle and its out-of-band arrays (read-only)
-        self._work: BatchWork = pickle.loads(data, buffers=buffers)
+        self._work = ForTransport(pickle.loads(data, buffers=buffers))  # (a BatchWork)
         self._running: int | None = None  # the thread running a task (for stack())
 
     @ray.method(concurrency_group="look")
@@ -54,14 +54,14 @@ class BatchActor:
         (the pool cuts the batches: ``after_transport``)."""
         self._running = threading.get_ident()
         try:
-            return self._work(task).for_transport()
+            return self._work(task)
         finally:
             self._running = None
 
     @ray.method(concurrency_group="now")
     def run_now(self, task: Any) -> TaskResult:
         """A lost actor's batch, built at once beside the task running (not behind the queue)."""
-        return self._work(task).for_transport()
+        return self._work(task)
 
     @ray.method(concurrency_group="look")
     def stack(self) -> str:

@@ -4,31 +4,18 @@ for one batch's work, not for a whole read queued behind another actor's reads.
 
 A batch is a pure function of its samples (the rows, the epoch, ``random_map``'s keys), so a
 read's batches built one by one are the read's batches, byte for byte (reads of 1, 4, 16, ...
-batches already ramp up each epoch); :func:`merge` puts their results back into the one
-result the read would have given, in order.
+batches already ramp up each epoch): :meth:`~lanceloader.ordering.plan.ReadTask.split` makes
+the parts, and :func:`merge` puts their results back into the one result the read would have
+given, in order.
 """
 
 from __future__ import annotations
 
 from lanceloader.engine.work import TaskResult
-from lanceloader.ordering.plan import ReadTask
-
-
-def split(task: ReadTask) -> list[ReadTask]:
-    """``task``'s batches, one read task each, in order (a task of one batch stays whole).
-
-    >>> from lanceloader.ordering.plan import Plan
-    >>> parts = split(ReadTask(3, range(1, 3), Plan(10, 4)))
-    >>> [(p.epoch, p.batches, p.samples.tolist(), p.sizes) for p in parts]
-    [(3, range(1, 2), [4, 5, 6, 7], (4,)), (3, range(2, 3), [8, 9], (2,))]
-    """
-    if len(task.batches) < 2:
-        return [task]
-    return task.split()
 
 
 def merge(results: list[TaskResult]) -> TaskResult:
-    """The results of a read's parts (from :func:`split`, in order) as the read's result: the
+    """The results of a read's parts (from :meth:`ReadTask.split <lanceloader.ordering.plan.ReadTask.split>`, in order) as the read's result: the
     batches in order, the costs summed."""
     if len(results) == 1:
         return results[0]

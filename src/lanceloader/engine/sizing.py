@@ -20,8 +20,8 @@ import math
 # it (docs/performance.md, "Read sizes"); batches of small rows are read more to a read, up to
 # TRANSFORM_READ_BYTES of the rows' data and TRANSFORM_BATCHES_MOST batches: each read costs
 # the training loop ~0.2 ms (taking its result, sending the next) and the worker a Lance
-# call, so reads of 2 batches of 32 JPEGs of 10 KB cost the loop 1.3-2% of a 15 ms step and
-# the loader 1.2x the CPU a step of reads of 6 (docs/performance.md, "The loop's own time").
+# call; batches of 32 JPEGs of 10 KB cost the loader 10.8 ms of CPU a step in reads of 2, 8.9
+# in reads of 6 (docs/performance.md, "Read sizes").
 TRANSFORM_BATCHES_PER_READ = 2
 TRANSFORM_READ_BYTES = 2 << 20
 TRANSFORM_BATCHES_MOST = 8

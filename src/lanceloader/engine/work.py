@@ -92,9 +92,10 @@ class TaskResult:
     row_ranges: list[tuple[Any, int, int]] | None = field(default=None, repr=False)
 
     def for_transport(self) -> TaskResult:
-        """What a process worker or an actor sends (:class:`ForTransport`): where the batches are row slices of a few converted arrays (NumPy output), those and
-        :attr:`slices`, no batches; the consumer cuts them (:meth:`after_transport`). Made
-        here, so thread workers' results pay nothing for it."""
+        """What a process worker or an actor sends (:class:`ForTransport`): where the batches
+        are row slices of a few converted arrays (NumPy output), those and :attr:`slices`, no
+        batches; the consumer cuts them (:meth:`after_transport`). Made here, so thread
+        workers' results pay nothing for it."""
         if self.row_ranges is None:
             return self
         return dataclasses.replace(
@@ -113,7 +114,7 @@ class TaskResult:
 
 @dataclass(frozen=True)
 class ForTransport:
-    """A process worker's work: ``work``'s result as it travels
+    """A process worker's or an actor's work: ``work``'s result as it travels
     (:meth:`TaskResult.for_transport`); the stream that takes it makes the batches
     (:meth:`TaskResult.after_transport`). The pool carries whatever its work returns and asks
     it nothing."""

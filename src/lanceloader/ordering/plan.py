@@ -148,7 +148,15 @@ class ReadTask:
         return self._samples_sizes[1]
 
     def split(self) -> list[ReadTask]:
-        """Its batches, one task each, in order (each works out its own samples)."""
+        """Its batches, one task each, in order (each works out its own samples); a task of
+        one batch stays whole.
+
+        >>> parts = ReadTask(3, range(1, 3), Plan(10, 4)).split()
+        >>> [(p.epoch, p.batches, p.samples.tolist(), p.sizes) for p in parts]
+        [(3, range(1, 2), [4, 5, 6, 7], (4,)), (3, range(2, 3), [8, 9], (2,))]
+        """
+        if len(self.batches) < 2:
+            return [self]
         return [ReadTask(self.epoch, range(b, b + 1), self.plan) for b in self.batches]
 
 
